@@ -1,0 +1,290 @@
+"""Reduction kernels: how outputs from several processes are combined into one.
+
+This module owns the set of reduce operations (:class:`ReduceOp`), parsing the
+user's ``op`` argument, the weighted :class:`Accumulator` used to combine function
+outputs that arrive one process at a time (weights are row counts, so ``avg`` of
+per-process means is the mean over all rows), and :func:`reduce_arrays_inplace`,
+the fast elementwise kernel behind the collectives (where every process counts
+once). Numpy only.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Accumulator", "ReduceOp", "parse_op", "reduce_arrays_inplace", "reduce_values"]
+
+
+class ReduceOp(enum.Enum):
+    """How values from several processes are combined."""
+
+    AVG = "avg"
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    GATHER = "gather"
+
+
+_UFUNCS = {
+    ReduceOp.AVG: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+}
+
+
+def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
+    """Turn the user's ``op`` argument into a :class:`ReduceOp`.
+
+    Parameters
+    ----------
+    op : str, ReduceOp or None
+        One of ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``
+        (case-insensitive), a :class:`ReduceOp`, or None meaning gather.
+    allow_gather : bool, optional
+        Whether gather (and so None) is acceptable here.
+
+    Returns
+    -------
+    ReduceOp
+
+    Raises
+    ------
+    TypeError
+        If ``op`` is not a string, a ReduceOp or None.
+    ValueError
+        If ``op`` names no known operation, or is gather where that is not allowed.
+    """
+    valid = [o.value for o in ReduceOp if allow_gather or o is not ReduceOp.GATHER]
+    if op is None:
+        parsed = ReduceOp.GATHER
+    elif isinstance(op, ReduceOp):
+        parsed = op
+    elif isinstance(op, str):
+        try:
+            parsed = ReduceOp(op.lower())
+        except ValueError:
+            raise ValueError(f"op must be one of {', '.join(valid)}; got {op!r}") from None
+    else:
+        raise TypeError(f"op must be a string, a ReduceOp or None; got {type(op).__name__}")
+    if parsed is ReduceOp.GATHER and not allow_gather:
+        raise ValueError(f"op must be one of {', '.join(valid)} here (gather is not "
+                         f"allowed); got {op!r}")
+    return parsed
+
+
+def _check_weight(weight: Any) -> int:
+    if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (int, np.integer)):
+        raise TypeError(f"weight must be a non-negative integer; got {type(weight).__name__}")
+    if weight < 0:
+        raise ValueError(f"weight must be a non-negative integer; got {weight}")
+    return int(weight)
+
+
+class Accumulator:
+    """Combine values that arrive one at a time, each weighted by its row count.
+
+    ``avg`` is the weighted mean (equal weights if every weight is 0), accumulated
+    in float64 / complex128 and returned in the first value's dtype when that is
+    inexact, else float64. ``sum``, ``prod``, ``max`` and ``min`` are elementwise
+    in the first value's dtype, computed in place in a private copy. ``gather``
+    concatenates along axis 0 in arrival order (0-d values are stacked into 1-d).
+
+    Parameters
+    ----------
+    op : ReduceOp or str
+        The operation.
+    """
+
+    def __init__(self, op: ReduceOp | str) -> None:
+        self._op = parse_op(op)
+        self._count = 0
+        self._total_weight = 0
+        self._first_dtype: np.dtype | None = None
+        self._shape: tuple[int, ...] | None = None
+        self._acc: np.ndarray | None = None
+        self._scratch: np.ndarray | None = None
+        self._pieces: list[np.ndarray] = []
+        self._handed_out = False  # result() returned self._acc; copy before changing it
+
+    @property
+    def op(self) -> ReduceOp:
+        """The operation."""
+        return self._op
+
+    @property
+    def count(self) -> int:
+        """Number of values added so far."""
+        return self._count
+
+    @property
+    def total_weight(self) -> int:
+        """Sum of the weights added so far."""
+        return self._total_weight
+
+    def add(self, value: Any, weight: int) -> None:
+        """Combine one more value.
+
+        Parameters
+        ----------
+        value : array_like or scalar
+            The value; never modified, and not referenced after this call returns.
+        weight : int
+            Its weight (row count), >= 0.
+        """
+        weight = _check_weight(weight)
+        arr = np.asarray(value)
+        if self._op is ReduceOp.GATHER:
+            self._add_gather(arr)
+        elif self._acc is None:
+            self._first_dtype, self._shape = arr.dtype, arr.shape
+            if self._op is ReduceOp.AVG:
+                self._acc = np.empty(arr.shape, dtype=_avg_dtype(arr.dtype))
+                if weight > 1:  # weight 0 is kept unweighted, see _add_avg
+                    np.multiply(arr, weight, out=self._acc, dtype=self._acc.dtype)
+                else:
+                    np.copyto(self._acc, arr, casting="unsafe")
+            else:
+                self._acc = np.array(arr, copy=True)
+        else:
+            if arr.shape != self._shape:
+                raise ValueError(f"value shape {arr.shape} does not match the first "
+                                 f"value's shape {self._shape}")
+            if self._handed_out:
+                self._acc = self._acc.copy()
+                self._handed_out = False
+            if self._op is ReduceOp.AVG:
+                self._add_avg(arr, weight)
+            else:
+                _UFUNCS[self._op](self._acc, arr, out=self._acc, casting="unsafe")
+        self._count += 1
+        self._total_weight += weight
+
+    def _add_gather(self, arr: np.ndarray) -> None:
+        if self._pieces:
+            first = self._pieces[0]
+            if (arr.ndim == 0) != (first.ndim == 0) or arr.shape[1:] != first.shape[1:]:
+                raise ValueError(f"value shape {arr.shape} cannot be gathered with the "
+                                 f"first value's shape {first.shape}")
+        self._pieces.append(np.array(arr, copy=True))
+
+    def _add_avg(self, arr: np.ndarray, weight: int) -> None:
+        acc = self._acc
+        need = _avg_dtype(arr.dtype)
+        if need != acc.dtype and np.can_cast(acc.dtype, need):
+            acc = self._acc = acc.astype(need)
+            self._scratch = None
+        if self._total_weight == 0 and weight > 0:
+            # Everything so far had weight 0 (kept as an unweighted sum); restart.
+            np.multiply(arr, weight, out=acc, dtype=acc.dtype, casting="unsafe")
+        elif weight == 1 or (weight == 0 and self._total_weight == 0):
+            np.add(acc, arr, out=acc, dtype=acc.dtype, casting="unsafe")
+        elif weight > 0:
+            if self._scratch is None:
+                self._scratch = np.empty_like(acc)
+            np.multiply(arr, weight, out=self._scratch, dtype=acc.dtype, casting="unsafe")
+            np.add(acc, self._scratch, out=acc)
+
+    def result(self) -> np.ndarray | None:
+        """The combined value so far (an ndarray, 0-d for scalars), or None if empty."""
+        if self._count == 0:
+            return None
+        if self._op is ReduceOp.GATHER:
+            if self._pieces[0].ndim == 0:
+                return np.stack(self._pieces)
+            return np.concatenate(self._pieces, axis=0)
+        if self._op is ReduceOp.AVG:
+            dtype = self._first_dtype if self._first_dtype.kind in "fc" else np.float64
+            if self._acc.dtype.kind == "c":
+                dtype = np.result_type(dtype, np.complex64)
+            out = np.empty(self._shape, dtype=dtype)
+            divisor = self._total_weight or self._count
+            np.divide(self._acc, divisor, out=out, casting="unsafe")
+            return out
+        self._handed_out = True
+        return self._acc
+
+
+def _avg_dtype(dtype: np.dtype) -> np.dtype:
+    """Accumulation dtype for ``avg``: float64 or complex128 (wider kept)."""
+    if dtype.kind not in "biufc":
+        raise TypeError(f"op 'avg' needs numeric values; got dtype {dtype}")
+    return np.promote_types(dtype, np.float64)
+
+
+def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.ndarray | None:
+    """Combine ``values`` with ``weights`` by ``op`` (see :class:`Accumulator`).
+
+    Parameters
+    ----------
+    op : ReduceOp or str
+        The operation.
+    values : list of array_like
+        The values, in order.
+    weights : list of int
+        One non-negative weight per value.
+
+    Returns
+    -------
+    np.ndarray or None
+        The combined value, or None if ``values`` is empty.
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"weights must have one entry per value ({len(values)}); "
+                         f"got {len(weights)}")
+    acc = Accumulator(op)
+    for value, weight in zip(values, weights):
+        acc.add(value, weight)
+    return acc.result()
+
+
+def reduce_arrays_inplace(op: ReduceOp | str, out: np.ndarray,
+                          sources: list[np.ndarray]) -> None:
+    """Reduce same-shape ``sources`` elementwise into ``out``.
+
+    ``avg`` is the plain mean over sources. ``out`` may be ``sources[0]`` itself
+    (then it is not copied) but must not overlap any other source.
+
+    Parameters
+    ----------
+    op : ReduceOp or str
+        Any operation but gather.
+    out : np.ndarray
+        Destination, same shape as every source; floating or complex for ``avg``.
+    sources : list of np.ndarray
+        At least one array.
+    """
+    op = parse_op(op, allow_gather=False)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array; got {type(out).__name__}")
+    if not sources:
+        raise ValueError("sources must hold at least one array; got 0")
+    if op is ReduceOp.AVG and out.dtype.kind not in "fc":
+        raise TypeError(f"op 'avg' needs a floating dtype; got {out.dtype}")
+    for src in sources:
+        if np.shape(src) != out.shape:
+            raise ValueError(f"source shape {np.shape(src)} does not match out shape "
+                             f"{out.shape}")
+    first = sources[0]
+    if not _same_memory(out, first):
+        np.copyto(out, first, casting="same_kind")
+    ufunc = _UFUNCS[op]
+    for src in sources[1:]:
+        ufunc(out, src, out=out)
+    if op is ReduceOp.AVG and len(sources) > 1:
+        np.divide(out, len(sources), out=out)
+
+
+def _same_memory(a: np.ndarray, b: Any) -> bool:
+    """True when ``b`` is an array viewing exactly the same elements as ``a``."""
+    return (
+        isinstance(b, np.ndarray)
+        and a.dtype == b.dtype
+        and a.strides == b.strides
+        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    )

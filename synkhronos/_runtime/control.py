@@ -1,0 +1,263 @@
+"""The control block: one shared-memory segment through which every command travels.
+
+Layout (all in one segment, mapped by every process before the fork)::
+
+    header   int64[16 + 8 * n]   sequence number, opcode, payload length, abort flag;
+                                 per rank: done-seq, status, sleeping, barrier epoch,
+                                 reply length
+    mailbox  bytes[MAILBOX]      the pickled payload of the current command
+    replies  bytes[n][REPLY]     each rank's pickled reply (result or failure)
+
+One command, master -> workers -> back:
+
+1. ``post``: the master writes the payload, then the opcode, then bumps ``seq`` and
+   wakes every sleeping worker.
+2. Each worker sees the new ``seq`` (spinning briefly, else woken from its semaphore),
+   reads the payload, runs the handler, writes its reply, sets ``status`` and then
+   ``done = seq``, and wakes the master if it sleeps.
+3. ``wait_done``: the master waits until every worker's ``done`` equals ``seq``.
+
+Waiting is spin-then-block: a rank spins on the flag for ``spin`` seconds (bounded,
+yielding the CPU now and then), then announces it is sleeping and blocks on its own
+semaphore with a short timeout. Posters release the semaphore of a rank that
+announced sleep. The timeout bounds the cost of a lost wake-up and is when a waiter
+checks that its peers are alive. Each rank writes only its own fields, so no atomic
+read-modify-write is needed. Ordering of the plain stores relies on x86's total store
+order, which the machines this runs on have.
+
+Payloads or replies larger than their slot travel in a one-off segment whose name is
+written in the slot instead; the master unlinks it once read.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+
+import numpy as np
+import posix_ipc
+
+from . import shmem
+from .remote import BarrierAborted
+
+__all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES"]
+
+MAILBOX_BYTES = 1 << 20
+REPLY_BYTES = 1 << 16
+
+_SEQ, _OPCODE, _PAYLOAD_LEN, _ABORT = 0, 1, 2, 3
+_HEAD = 16
+_PER_RANK = 8
+_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN = 0, 1, 2, 3, 4
+_EXTERNAL = -1
+_EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
+
+STATUS_OK, STATUS_FAILED = 0, 1
+
+
+class ControlBlock:
+    """Shared state for one session of ``n`` ranks; created by the master before fork.
+
+    ``poll`` is how long a blocked waiter sleeps before it re-checks liveness.
+    """
+
+    def __init__(self, prefix: str, n: int, spin: float, poll: float = 0.05):
+        self.prefix = prefix
+        self.n = n
+        self.spin = spin
+        self.poll = poll
+        header_bytes = 8 * (_HEAD + _PER_RANK * n)
+        self._mailbox_at = header_bytes
+        self._replies_at = header_bytes + MAILBOX_BYTES
+        size = self._replies_at + REPLY_BYTES * n
+        name = prefix + "control"
+        self._map = shmem.create_segment(name, size)
+        shmem.unlink_segment(name)  # inherited through fork: no name needed after now
+        self.header = shmem.array_view(self._map, np.int64, (_HEAD + _PER_RANK * n,))
+        self.header[:] = 0
+        self._buffer = memoryview(self._map)
+        self._semaphores = []
+        for rank in range(n):
+            sem_name = f"/{prefix}wake{rank}"
+            sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, mode=0o600)
+            sem.unlink()
+            self._semaphores.append(sem)
+        self._extra = 0
+
+    # -- fields -----------------------------------------------------------------------
+    def _field(self, rank: int, field: int) -> int:
+        return _HEAD + _PER_RANK * rank + field
+
+    @property
+    def seq(self) -> int:
+        return int(self.header[_SEQ])
+
+    def done(self, rank: int) -> int:
+        return int(self.header[self._field(rank, _DONE)])
+
+    def failed(self, rank: int) -> bool:
+        return int(self.header[self._field(rank, _STATUS)]) != STATUS_OK
+
+    # -- waking and waiting ------------------------------------------------------------
+    def wake(self, rank: int) -> None:
+        """Release ``rank``'s semaphore if it announced that it sleeps."""
+        if self.header[self._field(rank, _SLEEPING)]:
+            self._semaphores[rank].release()
+
+    def wake_all(self, except_rank: int) -> None:
+        for rank in range(self.n):
+            if rank != except_rank:
+                self.wake(rank)
+
+    def wait(
+        self,
+        rank: int,
+        ready: Callable[[], bool],
+        on_poll: Callable[[], None],
+        spin: float | None = None,
+    ) -> None:
+        """Return once ``ready()`` holds; spin first, then block on ``rank``'s semaphore.
+
+        ``on_poll`` runs after each blocked interval; it raises to abandon the wait
+        (a dead peer, a timeout).
+        """
+        spin = self.spin if spin is None else spin
+        if ready():
+            return
+        if spin > 0:
+            deadline = time.perf_counter() + spin
+            count = 0
+            while True:
+                if ready():
+                    return
+                count += 1
+                if count & 255 == 0:
+                    if time.perf_counter() > deadline:
+                        break
+                    os.sched_yield()
+        sleeping = self._field(rank, _SLEEPING)
+        semaphore = self._semaphores[rank]
+        self.header[sleeping] = 1
+        try:
+            while not ready():
+                try:
+                    semaphore.acquire(self.poll)
+                except posix_ipc.BusyError:
+                    on_poll()
+                except posix_ipc.SignalError:
+                    on_poll()  # EINTR: Python's own handler has run; look again
+        finally:
+            self.header[sleeping] = 0
+
+    # -- one command ------------------------------------------------------------------
+    def post(self, opcode: int, payload: object, master_rank: int) -> int:
+        """Publish a command to every worker and wake them; return its sequence number."""
+        self._write(payload, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, "payload")
+        self.header[_OPCODE] = opcode
+        seq = int(self.header[_SEQ]) + 1
+        self.header[_SEQ] = seq
+        self.wake_all(master_rank)
+        return seq
+
+    def read_command(self) -> tuple[int, object]:
+        """A worker's view of the current command: (opcode, payload)."""
+        opcode = int(self.header[_OPCODE])
+        payload = self._read(self._mailbox_at, int(self.header[_PAYLOAD_LEN]))
+        return opcode, payload
+
+    def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int):
+        """A worker's end of a command: write the reply, mark done, wake the master."""
+        at = self._replies_at + REPLY_BYTES * rank
+        self._write(reply, at, REPLY_BYTES, self._field(rank, _REPLY_LEN), f"r{rank}_")
+        self.header[self._field(rank, _STATUS)] = STATUS_FAILED if failed else STATUS_OK
+        self.header[self._field(rank, _DONE)] = seq
+        self.wake_all(rank)
+
+    def reply(self, rank: int) -> object:
+        """The master's read of ``rank``'s reply to the current command."""
+        at = self._replies_at + REPLY_BYTES * rank
+        return self._read(at, int(self.header[self._field(rank, _REPLY_LEN)]), unlink=True)
+
+    def all_done(self, seq: int, ranks: list[int]) -> bool:
+        header = self.header
+        for rank in ranks:
+            if header[_HEAD + _PER_RANK * rank + _DONE] != seq:
+                return False
+        return True
+
+    def abort(self, seq: int) -> None:
+        """Tell every rank to abandon command ``seq`` (a peer died or timed out)."""
+        self.header[_ABORT] = seq
+        for rank in range(self.n):
+            self._semaphores[rank].release()
+
+    def aborted(self, seq: int) -> bool:
+        return int(self.header[_ABORT]) == seq
+
+    # -- barrier inside a command --------------------------------------------------------
+    def barrier(self, rank: int, on_poll: Callable[[], None]) -> None:
+        """Wait until every rank of the current command reaches this barrier.
+
+        Raises ``BarrierAborted`` if another rank finished the command with a failure
+        (it will never arrive) or the master aborted the command.
+        """
+        seq = int(self.header[_SEQ])
+        epoch_field = self._field(rank, _EPOCH)
+        current = int(self.header[epoch_field])
+        count = current - seq * _EPOCH_STRIDE if current >= seq * _EPOCH_STRIDE else 0
+        target = seq * _EPOCH_STRIDE + count + 1
+        self.header[epoch_field] = target
+        self.wake_all(rank)
+        epochs = self.header[_HEAD + _EPOCH :: _PER_RANK]
+        dones = self.header[_HEAD + _DONE :: _PER_RANK]
+        statuses = self.header[_HEAD + _STATUS :: _PER_RANK]
+
+        def ready() -> bool:
+            if epochs.min() >= target:
+                return True
+            if self.header[_ABORT] == seq or (
+                ((dones == seq) & (statuses != STATUS_OK)).any()
+            ):
+                raise BarrierAborted("another process failed before this barrier")
+            return False
+
+        self.wait(rank, ready, on_poll)
+
+    # -- payload and reply slots ------------------------------------------------------------
+    def _write(self, obj: object, at: int, capacity: int, length_field: int, tag: str):
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) <= capacity:
+            self._buffer[at : at + len(data)] = data
+            self.header[length_field] = len(data)
+            return
+        self._extra += 1
+        name = f"{self.prefix}{tag}x{os.getpid()}_{self._extra}"
+        segment = shmem.create_segment(name, len(data))
+        segment[: len(data)] = data
+        segment.close()
+        encoded = pickle.dumps((name, len(data)))
+        self._buffer[at : at + len(encoded)] = encoded
+        self.header[length_field] = _EXTERNAL - len(encoded)
+
+    def _read(self, at: int, length: int, unlink: bool = False) -> object:
+        if length >= 0:
+            return pickle.loads(self._buffer[at : at + length])
+        name, size = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
+        segment = shmem.open_segment(name)
+        try:
+            return pickle.loads(segment[:size])
+        finally:
+            segment.close()
+            if unlink:
+                shmem.unlink_segment(name)
+
+    def release_external_payload(self) -> None:
+        """The master's clean-up of an oversized payload once every worker read it."""
+        length = int(self.header[_PAYLOAD_LEN])
+        if length < 0:
+            at = self._mailbox_at
+            name, _ = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
+            shmem.unlink_segment(name)
+            self.header[_PAYLOAD_LEN] = 0

@@ -1,0 +1,169 @@
+"""Forking workers, setting each one up, watching them, and stopping them.
+
+A worker is a plain ``os.fork()`` child of the master. Right after the fork it:
+
+- ignores SIGINT (Ctrl-C reaches the whole process group; the master alone decides),
+- asks the kernel for SIGTERM when the master dies (``PR_SET_PDEATHSIG``), and on
+  SIGTERM exits at once, first sweeping the program's segments if the master is gone,
+- enables ``faulthandler`` so a segfault leaves a traceback on stderr,
+- limits BLAS/OpenMP threads to one (``threadpoolctl``), and optionally pins itself
+  to one core.
+
+It then runs the worker main loop and leaves with ``os._exit``: never through the
+master's ``atexit`` handlers or buffered output it inherited.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import shmem
+
+__all__ = ["Worker", "fork_workers", "stop_workers", "limit_threads", "THREAD_ENV"]
+
+_PR_SET_PDEATHSIG = 1
+THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
+
+
+@dataclass
+class Worker:
+    """The master's handle on one forked worker."""
+
+    rank: int
+    pid: int
+    status: int | None = None  # the raw wait status once reaped
+
+    def poll(self) -> str | None:
+        """None while alive; otherwise how it ended (reaps the child)."""
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.status = 0
+                return "vanished (reaped elsewhere)"
+            if pid == 0:
+                return None
+            self.status = status
+        return describe_status(self.status)
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"killed by {name}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def limit_threads() -> object | None:
+    """Limit BLAS/OpenMP pools of this process to one thread; return the limiter."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    return threadpool_limits(limits=1)
+
+
+def _set_parent_death_signal() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the idle poll still notices
+        pass
+
+
+def _setup_child(master_pid: int, prefix: str, core: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def on_term(signum, frame):
+        if os.getppid() != master_pid:
+            shmem.sweep_prefix(prefix)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    _set_parent_death_signal()
+    if os.getppid() != master_pid:  # the master died before prctl took effect
+        on_term(signal.SIGTERM, None)
+    faulthandler.enable()
+    for name in THREAD_ENV:
+        os.environ[name] = "1"
+    limit_threads()
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def fork_workers(
+    ranks: list[int],
+    prefix: str,
+    main: Callable[[int], None],
+    cores: list[int] | None = None,
+) -> list[Worker]:
+    """Fork one worker per rank in ``ranks``; each runs ``main(rank)`` and exits.
+
+    ``cores``, when given, maps rank -> the CPU it pins itself to.
+    """
+    master_pid = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    workers: list[Worker] = []
+    try:
+        for rank in ranks:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - runs in the child
+                code = 0
+                try:
+                    _setup_child(master_pid, prefix, None if cores is None else cores[rank])
+                    main(rank)
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    try:
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(code)
+            workers.append(Worker(rank, pid))
+    except BaseException:
+        stop_workers(workers, timeout=0)
+        raise
+    return workers
+
+
+def stop_workers(workers: list[Worker], timeout: float) -> None:
+    """Wait up to ``timeout`` s for workers to exit, then SIGKILL and reap the rest."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    pending = [w for w in workers if w.poll() is None]
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.002)
+        pending = [w for w in pending if w.poll() is None]
+    for worker in pending:
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for worker in pending:
+        if worker.status is None:
+            try:
+                _, worker.status = os.waitpid(worker.pid, 0)
+            except ChildProcessError:
+                worker.status = 0

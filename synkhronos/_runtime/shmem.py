@@ -1,0 +1,171 @@
+"""POSIX shared-memory segments: names, creation, mapping, and sweeping leftovers.
+
+Every segment and semaphore of a program carries one prefix,
+``synk_<master pid>_<random token>_``, so that
+
+- two programs never collide (the token is random; creation is exclusive),
+- ``close()`` (or a worker that outlives its master) removes everything of one
+  program by listing ``/dev/shm`` for that prefix, and
+- the next ``fork()`` on the machine removes what a SIGKILLed master left behind:
+  the pid in the name tells whether its owner is still alive.
+
+Segments are created with mode 0600 (owner only). A mapping outlives the name:
+unlinking only stops new opens, so the owner may unlink as soon as every process
+that needs it has mapped it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+
+import numpy as np
+import posix_ipc
+
+__all__ = [
+    "PREFIX",
+    "SHM_DIR",
+    "create_segment",
+    "open_segment",
+    "unlink_segment",
+    "new_session_prefix",
+    "sweep_prefix",
+    "sweep_dead_programs",
+    "array_view",
+    "SegmentCache",
+]
+
+PREFIX = "synk_"
+SHM_DIR = "/dev/shm"
+_OWNER = re.compile(r"^(?:sem\.)?" + PREFIX + r"(\d+)_([0-9a-f]+)_")
+
+
+def new_session_prefix(pid: int | None = None) -> str:
+    """Return a fresh prefix ``synk_<pid>_<token>_`` for one program's segments."""
+    pid = os.getpid() if pid is None else pid
+    return f"{PREFIX}{pid}_{secrets.token_hex(4)}_"
+
+
+def _posix_name(name: str) -> str:
+    return name if name.startswith("/") else "/" + name
+
+
+def create_segment(name: str, nbytes: int) -> mmap.mmap:
+    """Create segment ``name`` exclusively (mode 0600) and map ``nbytes`` of it.
+
+    A zero-byte request maps one page: POSIX cannot map an empty segment.
+    """
+    size = max(int(nbytes), 1)
+    shm = posix_ipc.SharedMemory(
+        _posix_name(name), flags=posix_ipc.O_CREX, mode=0o600, size=size
+    )
+    try:
+        return mmap.mmap(shm.fd, size)
+    except BaseException:
+        shm.unlink()
+        raise
+    finally:
+        shm.close_fd()
+
+
+def open_segment(name: str) -> mmap.mmap:
+    """Map the whole of an existing segment ``name`` (read and write)."""
+    shm = posix_ipc.SharedMemory(_posix_name(name))
+    try:
+        return mmap.mmap(shm.fd, shm.size)
+    finally:
+        shm.close_fd()
+
+
+def unlink_segment(name: str) -> bool:
+    """Remove ``name`` from ``/dev/shm``; True if it was there. Mappings stay valid."""
+    try:
+        posix_ipc.unlink_shared_memory(_posix_name(name))
+    except posix_ipc.ExistentialError:
+        return False
+    return True
+
+
+def _remove_entry(entry: str) -> None:
+    try:
+        if entry.startswith("sem."):
+            posix_ipc.unlink_semaphore("/" + entry[len("sem.") :])
+        else:
+            posix_ipc.unlink_shared_memory("/" + entry)
+    except posix_ipc.ExistentialError:
+        pass
+
+
+def _entries() -> list[str]:
+    try:
+        return os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+
+
+def sweep_prefix(prefix: str) -> int:
+    """Remove every segment and semaphore whose name starts with ``prefix``."""
+    removed = 0
+    for entry in _entries():
+        if entry.startswith(prefix) or entry.startswith("sem." + prefix):
+            _remove_entry(entry)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_programs() -> int:
+    """Remove the segments of synkhronos programs whose master process is gone."""
+    removed = 0
+    for entry in _entries():
+        match = _OWNER.match(entry)
+        if match and not _alive(int(match.group(1))):
+            _remove_entry(entry)
+            removed += 1
+    return removed
+
+
+def array_view(
+    buffer, dtype, shape: tuple[int, ...], offset: int = 0
+) -> np.ndarray:
+    """A writable, C-contiguous numpy view of ``buffer`` (no copy)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+class SegmentCache:
+    """One process's mappings of segments that other processes created, by name.
+
+    A reallocated array gets a new segment name, so a name maps to one fixed size for
+    its whole life; ``forget`` drops a mapping (the memory goes once no view uses it).
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def get(self, name: str) -> mmap.mmap:
+        segment = self._maps.get(name)
+        if segment is None:
+            segment = self._maps[name] = open_segment(name)
+        return segment
+
+    def forget(self, name: str) -> None:
+        self._maps.pop(name, None)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._maps
+
+    def __len__(self) -> int:
+        return len(self._maps)

@@ -1,0 +1,73 @@
+"""The exceptions synkhronos raises, and what each one promises about the session.
+
+``SynkhronosError`` is a ``RuntimeError``; its children say whether the session is
+still usable:
+
+- ``WorkerError``: user code raised inside some process. Every process finished the
+  command and is back in step, so the next call works.
+- ``WorkerDiedError``: a process died (killed, segfault, ``os._exit``). The session is
+  broken: every later call raises this again until ``close()``.
+- ``WorkerTimeoutError``: a process did not finish within the configured timeout
+  (e.g. stopped with SIGSTOP). Its state is unknown, so the session is broken too.
+
+Misuse (``fork`` twice, a collective before ``distribute``) is a plain ``RuntimeError``;
+bad arguments are ``TypeError`` / ``ValueError``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SynkhronosError", "WorkerError", "WorkerDiedError", "WorkerTimeoutError"]
+
+
+class SynkhronosError(RuntimeError):
+    """Base class of the errors that come from running a command on the processes."""
+
+
+class WorkerError(SynkhronosError):
+    """User code raised an exception in process ``rank``; the session stays usable.
+
+    ``remote_traceback`` holds the formatted traceback from that process, and
+    ``exc_type`` the name of the original exception's class.
+    """
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(f"{exc_type} in rank {rank}: {message}")
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.exc_type, self.message, self.remote_traceback)
+
+
+class WorkerDiedError(SynkhronosError):
+    """Process ``rank`` (``pid``) died; the session is broken until ``close()``."""
+
+    def __init__(self, rank: int, pid: int, reason: str):
+        self.rank = rank
+        self.pid = pid
+        self.reason = reason
+        super().__init__(
+            f"worker rank {rank} (pid {pid}) died: {reason}; the session is broken, "
+            "call synk.close() (and synk.fork() again to continue)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.pid, self.reason)
+
+
+class WorkerTimeoutError(SynkhronosError, TimeoutError):
+    """Process ``rank`` did not finish a command within ``timeout`` seconds."""
+
+    def __init__(self, rank: int, pid: int, timeout: float):
+        self.rank = rank
+        self.pid = pid
+        self.timeout = timeout
+        super().__init__(
+            f"worker rank {rank} (pid {pid}) did not finish within the {timeout:g} s "
+            "timeout (stopped or stuck?); the session is broken, call synk.close()"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.pid, self.timeout)

@@ -1,0 +1,257 @@
+"""Unit tests for synkhronos._reducers: op parsing, Accumulator, in-place kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from synkhronos._reducers import (
+    Accumulator,
+    ReduceOp,
+    parse_op,
+    reduce_arrays_inplace,
+    reduce_values,
+)
+from synkhronos._scatter import split_bounds
+
+FAST = settings(max_examples=200, deadline=None)
+
+
+# ---------------------------------------------------------------- parse_op
+
+
+@pytest.mark.parametrize("op", list(ReduceOp))
+def test_parse_op_strings_and_members(op):
+    assert parse_op(op.value) is op
+    assert parse_op(op) is op
+    assert parse_op(op.value.upper()) is op
+
+
+def test_parse_op_none_is_gather():
+    assert parse_op(None) is ReduceOp.GATHER
+
+
+@pytest.mark.parametrize(
+    ("op", "kwargs", "exc", "match"),
+    [
+        ("mean", {}, ValueError, r"op must be one of avg, sum, prod, max, min, gather; got 'mean'"),
+        ("mean", {"allow_gather": False}, ValueError, r"one of avg, sum, prod, max, min; got"),
+        ("gather", {"allow_gather": False}, ValueError, r"gather is not allowed.*got 'gather'"),
+        (ReduceOp.GATHER, {"allow_gather": False}, ValueError, r"gather is not allowed"),
+        (None, {"allow_gather": False}, ValueError, r"gather is not allowed.*got None"),
+        (3, {}, TypeError, r"op must be a string, a ReduceOp or None; got int"),
+        (np.add, {}, TypeError, r"got ufunc"),
+    ],
+)
+def test_parse_op_errors(op, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        parse_op(op, **kwargs)
+
+
+# ---------------------------------------------------------------- Accumulator
+
+
+def test_empty_accumulator():
+    acc = Accumulator("sum")
+    assert acc.result() is None and acc.total_weight == 0 and acc.count == 0
+    assert acc.op is ReduceOp.SUM
+    assert reduce_values(ReduceOp.MAX, [], []) is None
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [("sum", [5, 7, 3]), ("prod", [4, 10, 0]), ("max", [4, 5, 3]), ("min", [1, 2, 0])],
+)
+def test_elementwise_ops_keep_dtype(op, expected):
+    a = np.array([1, 5, 0], dtype=np.int32)
+    b = np.array([4, 2, 3], dtype=np.int32)
+    out = reduce_values(op, [a, b], [3, 1])
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(a, [1, 5, 0])  # inputs untouched
+    np.testing.assert_array_equal(b, [4, 2, 3])
+    assert not np.shares_memory(out, a)
+
+
+def test_elementwise_result_dtype_is_first_values():
+    out = reduce_values("sum", [np.float32(1.5), 2.25], [1, 1])
+    assert out.dtype == np.float32 and out.shape == () and out == 3.75
+
+
+def test_result_then_add_does_not_change_returned_array():
+    acc = Accumulator("sum")
+    acc.add(np.ones(3), 1)
+    first = acc.result()
+    acc.add(np.ones(3), 1)
+    np.testing.assert_array_equal(first, [1, 1, 1])
+    np.testing.assert_array_equal(acc.result(), [2, 2, 2])
+
+
+def test_readonly_input_is_fine():
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    out = reduce_values("sum", [a, a], [1, 1])
+    np.testing.assert_array_equal(out, [0, 2, 4])
+
+
+def test_avg_weighted_and_dtypes():
+    out = reduce_values("avg", [np.float32(1.0), np.float32(4.0)], [2, 1])
+    assert out.dtype == np.float32 and out.shape == ()
+    assert out == pytest.approx(2.0)
+    out = reduce_values("avg", [np.array([1, 2]), np.array([3, 5])], [1, 3])
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, [2.5, 4.25])
+    out = reduce_values("avg", [True, False, True], [1, 1, 2])
+    assert out.dtype == np.float64 and out == pytest.approx(0.75)
+    out = reduce_values("avg", [1.0 + 2j, np.complex64(3.0)], [1, 1])
+    assert out.dtype == np.complex128 and out == pytest.approx(2.0 + 1j)
+    out = reduce_values("avg", [np.float32(1.0), 1j], [1, 1])
+    assert out.dtype == np.complex64 and out == pytest.approx(0.5 + 0.5j)
+
+
+def test_avg_does_not_overflow_integers():
+    big = np.array([2**62], dtype=np.int64)
+    out = reduce_values("avg", [big, big], [3, 5])
+    np.testing.assert_allclose(out, [2.0**62])
+
+
+def test_avg_zero_weights():
+    assert reduce_values("avg", [1.0, 3.0], [0, 0]) == pytest.approx(2.0)
+    assert reduce_values("avg", [100.0, 1.0, 3.0], [0, 1, 1]) == pytest.approx(2.0)
+    assert reduce_values("avg", [1.0, 100.0, 3.0], [1, 0, 3]) == pytest.approx(2.5)
+    acc = Accumulator(ReduceOp.AVG)
+    acc.add(np.array([2.0, 4.0]), 0)
+    assert acc.total_weight == 0
+    np.testing.assert_allclose(acc.result(), [2.0, 4.0])
+
+
+def test_result_can_be_read_twice():
+    acc = Accumulator("avg")
+    acc.add(np.array([1.0, 3.0]), 1)
+    acc.add(np.array([3.0, 5.0]), 1)
+    np.testing.assert_allclose(acc.result(), [2.0, 4.0])
+    np.testing.assert_allclose(acc.result(), [2.0, 4.0])
+    assert acc.total_weight == 2 and acc.count == 2
+
+
+@FAST
+@given(st.integers(1, 300), st.integers(1, 16), st.integers(0, 2**31 - 1))
+def test_weighted_avg_of_parts_is_mean_of_whole(rows, parts, seed):
+    data = np.random.default_rng(seed).standard_normal((rows, 3))
+    acc = Accumulator("avg")
+    for start, stop in split_bounds(rows, parts):
+        piece = data[start:stop]
+        acc.add(piece.mean(axis=0) if stop > start else np.zeros(3), stop - start)
+    assert acc.total_weight == rows
+    np.testing.assert_allclose(acc.result(), data.mean(axis=0), rtol=1e-10, atol=1e-12)
+
+
+@FAST
+@given(st.lists(st.lists(st.integers(-1000, 1000), max_size=6), min_size=1, max_size=8))
+def test_gather_preserves_order(chunks):
+    values = [np.array(c, dtype=np.int64) for c in chunks]
+    out = reduce_values("gather", values, [len(c) for c in chunks])
+    np.testing.assert_array_equal(out, np.array(sum(chunks, []), dtype=np.int64))
+
+
+def test_gather_scalars_and_rows():
+    out = reduce_values("gather", [1.5, np.float64(2.5), np.array(3.5)], [1, 1, 1])
+    assert out.shape == (3,)
+    np.testing.assert_array_equal(out, [1.5, 2.5, 3.5])
+    a = np.arange(6).reshape(3, 2)
+    out = reduce_values(None, [a, a[:1]], [3, 1])
+    assert out.shape == (4, 2)
+    a[0, 0] = 99  # gathered values are copies
+    assert out[0, 0] == 0 and out[3, 0] == 0
+
+
+@FAST
+@given(st.sampled_from(["sum", "prod", "max", "min"]),
+       st.lists(st.lists(st.integers(-5, 5), min_size=4, max_size=4), min_size=1, max_size=6))
+def test_elementwise_ops_match_numpy(op, rows):
+    values = [np.array(r, dtype=np.int64) for r in rows]
+    expected = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](
+        np.stack(values), axis=0)
+    np.testing.assert_array_equal(reduce_values(op, values, [1] * len(values)), expected)
+
+
+@pytest.mark.parametrize(
+    ("op", "values", "weights", "exc", "match"),
+    [
+        ("sum", [np.zeros(2), np.zeros(3)], [1, 1], ValueError,
+         r"value shape \(3,\) does not match the first value's shape \(2,\)"),
+        ("avg", [np.zeros(2), 1.0], [1, 1], ValueError, r"value shape \(\) does not match"),
+        ("gather", [np.zeros((2, 2)), np.zeros((2, 3))], [1, 1], ValueError,
+         r"value shape \(2, 3\) cannot be gathered with the first value's shape \(2, 2\)"),
+        ("gather", [1.0, np.zeros(2)], [1, 1], ValueError, r"cannot be gathered"),
+        ("sum", [1.0], [-1], ValueError, r"weight must be a non-negative integer; got -1"),
+        ("sum", [1.0], [1.0], TypeError, r"weight must be a non-negative integer; got float"),
+        ("sum", [1.0], [True], TypeError, r"got bool"),
+        ("avg", [np.array(["a"])], [1], TypeError, r"op 'avg' needs numeric values; got dtype"),
+        ("sum", [1.0, 2.0], [1], ValueError,
+         r"weights must have one entry per value \(2\); got 1"),
+        ("median", [1.0], [1], ValueError, r"op must be one of"),
+    ],
+)
+def test_accumulator_errors(op, values, weights, exc, match):
+    with pytest.raises(exc, match=match):
+        reduce_values(op, values, weights)
+
+
+# ---------------------------------------------------------------- reduce_arrays_inplace
+
+
+@pytest.mark.parametrize(
+    ("op", "func"),
+    [("sum", np.sum), ("prod", np.prod), ("max", np.max), ("min", np.min), ("avg", np.mean)],
+)
+def test_reduce_arrays_inplace_matches_numpy(op, func):
+    rng = np.random.default_rng(0)
+    sources = [rng.standard_normal((5, 4)) for _ in range(4)]
+    copies = [s.copy() for s in sources]
+    out = np.empty((5, 4))
+    reduce_arrays_inplace(op, out, sources)
+    np.testing.assert_allclose(out, func(np.stack(copies), axis=0))
+    for s, c in zip(sources, copies):
+        np.testing.assert_array_equal(s, c)
+
+
+def test_reduce_arrays_inplace_aliasing_first_source():
+    a = np.array([1.0, 2.0])
+    b = np.array([3.0, 6.0])
+    reduce_arrays_inplace(ReduceOp.AVG, a, [a, b])
+    np.testing.assert_array_equal(a, [2.0, 4.0])
+    x = np.array([1, 2], dtype=np.int32)
+    y = x.copy()
+    reduce_arrays_inplace("sum", x, [x, y, y])
+    np.testing.assert_array_equal(x, [3, 6])
+    assert x.dtype == np.int32
+
+
+def test_reduce_arrays_inplace_single_source_and_scalar_shape():
+    out = np.zeros(3, dtype=np.float32)
+    reduce_arrays_inplace("avg", out, [np.arange(3, dtype=np.float32)])
+    np.testing.assert_array_equal(out, [0, 1, 2])
+    out = np.zeros((), dtype=np.complex64)
+    reduce_arrays_inplace("avg", out, [np.array(1 + 1j, np.complex64), np.array(3j, np.complex64)])
+    assert out == pytest.approx(0.5 + 2j)
+
+
+@pytest.mark.parametrize(
+    ("op", "out", "sources", "exc", "match"),
+    [
+        ("avg", np.zeros(2, np.int32), [np.zeros(2, np.int32)], TypeError,
+         r"^op 'avg' needs a floating dtype; got int32$"),
+        ("gather", np.zeros(2), [np.zeros(2)], ValueError, r"gather is not allowed"),
+        ("sum", np.zeros(2), [], ValueError, r"sources must hold at least one array; got 0"),
+        ("sum", np.zeros(2), [np.zeros(2), np.zeros(3)], ValueError,
+         r"source shape \(3,\) does not match out shape \(2,\)"),
+        ("sum", [0.0, 0.0], [np.zeros(2)], TypeError, r"out must be a numpy array; got list"),
+        (1, np.zeros(2), [np.zeros(2)], TypeError, r"op must be a string"),
+    ],
+)
+def test_reduce_arrays_inplace_errors(op, out, sources, exc, match):
+    with pytest.raises(exc, match=match):
+        reduce_arrays_inplace(op, out, sources)

@@ -64,6 +64,7 @@ class Opcode(enum.IntEnum):
     CALL = 3
     COLLECTIVE = 4
     QUERY = 5
+    PING = 6
 
 
 Handler = Callable[["Session", Any], Any]
@@ -82,6 +83,12 @@ def register(opcode: Opcode) -> Callable[[Handler], Handler]:
 
 def handler_for(opcode: int) -> Handler:
     return _HANDLERS[opcode]
+
+
+@register(Opcode.PING)
+def _ping(session: Session, payload) -> None:
+    """The empty command: measures the cost of one round trip."""
+    return None
 
 
 @register(Opcode.CALLABLE)

@@ -1,0 +1,217 @@
+"""The arguments of one call: bind them, validate them, stage them in shared memory.
+
+Everything a caller can get wrong is caught here, in the master, before any worker
+moves, with a ``TypeError`` or ``ValueError`` that names the input:
+
+- ``Binder``: positional and keyword arguments -> one value per input;
+- ``check_inputs``: ndim, dtype (cast only where PyTensor would cast: the input's
+  own ``type.filter`` decides), agreeing lengths of scattered inputs, ``batch``;
+- ``check_batch_s``: ``batch_s`` against every process's rows of the sliceable
+  shared variables (one small query command when ``batch_s`` is given);
+- ``Staging``: numpy inputs and ``batch`` indices copied once into shared-memory
+  buffers kept per function and reused (grown only when too small).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._scatter import Batch, normalize_batch, normalize_batch_s
+from .session import Opcode, Session
+
+__all__ = ["Binder", "Checked", "Staging", "check_inputs", "check_batch_s",
+           "check_subset", "check_num_slices"]
+
+_MISSING = object()
+
+
+def _label(var: Any, index: int) -> str:
+    return f"input {index} ({var.name!r})" if var.name else f"input {index}"
+
+
+def _is_data(value: Any) -> bool:
+    return hasattr(value, "ref") and hasattr(value, "alloc_size")
+
+
+class Binder:
+    """Maps a call's positional and keyword arguments onto the function's inputs."""
+
+    def __init__(self, signature: list, n_scattered: int):
+        self.signature = signature
+        self.n_scattered = n_scattered
+        self.index = {var.name: i for i, var in enumerate(signature) if var.name}
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        size = len(self.signature)
+        if len(args) > size:
+            raise TypeError(
+                f"the function takes {size} inputs (inputs + bcast_inputs); got {len(args)}"
+            )
+        values = list(args) + [_MISSING] * (size - len(args))
+        for key, value in kwargs.items():
+            i = self.index.get(key)
+            if i is None:
+                raise TypeError(f"unexpected keyword argument {key!r}: no input has that name")
+            if values[i] is not _MISSING:
+                raise TypeError(f"got multiple values for input {key!r}")
+            values[i] = value
+        missing = [_label(self.signature[i], i) for i, v in enumerate(values) if v is _MISSING]
+        if missing:
+            raise TypeError(f"missing a value for {', '.join(missing)}")
+        return values
+
+
+@dataclass
+class Checked:
+    """A call's inputs after validation, before staging."""
+
+    values: list  # Data objects, or numpy arrays of the input's dtype
+    casts: tuple  # per input: dtype a Data must be cast to in each process, or None
+    length: int  # rows of the scattered inputs (0 if none)
+    batch: Batch | None
+    total_rows: int
+
+
+_castable: dict[tuple[int, str], bool] = {}
+
+
+def _check_data(var: Any, index: int, value: Any, allow_downcast: Any) -> str | None:
+    """Validate a Data input against its variable; return the dtype to cast to, or None."""
+    label = _label(var, index)
+    if value.ndim != var.ndim:
+        raise TypeError(f"{label} expects {var.ndim} dimensions; got a Data with {value.ndim}")
+    if str(value.dtype) == var.dtype:
+        return None
+    key = (id(var.type), str(value.dtype))
+    ok = _castable.get(key)
+    if ok is None:
+        probe = np.zeros((1,) * var.ndim, dtype=value.dtype)
+        try:
+            var.type.filter(probe, strict=False, allow_downcast=allow_downcast)
+            ok = True
+        except TypeError:
+            ok = False
+        _castable[key] = ok
+    if not ok:
+        raise TypeError(
+            f"{label} expects dtype {var.dtype}; got a Data of dtype {value.dtype}, "
+            "which PyTensor would not cast (make the Data with the input's dtype)"
+        )
+    return var.dtype
+
+
+def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
+                 allow_downcast: Any = None) -> Checked:
+    """Validate every input value and ``batch``; nothing is written anywhere."""
+    checked, casts = [], []
+    length = None
+    for i, (var, value) in enumerate(zip(signature, values, strict=True)):
+        if _is_data(value):
+            casts.append(_check_data(var, i, value, allow_downcast))
+            shape = value.shape
+        else:
+            try:
+                value = var.type.filter(value, strict=False, allow_downcast=allow_downcast)
+            except TypeError as exc:
+                raise TypeError(f"{_label(var, i)}: {exc}") from exc
+            if not value.flags.c_contiguous:  # (np.ascontiguousarray makes 0-d into 1-d)
+                value = value.copy(order="C")
+            casts.append(None)
+            shape = value.shape
+        checked.append(value)
+        if i < n_scattered:
+            if len(shape) == 0:
+                raise ValueError(f"{_label(var, i)} is scattered along axis 0 but is a scalar")
+            if length is None:
+                length, first = shape[0], i
+            elif shape[0] != length:
+                raise ValueError(
+                    "scattered inputs must share their length along axis 0; got "
+                    f"{length} for {_label(signature[first], first)} and {shape[0]} for "
+                    f"{_label(var, i)}"
+                )
+    if batch is not None and n_scattered == 0:
+        raise ValueError("batch selects rows of scattered inputs, but this function has none")
+    selection = normalize_batch(batch, length) if n_scattered else None
+    total = selection.length if selection is not None else 0
+    return Checked(checked, tuple(casts), length or 0, selection, total)
+
+
+def check_batch_s(session: Session, uids: tuple[int, ...], names: list[str], batch_s: Any):
+    """Per-rank selections of the sliceable shared variables, validated everywhere."""
+    if batch_s is None:
+        return None
+    if not uids:
+        raise ValueError("batch_s selects rows of sliceable_shareds, but this function has none")
+    shapes = session.run(Opcode.QUERY, uids)
+    selections = None
+    for j, name in enumerate(names):
+        lengths = [rank_shapes[j][0] if rank_shapes[j] else 0 for rank_shapes in shapes]
+        try:
+            selections = normalize_batch_s(batch_s, session.n, lengths)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"sliceable shared {name!r}: {exc}") from exc
+    return tuple(selections)
+
+
+def check_subset(output_subset: Any, n_outputs: int) -> tuple[int, ...] | None:
+    if output_subset is None:
+        return None
+    if not isinstance(output_subset, (list, tuple)):
+        raise TypeError(f"output_subset must be a list of output indices; got {output_subset!r}")
+    subset = []
+    for i in output_subset:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"output_subset must hold integers; got {i!r}")
+        if not 0 <= i < n_outputs:
+            raise ValueError(
+                f"output_subset index {i} is out of range for {n_outputs} outputs"
+            )
+        subset.append(int(i))
+    if len(set(subset)) != len(subset):
+        raise ValueError(f"output_subset has repeated indices: {subset}")
+    return tuple(subset)
+
+
+def check_num_slices(num_slices: Any) -> int:
+    if isinstance(num_slices, bool) or not isinstance(num_slices, (int, np.integer)):
+        raise TypeError(f"num_slices must be an integer >= 1; got {num_slices!r}")
+    if num_slices < 1:
+        raise ValueError(f"num_slices must be an integer >= 1; got {num_slices}")
+    return int(num_slices)
+
+
+@dataclass
+class Staging:
+    """Shared-memory buffers a function reuses for its numpy inputs and batch indices."""
+
+    buffers: dict = field(default_factory=dict)
+
+    def put(self, slot: Any, array: np.ndarray):
+        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
+        from .data import data
+
+        buffer = self.buffers.get(slot)
+        if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
+            buffer = self.buffers[slot] = data(value=array, oversize=1.25)
+        else:
+            buffer.set_value(array, oversize=1.25)
+        return buffer.ref()
+
+    def stage(self, checked: Checked):
+        """Refs for every input and the batch indices; numpy values are copied in."""
+        refs = [
+            value.ref() if _is_data(value) else self.put(i, value)
+            for i, value in enumerate(checked.values)
+        ]
+        selection = checked.batch
+        if selection is None or selection.indices is None:
+            indices = None
+            span = (selection.start, selection.stop) if selection is not None else (0, 0)
+        else:
+            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64))
+            span = (0, 0)
+        return refs, span, indices

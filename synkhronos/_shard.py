@@ -1,0 +1,147 @@
+"""What every process does for one function call: select its rows, run, accumulate.
+
+The master describes a call once, in a ``CallPlan``; every process (the master
+included) then runs ``run_share`` on it independently:
+
+1. its rows: its contiguous block of the selected rows (``part_bounds``), either a
+   zero-copy view of the shared-memory inputs (a row range) or its own gather of its
+   block of the ``batch`` indices, done in parallel by every process;
+2. its ``sliceable_shareds`` rows, selected by its entry of ``batch_s``;
+3. the local PyTensor function, once, or once per slice with outputs and update values
+   accumulated in place, the updates computed from the original values and applied
+   once at the end;
+4. the reply ``(weight, outputs)``: the row count that weights its ``avg`` outputs in
+   the master's reduction, or ``None`` when it had no rows (it then ran nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._reducers import Accumulator, ReduceOp
+from ._scatter import Batch, part_bounds, slice_bounds
+from .distribute import registry
+from .session import Opcode, Session, register
+
+__all__ = ["CallPlan", "run_share"]
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """Everything a process needs to run its share of one call (small, picklable)."""
+
+    fn_id: int
+    scattered: tuple  # DataRef per scattered input
+    bcast: tuple  # DataRef per broadcast input
+    casts: tuple  # dtype (str) to cast each scattered+bcast input to, or None
+    batch_range: tuple[int, int]  # selected rows of the scattered inputs, if no indices
+    batch_indices: Any  # DataRef of int64 row indices, or None
+    sliceable: tuple[int, ...]  # uids of the sliceable shared variables
+    batch_s: tuple | None  # per rank: Batch or None (all rows)
+    num_slices: int
+    output_ops: tuple[ReduceOp, ...]
+    update_uids: tuple[int, ...]  # sliced calls: the shared variable of each update
+    update_ops: tuple[ReduceOp, ...]
+    run_if_empty: bool  # every process has zero rows: the master runs anyway
+
+
+def _select(array: np.ndarray, batch: Batch | None) -> np.ndarray:
+    if batch is None:
+        return array
+    if batch.indices is None:
+        return array[batch.start : batch.stop]
+    return array[batch.indices]
+
+
+def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
+    return array if dtype is None else np.asarray(array, dtype=dtype)
+
+
+def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, int]:
+    """This rank's scattered, broadcast and sliceable arrays, and its weight."""
+    n, rank = session.n, session.rank
+    casts = plan.casts
+    scattered: list[np.ndarray] = []
+    weight = 1
+    if plan.scattered:
+        if plan.batch_indices is not None:
+            indices = plan.batch_indices.view(session)
+            lo, hi = part_bounds(len(indices), n, rank)
+            mine = Batch(indices=indices[lo:hi])
+        else:
+            start, stop = plan.batch_range
+            lo, hi = part_bounds(stop - start, n, rank)
+            mine = Batch(start=start + lo, stop=start + hi)
+        weight = hi - lo
+        if weight or plan.run_if_empty:
+            for i, ref in enumerate(plan.scattered):
+                scattered.append(_cast(_select(ref.view(session), mine), casts[i]))
+    offset = len(plan.scattered)
+    bcast = [_cast(ref.view(session), casts[offset + i]) for i, ref in enumerate(plan.bcast)]
+    sliceable: list[np.ndarray] = []
+    if plan.sliceable:
+        reg = registry(session)
+        selection = plan.batch_s[rank] if plan.batch_s is not None else None
+        for uid in plan.sliceable:
+            sliceable.append(_select(reg.shared[uid].get_value(borrow=True), selection))
+        if not plan.scattered:
+            weight = len(sliceable[0])
+    return scattered, bcast, sliceable, weight
+
+
+def _as_list(outputs: Any) -> list:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def _run_sliced(fn, plan: CallPlan, scattered, bcast, sliceable, session: Session) -> list:
+    """Run ``num_slices`` consecutive slices; accumulate outputs and update values."""
+    n_out = len(plan.output_ops)
+    outputs = [Accumulator(op) for op in plan.output_ops]
+    updates = [Accumulator(op) for op in plan.update_ops]
+    sliced = scattered + sliceable
+    bounds = [slice_bounds(len(a), plan.num_slices) for a in sliced]
+    for k in range(plan.num_slices):
+        parts = [a[b[k][0] : b[k][1]] for a, b in zip(sliced, bounds, strict=True)]
+        weight = len(parts[0]) if parts else 1
+        if weight == 0 and not plan.run_if_empty:
+            continue
+        pieces = parts[: len(scattered)] + bcast + parts[len(scattered) :]
+        values = _as_list(fn(*pieces))
+        for acc, value in zip(outputs + updates, values, strict=True):
+            acc.add(value, weight)
+    reg = registry(session)
+    for uid, acc in zip(plan.update_uids, updates, strict=True):
+        value = acc.result()
+        if value is not None:
+            var = reg.shared[uid]
+            var.set_value(np.asarray(value, dtype=var.type.dtype), borrow=True)
+    return [acc.result() for acc in outputs[:n_out]]
+
+
+def run_share(session: Session, plan: CallPlan) -> tuple[int, list] | None:
+    """Run this rank's share of a call; ``None`` if it had no rows."""
+    scattered, bcast, sliceable, weight = _gather_inputs(session, plan)
+    runs = weight > 0 or (plan.run_if_empty and session.rank == session.master_rank)
+    if not runs:
+        return None
+    fn = registry(session).functions[plan.fn_id]
+    if plan.num_slices == 1:
+        outputs = _as_list(fn(*scattered, *bcast, *sliceable))
+    else:
+        outputs = _run_sliced(fn, plan, scattered, bcast, sliceable, session)
+    return weight, outputs
+
+
+@register(Opcode.CALL)
+def _call(session: Session, plan: CallPlan):
+    return run_share(session, plan)
+
+
+@register(Opcode.QUERY)
+def _shapes(session: Session, uids: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Each rank's shapes of the given shared variables (for validating ``batch_s``)."""
+    reg = registry(session)
+    return [np.shape(reg.shared[uid].get_value(borrow=True)) for uid in uids]

@@ -1,0 +1,187 @@
+"""distribute(): ship every PyTensor function built so far to the workers, in one pickle.
+
+Why one pickle: PyTensor keeps two functions' shared variables shared only when both
+are unpickled from the same ``pickle.dumps`` call. Why by reference on later calls:
+a variable distributed earlier lives on in every worker, possibly with a different
+value per rank (scattered data, local updates); re-pickling it would duplicate it.
+
+So each process keeps a ``Registry``:
+
+- ``functions``: id -> compiled ``pytensor`` function (the same ids everywhere);
+- ``shared``: uid -> ``SharedVariable``; the master also maps ``id(var)`` -> uid.
+
+``distribute()`` (master):
+
+1. compiles each pending function (Numba: an explicit compile for the exact signature
+   a call uses), so the on-disk cache is warm and the workers load rather than compile;
+2. pickles ``(functions, new shared variables)`` with a pickler that writes every
+   already-distributed variable, its storage cell and its current value as a
+   reference (its uid);
+3. runs ``Opcode.DISTRIBUTE``: each worker unpickles, resolving references to its own
+   objects, and registers the new functions and variables under the master's ids.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+
+from .session import Opcode, Session, register, require
+
+__all__ = ["distribute", "Registry", "registry"]
+
+log = logging.getLogger("synkhronos")
+
+
+class Registry:
+    """One process's distributed functions and shared variables."""
+
+    def __init__(self) -> None:
+        self.functions: dict[int, Any] = {}
+        self.shared: dict[int, Any] = {}
+        self.uid_of: dict[int, int] = {}  # id(shared variable) -> uid, master only
+        self.pending: dict[int, Any] = {}  # built in the master, not yet distributed
+        self.pending_shared: list[Any] = []  # extra variables to ship (sliceable data)
+        self.next_function = 0
+        self.next_shared = 0
+        self.unpickle_seconds: list[float] = []
+        self.distributed_once = False
+
+    def add_function(self, fn: Any, extra_shared: list[Any] = ()) -> int:
+        """Register a master-built function for the next distribution; return its id."""
+        fn_id = self.next_function
+        self.next_function += 1
+        self.functions[fn_id] = fn
+        self.pending[fn_id] = fn
+        self.pending_shared.extend(extra_shared)
+        return fn_id
+
+    def is_distributed(self, fn_id: int) -> bool:
+        return fn_id not in self.pending
+
+    def uid(self, var: Any) -> int | None:
+        """The uid of a distributed shared variable, or None."""
+        return self.uid_of.get(id(var))
+
+
+def registry(session: Session) -> Registry:
+    return session.local("distribute", Registry)
+
+
+def _shared_of(fn: Any) -> list[Any]:
+    return [inp.variable for inp in fn.maker.inputs if getattr(inp, "shared", False)]
+
+
+class _ReferencePickler(pickle.Pickler):
+    def __init__(self, file, known: dict[int, tuple[str, int]]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._known = known
+
+    def persistent_id(self, obj):
+        return self._known.get(id(obj))
+
+
+class _ReferenceUnpickler(pickle.Unpickler):
+    def __init__(self, file, reg: Registry):
+        super().__init__(file)
+        self._reg = reg
+
+    def persistent_load(self, pid):
+        kind, uid = pid
+        var = self._reg.shared[uid]
+        if kind == "var":
+            return var
+        if kind == "storage":
+            return var.container.storage
+        return var.container.storage[0]
+
+
+def precompile(fn: Any) -> bool:
+    """Compile a Numba-backed function for the C-contiguous signature calls use.
+
+    Returns False when the function is not Numba-backed or this PyTensor version
+    differs; the first call then compiles as usual.
+    """
+    jit_fn = getattr(getattr(fn, "vm", None), "jit_fn", None)
+    if jit_fn is None or not hasattr(jit_fn, "compile"):
+        return False
+    try:
+        from numba import types
+        from pytensor.link.numba.dispatch.basic import get_numba_type
+
+        signature = tuple(get_numba_type(v.type, layout="C") for v in fn.maker.fgraph.inputs)
+        jit_fn.compile((types.Tuple(signature),))
+    except Exception as exc:  # internals differ between versions: fall back quietly
+        log.debug("precompile skipped: %s", exc)
+        return False
+    return True
+
+
+def distribute() -> None:
+    """Ship every function built since the last call to every worker.
+
+    Compiles each new function in the master first, then pickles them all together
+    so that shared variables used by several functions stay shared in each worker.
+    Variables distributed earlier are sent by reference, never duplicated. Calling a
+    function that was built after the last ``distribute()`` distributes it first.
+
+    Collective: every process takes part; returns when all have finished.
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    """
+    session = require("synk.distribute()")
+    session.check_usable()
+    reg = registry(session)
+    reg.distributed_once = True
+    if not reg.pending:
+        return
+    functions = dict(reg.pending)
+    for fn in functions.values():
+        precompile(fn)
+    new_shared: dict[int, Any] = {}
+    for var in [v for fn in functions.values() for v in _shared_of(fn)] + reg.pending_shared:
+        if id(var) not in reg.uid_of and all(var is not v for v in new_shared.values()):
+            new_shared[reg.next_shared] = var
+            reg.next_shared += 1
+    if session.n > 1:
+        known: dict[int, tuple[str, int]] = {}
+        for uid, var in reg.shared.items():
+            known[id(var)] = ("var", uid)
+            known[id(var.container.storage)] = ("storage", uid)
+            value = var.container.storage[0]
+            if isinstance(value, np.ndarray):
+                # PyTensor's unpickler checks a shared input's pickled value against
+                # the container's; a worker's own value may differ from the master's.
+                known[id(value)] = ("value", uid)
+        buffer = io.BytesIO()
+        _ReferencePickler(buffer, known).dump((functions, new_shared))
+        session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+    for uid, var in new_shared.items():
+        reg.shared[uid] = var
+        reg.uid_of[id(var)] = uid
+    reg.pending.clear()
+    reg.pending_shared.clear()
+
+
+@register(Opcode.DISTRIBUTE)
+def _receive(session: Session, payload: bytes) -> float | None:
+    """Worker: unpickle and register the functions; reply with the seconds it took."""
+    if session.is_master:
+        return None
+    reg = registry(session)
+    start = time.perf_counter()
+    functions, new_shared = _ReferenceUnpickler(io.BytesIO(payload), reg).load()
+    for uid, var in new_shared.items():
+        reg.shared[uid] = var
+    reg.functions.update(functions)
+    seconds = time.perf_counter() - start
+    reg.unpickle_seconds.append(seconds)
+    return seconds

@@ -1,0 +1,290 @@
+"""synk.function() and Function: serial PyTensor functions that run on every process.
+
+One call, in the master::
+
+    f(*args, batch=..., batch_s=..., num_slices=..., output_subset=...)
+      1. bind      args/kwargs -> one value per input (inputs + bcast_inputs)
+      2. validate  count, ndim, dtype (cast only where PyTensor casts), lengths,
+                   batch, batch_s, num_slices, output_subset: every error here,
+                   before any worker moves
+      3. stage     numpy inputs and batch indices copied once into reusable
+                   shared memory; Data inputs are used in place
+      4. launch    a CallPlan to every process (Opcode.CALL); each runs its share
+                   (_shard.py) on its own rows
+      5. collect   per-rank (rows, outputs) reduced by each output's op, avg
+                   weighted by rows; returned in PyTensor's conventions
+
+The compiled functions are built here, in the master: the one the user asked for
+(scattered inputs, broadcast inputs, then one input per sliceable shared variable,
+which replaces that variable through ``givens`` so each process can pass its
+selected rows), and lazily its variants: an ``output_subset`` (PyTensor 3 has no
+call-time subset) and the sliced form, which returns the update values as outputs
+instead of applying them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytensor
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+
+from . import _arguments
+from ._reducers import Accumulator, ReduceOp, parse_op
+from ._shard import CallPlan
+from .distribute import distribute, registry
+from .session import Opcode, require
+
+__all__ = ["function", "Function"]
+
+
+def _parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool]:
+    """(variables, ops, single) from a variable, a (variable, op) pair, or a list."""
+    if outputs is None:
+        return [], [], False
+    if _is_pair(outputs) or isinstance(outputs, Variable):
+        variables, ops, _ = _parse_outputs([outputs])
+        return variables, ops, True
+    if not isinstance(outputs, (list, tuple)):
+        raise TypeError(
+            f"outputs must be a variable, a (variable, op) pair or a list of them; "
+            f"got {type(outputs).__name__}"
+        )
+    variables, ops = [], []
+    for i, item in enumerate(outputs):
+        var, op = item if _is_pair(item) else (item, "avg")
+        if not isinstance(var, Variable):
+            raise TypeError(f"output {i} must be a PyTensor variable; got {type(var).__name__}")
+        variables.append(var)
+        ops.append(parse_op(op, allow_gather=True))
+    return variables, ops, False
+
+
+def _is_pair(item: Any) -> bool:
+    return (
+        isinstance(item, tuple)
+        and len(item) == 2
+        and isinstance(item[0], Variable)
+        and (item[1] is None or isinstance(item[1], (str, ReduceOp)))
+    )
+
+
+def _parse_updates(updates: Any) -> tuple[list[tuple], list[ReduceOp]]:
+    if updates is None:
+        return [], []
+    items = list(updates.items()) if isinstance(updates, dict) else list(updates)
+    pairs, ops = [], []
+    for i, item in enumerate(items):
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise TypeError(f"update {i} must be a (shared, new_value[, op]) tuple; got {item!r}")
+        pairs.append((item[0], item[1]))
+        ops.append(parse_op(item[2] if len(item) == 3 else "avg", allow_gather=False))
+    return pairs, ops
+
+
+def _variables(value: Any, what: str) -> list:
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, var in enumerate(items):
+        if not isinstance(var, Variable):
+            raise TypeError(f"{what}[{i}] must be a PyTensor variable; got {type(var).__name__}")
+    return items
+
+
+class Function:
+    """A PyTensor function that runs on every process; built by ``synk.function``.
+
+    Attributes
+    ----------
+    name : str or None
+    inputs, bcast_inputs : list of Variable
+        Scattered inputs, then inputs every process uses whole.
+    output_modes : list of str
+        The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
+        ``"min"`` or ``"gather"``.
+    update_modes : list of str
+        How each update is accumulated across slices.
+    """
+
+    def __init__(self, inputs, outputs, bcast_inputs, updates, givens, sliceable_shareds,
+                 name, kwargs):
+        session = require("synk.function()")
+        session.check_usable()
+        self.name = name
+        self.inputs = _variables(inputs, "inputs")
+        self.bcast_inputs = _variables(bcast_inputs, "bcast_inputs")
+        self._outputs, self._output_ops, self._single = _parse_outputs(outputs)
+        self._updates, self._update_ops = _parse_updates(updates)
+        self.sliceable_shareds = _variables(sliceable_shareds, "sliceable_shareds")
+        for i, var in enumerate(self.sliceable_shareds):
+            if not isinstance(var, SharedVariable):
+                raise TypeError(f"sliceable_shareds[{i}] must be a shared variable; got {var!r}")
+        self._slice_inputs = [var.type(name=var.name) for var in self.sliceable_shareds]
+        given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
+        self._givens = given + list(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
+        self._kwargs = dict(kwargs)
+        self._signature = self.inputs + self.bcast_inputs
+        self._binder = _arguments.Binder(self._signature, len(self.inputs))
+        self._session = session
+        self._registry = registry(session)
+        self._variants: dict[tuple, int] = {}
+        self._staging = _arguments.Staging()
+        local = self._compile(self._outputs, self._updates, **self._kwargs)
+        self._local = local
+        self._fn_id = self._registry.add_function(local, self.sliceable_shareds)
+        self._variants[(None, False)] = self._fn_id
+
+    @property
+    def output_modes(self) -> list[str]:
+        return [op.value for op in self._output_ops]
+
+    @property
+    def update_modes(self) -> list[str]:
+        return [op.value for op in self._update_ops]
+
+    def _compile(self, outputs, updates, **kwargs):
+        return pytensor.function(
+            self._signature + self._slice_inputs,
+            outputs,
+            updates=updates,
+            givens=self._givens,
+            **kwargs,
+        )
+
+    def _variant(self, subset: tuple[int, ...] | None, sliced: bool) -> int:
+        """The id of the compiled function for this output subset / slicing."""
+        key = (subset, sliced)
+        fn_id = self._variants.get(key)
+        if fn_id is None:
+            chosen = self._outputs if subset is None else [self._outputs[i] for i in subset]
+            kwargs = dict(self._kwargs, on_unused_input="ignore")
+            if sliced:
+                fn = self._compile(chosen + [u for _, u in self._updates], [], **kwargs)
+            else:
+                fn = self._compile(chosen, self._updates, **kwargs)
+            fn_id = self._variants[key] = self._registry.add_function(fn)
+        return fn_id
+
+    # -- calling ---------------------------------------------------------------------------
+    def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1,
+                 **kwargs):
+        """Run on every process; return what the PyTensor function would return.
+
+        Collective: every process takes part; returns when all have finished.
+        """
+        session = self._session
+        session.check_usable()
+        values = self._binder.bind(args, kwargs)
+        subset = _arguments.check_subset(output_subset, len(self._outputs))
+        num_slices = _arguments.check_num_slices(num_slices)
+        checked = _arguments.check_inputs(
+            self._signature, len(self.inputs), values, batch,
+            self._kwargs.get("allow_input_downcast"),
+        )
+        sliced = num_slices > 1
+        fn_id = self._variant(subset, sliced)
+        if not self._registry.is_distributed(fn_id):
+            distribute()
+        reg = self._registry
+        sliceable = tuple(reg.uid(var) for var in self.sliceable_shareds)
+        selections = _arguments.check_batch_s(
+            session, sliceable, [str(var) for var in self.sliceable_shareds], batch_s
+        )
+        refs, span, indices = self._staging.stage(checked)
+        n_scattered = len(self.inputs)
+        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
+        empty = checked.total_rows == 0 and bool(self.inputs)
+        plan = CallPlan(
+            fn_id=fn_id,
+            scattered=tuple(refs[:n_scattered]),
+            bcast=tuple(refs[n_scattered:]),
+            casts=checked.casts,
+            batch_range=span,
+            batch_indices=indices,
+            sliceable=sliceable,
+            batch_s=selections,
+            num_slices=num_slices,
+            output_ops=tuple(ops),
+            update_uids=tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
+            update_ops=tuple(self._update_ops) if sliced else (),
+            run_if_empty=empty,
+        )
+        replies = session.run(Opcode.CALL, plan)
+        results = _combine(ops, replies)
+        if self._single and (subset is None or len(subset) == 1):
+            return results[0]
+        return results
+
+    def as_pytensor(self, *args, **kwargs):
+        """Run the plain PyTensor function in the master alone, on the whole inputs.
+
+        Shared variables (updates included) change in the master only: this is the
+        serial program the parallel calls must match.
+        """
+        values = self._binder.bind(args, kwargs)
+        values = [v.data if hasattr(v, "ref") else v for v in values]
+        whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
+        outputs = self._local(*values, *whole)
+        return outputs[0] if self._single else outputs
+
+    as_theano = as_pytensor
+
+    def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False):
+        """``synk.Data`` objects holding ``args`` for this function's inputs, in order."""
+        from .data import data
+
+        values = self._binder.bind(args, {})
+        return [
+            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=minibatch)
+            for v, var in zip(values, self._signature, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return f"<synk.Function {self.name or ''} {len(self._outputs)} outputs>"
+
+
+def _combine(ops: list[ReduceOp], replies: list) -> list:
+    """Reduce each output over the ranks that ran, in rank (= row) order."""
+    accumulators = [Accumulator(op) for op in ops]
+    for reply in replies:
+        if reply is None:
+            continue
+        weight, outputs = reply
+        for acc, value in zip(accumulators, outputs, strict=True):
+            acc.add(value, weight)
+    return [acc.result() for acc in accumulators]
+
+
+def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
+             sliceable_shareds=None, name=None, **kwargs) -> Function:
+    """Build a function that runs on every process, like ``pytensor.function``.
+
+    Parameters
+    ----------
+    inputs : list of Variable
+        Scattered along axis 0 across processes.
+    outputs : Variable, (Variable, op) or list of these
+        ``op`` is ``"avg"`` (default, weighted by rows), ``"sum"``, ``"prod"``,
+        ``"max"``, ``"min"``, or ``None`` / ``"gather"`` (concatenate in row order).
+    bcast_inputs : list of Variable
+        Used whole by every process.
+    updates : dict or list of (shared, new_value[, op])
+        Applied locally in every process; ``op`` accumulates across slices.
+    givens : dict or list of pairs
+        As in ``pytensor.function``.
+    sliceable_shareds : list of SharedVariable
+        Shared variables holding data rows, subject to ``batch_s`` and slicing.
+    name : str
+    **kwargs
+        Passed to ``pytensor.function`` untouched.
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    """
+    return Function(inputs, outputs, bcast_inputs, updates, givens, sliceable_shareds,
+                    name, kwargs)

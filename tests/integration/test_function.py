@@ -1,0 +1,214 @@
+"""synk.function at n_parallel 1, 2, 3, always against the plain function on the full data.
+
+Compiling a new PyTensor graph costs seconds on a cold cache, so each session builds
+a handful of functions once (``Model``) and the tests share them; the graphs are the
+same for every n, so sessions after the first load them from the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import synkhronos as synk
+from synkhronos import session as synk_session
+from synkhronos._scatter import split_bounds
+from synkhronos.distribute import registry
+
+RTOL = 1e-10
+
+
+def _rank_value(uid):
+    return registry(synk_session.current()).shared[uid].get_value()
+
+
+def _set_rank_value(uid, values):
+    session = synk_session.current()
+    registry(session).shared[uid].set_value(values[session.rank])
+
+
+def rank_values(var):
+    """Every process's value of a distributed shared variable, by rank."""
+    uid = registry(synk_session.current()).uid(var)
+    return synk_session.current().run(synk_session.Opcode.CALLABLE, (_rank_value, (uid,), None))
+
+
+def set_rank_values(var, values):
+    uid = registry(synk_session.current()).uid(var)
+    synk_session.current().run(synk_session.Opcode.CALLABLE, (_set_rank_value, (uid, values), None))
+
+
+class Model:
+    """The functions every test in a session shares."""
+
+    def __init__(self):
+        x, y = pt.dmatrix("x"), pt.dmatrix("y")
+        z = x.dot(y)
+        self.reduce = synk.function(
+            inputs=[x],
+            bcast_inputs=[y],
+            outputs=[
+                z.mean(axis=0),
+                (z.sum(axis=0), "sum"),
+                (z.max(axis=0), "max"),
+                (z.min(axis=0), "min"),
+                ((1 + 0.01 * z).prod(axis=0), "prod"),
+                (z.sum(axis=1), None),
+            ],
+            name="reduce",
+        )
+        self.single = synk.function([x], (z.sum(), "sum"), bcast_inputs=[y])
+        self.W = pytensor.shared(np.linspace(-1, 1, 12).reshape(4, 3), name="W")
+        self.G = pytensor.shared(np.zeros((4, 3)), name="G")
+        t = pt.dmatrix("t")
+        loss = ((pt.tanh(x.dot(self.W)) - t) ** 2).mean()
+        grad = pytensor.grad(loss, self.W)
+        self.train = synk.function(
+            [x, t], loss, updates=[(self.G, grad), (self.W, self.W - 0.1 * grad, "avg")]
+        )
+        self.grad_plain = pytensor.function([x, t], grad)
+        self.data = pytensor.shared(np.zeros((0, 4)), name="data")
+        self.sliced_sum = synk.function(
+            [], [(self.data.sum(axis=0), "sum"), (self.data.sum(axis=1), "gather")],
+            sliceable_shareds=[self.data],
+        )
+        synk.distribute()
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"n{n}")
+def model(request):
+    synk.fork(request.param)
+    try:
+        yield Model()
+    finally:
+        synk.close()
+
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(1000, 4))
+Y = rng.normal(size=(4, 3))
+T = rng.normal(size=(1000, 3))
+
+
+def assert_all_close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert np.shape(g) == np.shape(w)
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=1e-12)
+
+
+@pytest.mark.parametrize("length", [1000, 7, 2, 1])
+def test_every_reduce_op_matches_serial(model, length):
+    got = model.reduce(X[:length], Y)
+    assert_all_close(got, model.reduce.as_pytensor(X[:length], Y))
+
+
+def test_data_inputs_and_numpy_inputs_agree(model):
+    xd = synk.data(X)
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X, Y))
+    assert_all_close(model.reduce(x=xd, y=Y), model.reduce.as_pytensor(X, Y))
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [10, slice(3, 250), slice(-20, None), slice(None, None, 1), [5, 1, 999, 5, 0]],
+    ids=["int", "slice", "negative-slice", "step-1", "index-list"],
+)
+def test_batch_selects_rows_before_scatter(model, batch):
+    xd = synk.data(X)
+    rows = np.arange(1000)[:batch] if isinstance(batch, int) else np.arange(1000)[batch]
+    assert_all_close(model.reduce(xd, Y, batch=batch), model.reduce.as_pytensor(X[rows], Y))
+
+
+def test_shuffled_batch_gathers_in_batch_order(model):
+    xd = synk.data(X)
+    order = rng.permutation(1000)[:333]
+    got = model.reduce(xd, Y, batch=order)
+    assert_all_close(got, model.reduce.as_pytensor(X[order], Y))
+
+
+@pytest.mark.parametrize("num_slices", range(1, 8))
+def test_slices_equal_unsliced(model, num_slices):
+    got = model.reduce(X[:101], Y, num_slices=num_slices)
+    assert_all_close(got, model.reduce.as_pytensor(X[:101], Y))
+
+
+def test_output_subset_and_single_output(model):
+    got = model.reduce(X, Y, output_subset=[5, 0])
+    want = model.reduce.as_pytensor(X, Y)
+    assert_all_close(got, [want[5], want[0]])
+    single = model.single(X, Y)
+    assert isinstance(single, np.ndarray) and single.shape == ()
+    np.testing.assert_allclose(single, model.single.as_pytensor(X, Y), rtol=RTOL)
+
+
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_sliced_updates_equal_unsliced_gradient(model, num_slices):
+    n = synk.n_parallel()
+    start = np.linspace(-1, 1, 12).reshape(4, 3)
+    set_rank_values(model.W, [start] * n)
+    xs, ts = X[:101], T[:101]
+    wants = [model.grad_plain(xs[lo:hi], ts[lo:hi]) for lo, hi in split_bounds(101, n)]
+    model.train(xs, ts, num_slices=num_slices)
+    grads = rank_values(model.G)
+    weights = rank_values(model.W)
+    for rank, want in enumerate(wants):
+        np.testing.assert_allclose(grads[rank], want, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(weights[rank], start - 0.1 * want, rtol=1e-9, atol=1e-12)
+
+
+def test_rank_without_rows_applies_no_update(model):
+    n = synk.n_parallel()
+    marker = np.full((4, 3), 7.0)
+    set_rank_values(model.G, [marker] * n)
+    model.train(X[:1], T[:1])
+    grads = rank_values(model.G)
+    assert not np.array_equal(grads[0], marker)
+    for rank in range(1, n):
+        np.testing.assert_array_equal(grads[rank], marker)
+
+
+def test_sliceable_shareds_with_batch_s(model):
+    n = synk.n_parallel()
+    blocks = [X[lo:hi] for lo, hi in split_bounds(10, n)]
+    set_rank_values(model.data, blocks)
+    whole = np.concatenate(blocks)
+    got = model.sliced_sum()
+    np.testing.assert_allclose(got[0], whole.sum(axis=0), rtol=RTOL)
+    np.testing.assert_allclose(got[1], whole.sum(axis=1), rtol=RTOL)
+    got = model.sliced_sum(batch_s=slice(0, 2), num_slices=2)
+    picked = np.concatenate([b[0:2] for b in blocks])
+    np.testing.assert_allclose(got[1], picked.sum(axis=1), rtol=RTOL)
+    per_rank = [np.array([len(b) - 1]) if len(b) else np.array([], dtype=int) for b in blocks]
+    got = model.sliced_sum(batch_s=per_rank)
+    picked = np.concatenate([b[p] for b, p in zip(blocks, per_rank, strict=True)])
+    np.testing.assert_allclose(got[1], picked.sum(axis=1), rtol=RTOL)
+
+
+def test_late_function_keeps_shared_identity(model):
+    n = synk.n_parallel()
+    start = np.ones((4, 3))
+    set_rank_values(model.W, [start] * n)
+    read_w = synk.function([], model.W.sum() * 1.0, name="late")  # built after distribute
+    model.train(X[:30], T[:30])  # changes W in every process that had rows
+    after = rank_values(model.W)
+    sums = read_w()
+    np.testing.assert_allclose(sums, np.mean([w.sum() for w in after]), rtol=RTOL)
+
+
+def test_givens_turn_shared_data_into_a_scattered_input(model):
+    observed = pytensor.shared(np.zeros(5), name="observed")
+    mu = pt.dscalar("mu")
+    obs_in = pt.dvector("obs_in")
+    logp = -0.5 * ((observed - mu) ** 2).sum()
+    f = synk.function([obs_in], (logp, "sum"), bcast_inputs=[mu], givens={observed: obs_in})
+    values = rng.normal(size=1001)
+    np.testing.assert_allclose(f(values, 0.3), f.as_pytensor(values, 0.3), rtol=RTOL)
+
+
+def test_integer_data_is_cast_where_pytensor_casts(model):
+    ints = synk.data(np.arange(40, dtype=np.int32).reshape(10, 4))
+    got = model.reduce(ints, Y)
+    assert_all_close(got, model.reduce.as_pytensor(np.arange(40).reshape(10, 4).astype(float), Y))

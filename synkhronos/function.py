@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytensor
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable

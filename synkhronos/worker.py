@@ -8,10 +8,17 @@ command and stays in step. The loop leaves on ``EXIT`` or when the master is gon
 
 from __future__ import annotations
 
+from functools import partial
+
+from ._runtime.control import ControlBlock
 from ._runtime.remote import RemoteFailure
 from .session import Opcode, Session, handler_for
 
 __all__ = ["main"]
+
+
+def _is_new(control: ControlBlock, seen: int) -> bool:
+    return control.seq != seen
 
 
 def main(session: Session, rank: int) -> None:
@@ -21,7 +28,7 @@ def main(session: Session, rank: int) -> None:
     master = session.master_rank
     seen = session.forked_seq  # not control.seq: the master may have posted already
     while True:
-        control.wait(rank, lambda: control.seq != seen, session._watch_master)
+        control.wait(rank, partial(_is_new, control, seen), session._watch_master)
         seen = control.seq
         opcode, (releases, payload) = control.read_command()
         for name in releases:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._scatter import Batch, normalize_batch, normalize_batch_s
+from .data import Data, data
 from .session import Opcode, Session
 
 __all__ = ["Binder", "Checked", "Staging", "check_inputs", "check_batch_s",
@@ -33,7 +34,7 @@ def _label(var: Any, index: int) -> str:
 
 
 def _is_data(value: Any) -> bool:
-    return hasattr(value, "ref") and hasattr(value, "alloc_size")
+    return isinstance(value, Data)
 
 
 class Binder:
@@ -80,11 +81,13 @@ _castable: dict[tuple[int, str], bool] = {}
 
 def _check_data(var: Any, index: int, value: Any, allow_downcast: Any) -> str | None:
     """Validate a Data input against its variable; return the dtype to cast to, or None."""
-    label = _label(var, index)
     if value.ndim != var.ndim:
-        raise TypeError(f"{label} expects {var.ndim} dimensions; got a Data with {value.ndim}")
-    if str(value.dtype) == var.dtype:
+        raise TypeError(
+            f"{_label(var, index)} expects {var.ndim} dimensions; got a Data with {value.ndim}"
+        )
+    if value.dtype == var.type.numpy_dtype:
         return None
+    label = _label(var, index)
     key = (id(var.type), str(value.dtype))
     ok = _castable.get(key)
     if ok is None:
@@ -135,7 +138,12 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
                 )
     if batch is not None and n_scattered == 0:
         raise ValueError("batch selects rows of scattered inputs, but this function has none")
-    selection = normalize_batch(batch, length) if n_scattered else None
+    if not n_scattered:
+        selection = None
+    elif batch is None:
+        selection = Batch(0, length)
+    else:
+        selection = normalize_batch(batch, length)
     total = selection.length if selection is not None else 0
     return Checked(checked, tuple(casts), length or 0, selection, total)
 
@@ -192,8 +200,6 @@ class Staging:
 
     def put(self, slot: Any, array: np.ndarray):
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
-        from .data import data
-
         buffer = self.buffers.get(slot)
         if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
             buffer = self.buffers[slot] = data(value=array, oversize=1.25)
@@ -204,7 +210,7 @@ class Staging:
     def stage(self, checked: Checked):
         """Refs for every input and the batch indices; numpy values are copied in."""
         refs = [
-            value.ref() if _is_data(value) else self.put(i, value)
+            value.ref() if isinstance(value, Data) else self.put(i, value)
             for i, value in enumerate(checked.values)
         ]
         selection = checked.batch

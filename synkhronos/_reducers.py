@@ -60,6 +60,8 @@ def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     ValueError
         If ``op`` names no known operation, or is gather where that is not allowed.
     """
+    if isinstance(op, ReduceOp) and (allow_gather or op is not ReduceOp.GATHER):
+        return op  # the hot path: already parsed
     valid = [o.value for o in ReduceOp if allow_gather or o is not ReduceOp.GATHER]
     if op is None:
         parsed = ReduceOp.GATHER
@@ -238,7 +240,7 @@ def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.nd
         raise ValueError(f"weights must have one entry per value ({len(values)}); "
                          f"got {len(weights)}")
     acc = Accumulator(op)
-    for value, weight in zip(values, weights):
+    for value, weight in zip(values, weights, strict=True):
         acc.add(value, weight)
     return acc.result()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Batch", "normalize_batch", "normalize_batch_s", "part_bounds", "slice_bounds",
+__all__ = ["Batch", "block", "normalize_batch", "normalize_batch_s", "part_bounds", "slice_bounds",
            "split_bounds", "split_counts"]
 
 
@@ -81,6 +81,13 @@ def part_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
         raise ValueError(f"index must be in 0..{parts - 1} for {parts} parts; got {index}")
     base, extra = divmod(length, parts)
     start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def block(length: int, parts: int, index: int) -> tuple[int, int]:
+    """``part_bounds`` without validation, for per-rank code that trusts its input."""
+    base, extra = divmod(length, parts)
+    start = index * base + (index if index < extra else extra)
     return start, start + base + (1 if index < extra else 0)
 
 
@@ -283,7 +290,7 @@ def normalize_batch_s(batch_s: Any, parts: int, lengths: list[int]) -> list[Batc
         raise TypeError("batch_s must be None, a slice, a 1-d index list or a list of "
                         f"per-process selections; got {type(batch_s).__name__}")
     result: list[Batch | None] = []
-    for rank, (item, length) in enumerate(zip(shared, lengths)):
+    for rank, (item, length) in enumerate(zip(shared, lengths, strict=True)):
         what = f"batch_s for rank {rank}:"
         if item is None:
             result.append(None)

@@ -16,21 +16,19 @@ included) then runs ``run_share`` on it independently:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._reducers import Accumulator, ReduceOp
-from ._scatter import Batch, part_bounds, slice_bounds
+from ._scatter import Batch, block, slice_bounds
 from .distribute import registry
 from .session import Opcode, Session, register
 
 __all__ = ["CallPlan", "run_share"]
 
 
-@dataclass(frozen=True)
-class CallPlan:
+class CallPlan(NamedTuple):
     """Everything a process needs to run its share of one call (small, picklable)."""
 
     fn_id: int
@@ -69,11 +67,11 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
     if plan.scattered:
         if plan.batch_indices is not None:
             indices = plan.batch_indices.view(session)
-            lo, hi = part_bounds(len(indices), n, rank)
+            lo, hi = block(len(indices), n, rank)
             mine = Batch(indices=indices[lo:hi])
         else:
             start, stop = plan.batch_range
-            lo, hi = part_bounds(stop - start, n, rank)
+            lo, hi = block(stop - start, n, rank)
             mine = Batch(start=start + lo, stop=start + hi)
         weight = hi - lo
         if weight or plan.run_if_empty:

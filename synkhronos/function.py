@@ -130,6 +130,8 @@ class Function:
         self._session = session
         self._registry = registry(session)
         self._variants: dict[tuple, int] = {}
+        self._static: dict[int, tuple] = {}
+        self._slice_names = [str(var) for var in self.sliceable_shareds]
         self._staging = _arguments.Staging()
         local = self._compile(self._outputs, self._updates, **self._kwargs)
         self._local = local
@@ -152,6 +154,19 @@ class Function:
             givens=self._givens,
             **kwargs,
         )
+
+    def _prepare_static(self, fn_id: int, subset, sliced: bool) -> tuple:
+        """The parts of a variant's CallPlan that never change (needs distribution)."""
+        reg = self._registry
+        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
+        static = (
+            tuple(reg.uid(var) for var in self.sliceable_shareds),
+            tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
+            tuple(self._update_ops) if sliced else (),
+            tuple(ops),
+        )
+        self._static[fn_id] = static
+        return static
 
     def _variant(self, subset: tuple[int, ...] | None, sliced: bool) -> int:
         """The id of the compiled function for this output subset / slicing."""
@@ -187,29 +202,15 @@ class Function:
         fn_id = self._variant(subset, sliced)
         if not self._registry.is_distributed(fn_id):
             distribute()
-        reg = self._registry
-        sliceable = tuple(reg.uid(var) for var in self.sliceable_shareds)
-        selections = _arguments.check_batch_s(
-            session, sliceable, [str(var) for var in self.sliceable_shareds], batch_s
-        )
+        static = self._static.get(fn_id) or self._prepare_static(fn_id, subset, sliced)
+        sliceable, update_uids, update_ops, ops = static
+        selections = _arguments.check_batch_s(session, sliceable, self._slice_names, batch_s)
         refs, span, indices = self._staging.stage(checked)
         n_scattered = len(self.inputs)
-        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
-        empty = checked.total_rows == 0 and bool(self.inputs)
         plan = CallPlan(
-            fn_id=fn_id,
-            scattered=tuple(refs[:n_scattered]),
-            bcast=tuple(refs[n_scattered:]),
-            casts=checked.casts,
-            batch_range=span,
-            batch_indices=indices,
-            sliceable=sliceable,
-            batch_s=selections,
-            num_slices=num_slices,
-            output_ops=tuple(ops),
-            update_uids=tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
-            update_ops=tuple(self._update_ops) if sliced else (),
-            run_if_empty=empty,
+            fn_id, tuple(refs[:n_scattered]), tuple(refs[n_scattered:]), checked.casts,
+            span, indices, sliceable, selections, num_slices, ops, update_uids, update_ops,
+            checked.total_rows == 0 and n_scattered > 0,
         )
         replies = session.run(Opcode.CALL, plan)
         results = _combine(ops, replies)

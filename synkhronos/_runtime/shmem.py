@@ -16,6 +16,7 @@ that needs it has mapped it.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -141,7 +142,7 @@ def array_view(
 ) -> np.ndarray:
     """A writable, C-contiguous numpy view of ``buffer`` (no copy)."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 

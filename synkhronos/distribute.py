@@ -49,7 +49,8 @@ class Registry:
         self.pending_shared: list[Any] = []  # extra variables to ship (sliceable data)
         self.next_function = 0
         self.next_shared = 0
-        self.unpickle_seconds: list[float] = []
+        self.unpickle_seconds: list[float] = []  # each worker's, for the last distribute
+        self.compile_seconds = 0.0  # the master's, for the last distribute
         self.distributed_once = False
 
     def add_function(self, fn: Any, extra_shared: list[Any] = ()) -> int:
@@ -144,8 +145,10 @@ def distribute() -> None:
     if not reg.pending:
         return
     functions = dict(reg.pending)
+    start = time.perf_counter()
     for fn in functions.values():
         precompile(fn)
+    reg.compile_seconds = time.perf_counter() - start
     new_shared: dict[int, Any] = {}
     for var in [v for fn in functions.values() for v in _shared_of(fn)] + reg.pending_shared:
         if id(var) not in reg.uid_of and all(var is not v for v in new_shared.values()):
@@ -163,7 +166,8 @@ def distribute() -> None:
                 known[id(value)] = ("value", uid)
         buffer = io.BytesIO()
         _ReferencePickler(buffer, known).dump((functions, new_shared))
-        session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+        replies = session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+        reg.unpickle_seconds = [r for r in replies if r is not None]
     for uid, var in new_shared.items():
         reg.shared[uid] = var
         reg.uid_of[id(var)] = uid
@@ -182,6 +186,4 @@ def _receive(session: Session, payload: bytes) -> float | None:
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)
-    seconds = time.perf_counter() - start
-    reg.unpickle_seconds.append(seconds)
-    return seconds
+    return time.perf_counter() - start

@@ -228,15 +228,22 @@ class Session:
             return [self._run_local(handler, payload)]
         control = self.control
         releases, self._releases = self._releases, []
-        self._busy = True
+        # Posting pickles first: a payload that cannot be pickled raises here, before
+        # any worker moves, and leaves the session usable.
         try:
             self._seq = control.post(int(opcode), (releases, payload), self.master_rank)
+        except BaseException:
+            self._releases = releases + self._releases
+            raise
+        self._busy = True
+        try:
             self._started = time.monotonic()
             failure: tuple[BaseException, RemoteFailure] | None = None
             try:
                 reply = handler(self, payload)
             except Exception as exc:
                 failure, reply = (exc, RemoteFailure.from_exception(exc)), None
+                control.mark_failed(self.master_rank, self._seq)
             workers = self.worker_ranks
             seq = self._seq
             control.wait(self.master_rank, lambda: control.all_done(seq, workers), self._watch)

@@ -30,7 +30,11 @@ def main(session: Session, rank: int) -> None:
     while True:
         control.wait(rank, partial(_is_new, control, seen), session._watch_master)
         seen = control.seq
-        opcode, (releases, payload) = control.read_command()
+        try:
+            opcode, (releases, payload) = control.read_command()
+        except Exception as exc:  # e.g. a class this process cannot import
+            control.finish(rank, seen, RemoteFailure.from_exception(exc), True, master)
+            continue
         for name in releases:
             session.segments.forget(name)
         if opcode == Opcode.EXIT:

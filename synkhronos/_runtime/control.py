@@ -175,6 +175,12 @@ class ControlBlock:
         self.header[self._field(rank, _DONE)] = seq
         self.wake_all(rank)
 
+    def mark_failed(self, rank: int, seq: int) -> None:
+        """The master's own handler failed: release every rank waiting at a barrier."""
+        self.header[self._field(rank, _STATUS)] = STATUS_FAILED
+        self.header[self._field(rank, _DONE)] = seq
+        self.wake_all(rank)
+
     def reply(self, rank: int) -> object:
         """The master's read of ``rank``'s reply to the current command."""
         at = self._replies_at + REPLY_BYTES * rank
@@ -227,7 +233,7 @@ class ControlBlock:
 
     # -- payload and reply slots ------------------------------------------------------------
     def _write(self, obj: object, at: int, capacity: int, length_field: int, tag: str):
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written yet
         if len(data) <= capacity:
             self._buffer[at : at + len(data)] = data
             self.header[length_field] = len(data)

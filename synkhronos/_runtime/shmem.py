@@ -63,6 +63,9 @@ def create_segment(name: str, nbytes: int) -> mmap.mmap:
         _posix_name(name), flags=posix_ipc.O_CREX, mode=0o600, size=size
     )
     try:
+        # Reserve the pages now: on a full /dev/shm this fails with ENOSPC here,
+        # instead of a SIGBUS at the first write.
+        os.posix_fallocate(shm.fd, 0, size)
         return mmap.mmap(shm.fd, size)
     except BaseException:
         shm.unlink()

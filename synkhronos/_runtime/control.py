@@ -36,7 +36,6 @@ import pickle
 import time
 from collections.abc import Callable
 
-import numpy as np
 import posix_ipc
 
 from . import shmem
@@ -52,6 +51,7 @@ _HEAD = 16
 _PER_RANK = 8
 _DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN = 0, 1, 2, 3, 4
 _EXTERNAL = -1
+_NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
 
 STATUS_OK, STATUS_FAILED = 0, 1
@@ -75,9 +75,11 @@ class ControlBlock:
         name = prefix + "control"
         self._map = shmem.create_segment(name, size)
         shmem.unlink_segment(name)  # inherited through fork: no name needed after now
-        self.header = shmem.array_view(self._map, np.int64, (_HEAD + _PER_RANK * n,))
-        self.header[:] = 0
         self._buffer = memoryview(self._map)
+        # A memoryview of int64: item access is several times cheaper than numpy's,
+        # and the spin loops read these fields millions of times.
+        self._buffer[:header_bytes] = bytes(header_bytes)
+        self.header = self._buffer[:header_bytes].cast("q")
         self._semaphores = []
         for rank in range(n):
             sem_name = f"/{prefix}wake{rank}"
@@ -92,13 +94,13 @@ class ControlBlock:
 
     @property
     def seq(self) -> int:
-        return int(self.header[_SEQ])
+        return self.header[_SEQ]
 
     def done(self, rank: int) -> int:
-        return int(self.header[self._field(rank, _DONE)])
+        return self.header[self._field(rank, _DONE)]
 
     def failed(self, rank: int) -> bool:
-        return int(self.header[self._field(rank, _STATUS)]) != STATUS_OK
+        return self.header[self._field(rank, _STATUS)] != STATUS_OK
 
     # -- waking and waiting ------------------------------------------------------------
     def wake(self, rank: int) -> None:
@@ -156,21 +158,24 @@ class ControlBlock:
         """Publish a command to every worker and wake them; return its sequence number."""
         self._write(payload, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, "payload")
         self.header[_OPCODE] = opcode
-        seq = int(self.header[_SEQ]) + 1
+        seq = self.header[_SEQ] + 1
         self.header[_SEQ] = seq
         self.wake_all(master_rank)
         return seq
 
     def read_command(self) -> tuple[int, object]:
         """A worker's view of the current command: (opcode, payload)."""
-        opcode = int(self.header[_OPCODE])
-        payload = self._read(self._mailbox_at, int(self.header[_PAYLOAD_LEN]))
+        opcode = self.header[_OPCODE]
+        payload = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN])
         return opcode, payload
 
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int):
         """A worker's end of a command: write the reply, mark done, wake the master."""
-        at = self._replies_at + REPLY_BYTES * rank
-        self._write(reply, at, REPLY_BYTES, self._field(rank, _REPLY_LEN), f"r{rank}_")
+        if reply is None:
+            self.header[self._field(rank, _REPLY_LEN)] = _NONE
+        else:
+            at = self._replies_at + REPLY_BYTES * rank
+            self._write(reply, at, REPLY_BYTES, self._field(rank, _REPLY_LEN), f"r{rank}_")
         self.header[self._field(rank, _STATUS)] = STATUS_FAILED if failed else STATUS_OK
         self.header[self._field(rank, _DONE)] = seq
         self.wake_all(rank)
@@ -183,8 +188,10 @@ class ControlBlock:
 
     def reply(self, rank: int) -> object:
         """The master's read of ``rank``'s reply to the current command."""
-        at = self._replies_at + REPLY_BYTES * rank
-        return self._read(at, int(self.header[self._field(rank, _REPLY_LEN)]), unlink=True)
+        length = self.header[self._field(rank, _REPLY_LEN)]
+        if length == _NONE:
+            return None
+        return self._read(self._replies_at + REPLY_BYTES * rank, length, unlink=True)
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header
@@ -200,7 +207,7 @@ class ControlBlock:
             self._semaphores[rank].release()
 
     def aborted(self, seq: int) -> bool:
-        return int(self.header[_ABORT]) == seq
+        return self.header[_ABORT] == seq
 
     # -- barrier inside a command --------------------------------------------------------
     def barrier(self, rank: int, on_poll: Callable[[], None]) -> None:
@@ -209,22 +216,21 @@ class ControlBlock:
         Raises ``BarrierAborted`` if another rank finished the command with a failure
         (it will never arrive) or the master aborted the command.
         """
-        seq = int(self.header[_SEQ])
+        header = self.header
+        seq = header[_SEQ]
         epoch_field = self._field(rank, _EPOCH)
-        current = int(self.header[epoch_field])
+        current = header[epoch_field]
         count = current - seq * _EPOCH_STRIDE if current >= seq * _EPOCH_STRIDE else 0
         target = seq * _EPOCH_STRIDE + count + 1
-        self.header[epoch_field] = target
+        header[epoch_field] = target
         self.wake_all(rank)
-        epochs = self.header[_HEAD + _EPOCH :: _PER_RANK]
-        dones = self.header[_HEAD + _DONE :: _PER_RANK]
-        statuses = self.header[_HEAD + _STATUS :: _PER_RANK]
+        fields = [_HEAD + _PER_RANK * r for r in range(self.n)]
 
         def ready() -> bool:
-            if epochs.min() >= target:
+            if all(header[f + _EPOCH] >= target for f in fields):
                 return True
-            if self.header[_ABORT] == seq or (
-                ((dones == seq) & (statuses != STATUS_OK)).any()
+            if header[_ABORT] == seq or any(
+                header[f + _DONE] == seq and header[f + _STATUS] != STATUS_OK for f in fields
             ):
                 raise BarrierAborted("another process failed before this barrier")
             return False
@@ -261,7 +267,7 @@ class ControlBlock:
 
     def release_external_payload(self) -> None:
         """The master's clean-up of an oversized payload once every worker read it."""
-        length = int(self.header[_PAYLOAD_LEN])
+        length = self.header[_PAYLOAD_LEN]
         if length < 0:
             at = self._mailbox_at
             name, _ = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])

@@ -1,0 +1,26 @@
+"""A short soak: calls and fork/close cycles return every resource to its baseline.
+
+The long version is ``benchmarks/soak.py`` (100 000 calls, 50 cycles).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_path = pathlib.Path(__file__).parents[2] / "benchmarks" / "soak.py"
+_spec = importlib.util.spec_from_file_location("soak_benchmark", _path)
+soak_benchmark = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(soak_benchmark)
+
+
+@pytest.mark.timeout(240)
+def test_short_soak_returns_to_baseline():
+    result = soak_benchmark.soak(calls=2000, cycles=8, n=2)
+    base, final = result["baseline"], result["final"]
+    assert final["children"] == base["children"] == 0
+    assert final["open_fds"] == base["open_fds"]
+    assert final["shm_entries"] == base["shm_entries"] == 0
+    assert result["rss_growth_ratio"] < 1.05, result

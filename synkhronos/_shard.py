@@ -16,6 +16,7 @@ included) then runs ``run_share`` on it independently:
 
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +45,7 @@ class CallPlan(NamedTuple):
     update_uids: tuple[int, ...]  # sliced calls: the shared variable of each update
     update_ops: tuple[ReduceOp, ...]
     run_if_empty: bool  # every process has zero rows: the master runs anyway
+    profile: bool = False  # reply with (gather, function) seconds too
 
 
 def _select(array: np.ndarray, batch: Batch | None) -> np.ndarray:
@@ -119,17 +121,23 @@ def _run_sliced(fn, plan: CallPlan, scattered, bcast, sliceable, session: Sessio
     return [acc.result() for acc in outputs[:n_out]]
 
 
-def run_share(session: Session, plan: CallPlan) -> tuple[int, list] | None:
-    """Run this rank's share of a call; ``None`` if it had no rows."""
+def run_share(session: Session, plan: CallPlan) -> tuple | None:
+    """Run this rank's share: ``(weight, outputs[, timings])``, or ``None`` if no rows."""
+    if plan.profile:
+        start = time.perf_counter()
     scattered, bcast, sliceable, weight = _gather_inputs(session, plan)
     runs = weight > 0 or (plan.run_if_empty and session.rank == session.master_rank)
     if not runs:
         return None
+    if plan.profile:
+        gathered = time.perf_counter()
     fn = registry(session).functions[plan.fn_id]
     if plan.num_slices == 1:
         outputs = _as_list(fn(*scattered, *bcast, *sliceable))
     else:
         outputs = _run_sliced(fn, plan, scattered, bcast, sliceable, session)
+    if plan.profile:
+        return weight, outputs, (gathered - start, time.perf_counter() - gathered)
     return weight, outputs
 
 

@@ -24,6 +24,7 @@ instead of applying them.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytensor
@@ -34,6 +35,7 @@ from . import _arguments
 from ._reducers import Accumulator, ReduceOp, parse_op
 from ._shard import CallPlan
 from .distribute import distribute, registry
+from .profile import CallRecord
 from .session import Opcode, require
 
 __all__ = ["function", "Function"]
@@ -191,6 +193,8 @@ class Function:
         """
         session = self._session
         session.check_usable()
+        if session.profile is not None:
+            start = time.perf_counter()
         values = self._binder.bind(args, kwargs)
         subset = _arguments.check_subset(output_subset, len(self._outputs))
         num_slices = _arguments.check_num_slices(num_slices)
@@ -210,10 +214,27 @@ class Function:
         plan = CallPlan(
             fn_id, tuple(refs[:n_scattered]), tuple(refs[n_scattered:]), checked.casts,
             span, indices, sliceable, selections, num_slices, ops, update_uids, update_ops,
-            checked.total_rows == 0 and n_scattered > 0,
+            checked.total_rows == 0 and n_scattered > 0, session.profile is not None,
         )
+        if session.profile is not None:
+            return self._profiled_run(session, plan, subset, start)
+        results = _combine(ops, session.run(Opcode.CALL, plan))
+        if self._single and (subset is None or len(subset) == 1):
+            return results[0]
+        return results
+
+    def _profiled_run(self, session, plan: CallPlan, subset, start: float):
+        staged = time.perf_counter()
         replies = session.run(Opcode.CALL, plan)
-        results = _combine(ops, replies)
+        ran = time.perf_counter()
+        timings = [reply[2] for reply in replies if reply is not None]
+        results = _combine(plan.output_ops, replies)
+        done = time.perf_counter()
+        session.profile.records.append(CallRecord(
+            "call", self.name, total=done - start, stage=staged - start,
+            straggler=session.last_timing[1], reduce=done - ran,
+            gather=[t[0] for t in timings], function=[t[1] for t in timings],
+        ))
         if self._single and (subset is None or len(subset) == 1):
             return results[0]
         return results
@@ -252,7 +273,7 @@ def _combine(ops: list[ReduceOp], replies: list) -> list:
     for reply in replies:
         if reply is None:
             continue
-        weight, outputs = reply
+        weight, outputs = reply[0], reply[1]
         for acc, value in zip(accumulators, outputs, strict=True):
             acc.add(value, weight)
     return [acc.result() for acc in accumulators]

@@ -142,6 +142,8 @@ class Session:
         self._started = 0.0
         self._releases: list[str] = []
         self._local: dict[str, Any] = {}
+        self.profile = None  # a synk.profile() Profile while one is active
+        self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
         self._thread_limit = None
         self._old_sigterm = None
         cores = devices.usable_cores()
@@ -224,8 +226,22 @@ class Session:
         """
         self.check_usable()
         handler = _HANDLERS[int(opcode)]
+        if self.profile is not None:
+            return self._run_profiled(opcode, handler, payload)
         if self.n == 1:
             return [self._run_local(handler, payload)]
+        return self._run_all(opcode, handler, payload)
+
+    def _run_profiled(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
+        start = time.perf_counter()
+        replies = [self._run_local(handler, payload)] if self.n == 1 else self._run_all(
+            opcode, handler, payload
+        )
+        if opcode == Opcode.COLLECTIVE:
+            self.profile.record_command("collective", time.perf_counter() - start)
+        return replies
+
+    def _run_all(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
         control = self.control
         releases, self._releases = self._releases, []
         # Posting pickles first: a payload that cannot be pickled raises here, before
@@ -238,6 +254,7 @@ class Session:
         self._busy = True
         try:
             self._started = time.monotonic()
+            self._started_precise = time.perf_counter()
             failure: tuple[BaseException, RemoteFailure] | None = None
             try:
                 reply = handler(self, payload)
@@ -246,7 +263,12 @@ class Session:
                 control.mark_failed(self.master_rank, self._seq)
             workers = self.worker_ranks
             seq = self._seq
-            control.wait(self.master_rank, lambda: control.all_done(seq, workers), self._watch)
+            if self.profile is not None:
+                own = time.perf_counter()
+                control.wait(self.master_rank, lambda: control.all_done(seq, workers), self._watch)
+                self.last_timing = (own - self._started_precise, time.perf_counter() - own)
+            else:
+                control.wait(self.master_rank, lambda: control.all_done(seq, workers), self._watch)
             replies = [None] * self.n
             replies[self.master_rank] = reply
             first_remote = None
@@ -276,6 +298,11 @@ class Session:
     def _run_local(self, handler: Handler, payload: Any) -> Any:
         self._busy = True
         try:
+            if self.profile is not None:
+                start = time.perf_counter()
+                reply = handler(self, payload)
+                self.last_timing = (time.perf_counter() - start, 0.0)
+                return reply
             return handler(self, payload)
         except Exception as exc:
             info = RemoteFailure.from_exception(exc)

@@ -145,7 +145,7 @@ class Session:
         self.profile = None  # a synk.profile() Profile while one is active
         self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
         self._thread_limit = None
-        self._old_sigterm = None
+        self._old_handlers: dict[int, Any] = {}
         cores = devices.usable_cores()
         self._cores = [cores[r % len(cores)] for r in range(n)] if pin else None
 
@@ -174,8 +174,10 @@ class Session:
             os.sched_setaffinity(0, {self._cores[self.master_rank]})
         self._thread_limit = processes.limit_threads()
         if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+            for signum, default in defaults.items():
+                if signal.getsignal(signum) is default:
+                    self._old_handlers[signum] = signal.signal(signum, _on_signal)
 
     def become_worker(self, rank: int) -> None:
         """Turn the inherited copy into worker ``rank``'s own session."""
@@ -243,6 +245,7 @@ class Session:
 
     def _run_all(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
         control = self.control
+        _lost_signal.clear()  # only a signal that arrives during this command is ours
         releases, self._releases = self._releases, []
         # Posting pickles first: a payload that cannot be pickled raises here, before
         # any worker moves, and leaves the session usable.
@@ -318,6 +321,7 @@ class Session:
 
     def _watch(self) -> None:
         """The master's liveness check while it waits (runs every poll interval)."""
+        _reraise_lost_signal()
         for worker in self.workers:
             reason = worker.poll()
             if reason is not None:
@@ -329,7 +333,7 @@ class Session:
 
     def _watch_master(self) -> None:
         """A worker's liveness check: leave if the master is gone."""
-        if os.getppid() != self.master_pid:
+        if processes.master_gone(self.master_pid):
             shmem.sweep_prefix(self.prefix)
             os._exit(1)
 
@@ -365,14 +369,39 @@ class Session:
             shmem.sweep_prefix(self.prefix)
             if self._thread_limit is not None:
                 self._thread_limit.restore_original_limits()
-            if self._old_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
+            for signum, handler in self._old_handlers.items():
+                signal.signal(signum, handler)
+            self._old_handlers = {}
+            _lost_signal.clear()
             if _current is self:
                 _current = None
 
 
-def _exit_on_sigterm(signum, frame):
+_lost_signal: list[int] = []
+
+
+def _raise_for(signum: int):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise SystemExit(128 + signum)
+
+
+def _on_signal(signum, frame):
+    """The master's SIGINT/SIGTERM handler while a session runs (if it had the default).
+
+    posix_ipc replaces the exception a handler raises during a blocked semaphore wait
+    with its own SignalError; the signal is therefore also noted here and raised again
+    by the waiting loop (``_reraise_lost_signal``).
+    """
+    _lost_signal.append(signum)
+    _raise_for(signum)
+
+
+def _reraise_lost_signal() -> None:
+    if _lost_signal:
+        signum = _lost_signal.pop()
+        _lost_signal.clear()
+        _raise_for(signum)
 
 
 def _at_exit() -> None:

@@ -20,6 +20,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from . import shmem
 __all__ = ["Worker", "fork_workers", "stop_workers", "limit_threads", "THREAD_ENV"]
 
 _PR_SET_PDEATHSIG = 1
+_MASTER_EXIT_GRACE = 1.0  # seconds a SIGTERMed worker waits to see whether the master died
 THREAD_ENV = (
     "OMP_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
@@ -88,12 +90,30 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def master_gone(master_pid: int) -> bool:
+    """True once the master is reparented away, a zombie, or gone from /proc."""
+    if os.getppid() != master_pid:
+        return True
+    try:
+        with open(f"/proc/{master_pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X", "x")
+
+
 def _setup_child(master_pid: int, prefix: str, core: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def on_term(signum, frame):
-        if os.getppid() != master_pid:
-            shmem.sweep_prefix(prefix)
+        # PR_SET_PDEATHSIG fires when the forking *thread* dies: with other threads
+        # the master may still be exiting, so give it a moment to be seen gone.
+        deadline = time.monotonic() + _MASTER_EXIT_GRACE
+        while not master_gone(master_pid):
+            if time.monotonic() > deadline:
+                os._exit(128 + signum)  # a SIGTERM for this worker alone
+            time.sleep(0.005)
+        shmem.sweep_prefix(prefix)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -149,8 +169,6 @@ def fork_workers(
 
 def stop_workers(workers: list[Worker], timeout: float) -> None:
     """Wait up to ``timeout`` s for workers to exit, then SIGKILL and reap the rest."""
-    import time
-
     deadline = time.monotonic() + timeout
     pending = [w for w in workers if w.poll() is None]
     while pending and time.monotonic() < deadline:

@@ -1,5 +1,17 @@
 """synkhronos: data-parallel PyTensor functions on every CPU core (or GPU) of a machine."""
 
+from .collectives import (
+    all_gather,
+    all_reduce,
+    broadcast,
+    gather,
+    get_lengths,
+    get_shapes,
+    get_value,
+    reduce,
+    scatter,
+    set_value,
+)
 from .data import Data, data
 from .distribute import distribute
 from .errors import SynkhronosError, WorkerDiedError, WorkerError, WorkerTimeoutError
@@ -17,6 +29,16 @@ __all__ = [
     "distribute",
     "data",
     "Data",
+    "broadcast",
+    "scatter",
+    "gather",
+    "all_gather",
+    "reduce",
+    "all_reduce",
+    "set_value",
+    "get_value",
+    "get_lengths",
+    "get_shapes",
     "SynkhronosError",
     "WorkerError",
     "WorkerDiedError",

@@ -1,0 +1,308 @@
+"""All-reduce bandwidth and latency: synkhronos beside torch.distributed (gloo) and MPI.
+
+Usage::
+
+    python benchmarks/collectives.py [--n 2] [--op sum] [--out benchmarks/results]
+
+Every implementation reduces float32 arrays of 1 element, 1 KiB, 64 KiB, 1 MiB,
+16 MiB and 64 MiB across ``--n`` processes in the same run, so the peers see the
+same machine load. A trial is one all-reduce; its time is the slowest rank's (for
+synkhronos the master's call, which returns when every process has finished); the
+figure reported is the median over trials, with the 10th and 90th percentiles.
+
+Implementations:
+
+- ``synkhronos (resident)``: ``synk.all_reduce(var)`` called again and again; after
+  the first call each process's value already lives in its exchange slot.
+- ``synkhronos (copy-in)``: before every trial each process gives the variable a new
+  private storage array (as a PyTensor update does), so the call copies it in; the
+  time to set the new storage is not counted.
+- ``torch gloo``: ``torch.distributed.all_reduce`` on CPU tensors (only if torch
+  imports; the JSON says so otherwise).
+- ``mpi4py``: ``Comm.Allreduce(IN_PLACE, ...)`` under ``mpirun`` (only if mpi4py and
+  mpirun are found; the JSON says so otherwise).
+
+Writes ``collectives.json`` (also printed) and ``collectives.png`` (bandwidth against
+size; only if matplotlib imports, else the JSON says so) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIZES = [4, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # bytes, float32
+
+
+def trials_for(nbytes: int, scale: float) -> int:
+    base = 2000 if nbytes <= 1 << 10 else 500 if nbytes <= 64 << 10 else \
+        200 if nbytes <= 1 << 20 else 40 if nbytes <= 16 << 20 else 20
+    return max(5, int(base * scale))
+
+
+def summarize(nbytes: int, times: list[float]) -> dict:
+    median = float(np.median(times))
+    return {
+        "bytes": nbytes,
+        "elements": nbytes // 4,
+        "trials": len(times),
+        "median_us": median * 1e6,
+        "p10_us": float(np.percentile(times, 10)) * 1e6,
+        "p90_us": float(np.percentile(times, 90)) * 1e6,
+        "GB_per_s": nbytes / median / 1e9,
+    }
+
+
+# -- synkhronos ---------------------------------------------------------------------------
+def _set_private(uid: int, size: int) -> None:
+    """In every process: give variable ``uid`` a new private zero array as storage."""
+    from synkhronos import session as synk_session
+    from synkhronos.distribute import registry
+
+    var = registry(synk_session.current()).shared[uid]
+    cache = _set_private.__dict__.setdefault("arrays", {})
+    arrays = cache.setdefault(uid, [np.full(size, 0.0, "float32") for _ in range(2)])
+    arrays.reverse()
+    var.set_value(arrays[0], borrow=True)
+
+
+def bench_synkhronos(n: int, op: str, scale: float, pin: bool) -> dict:
+    import pytensor
+
+    import synkhronos as synk
+    from synkhronos import session as synk_session
+    from synkhronos.distribute import registry
+
+    synk.fork(n, pin=pin)
+    try:
+        variables = [pytensor.shared(np.full(s // 4, 0.0, "float32"), name=f"v{s}")
+                     for s in SIZES]
+        synk.function([], [v.sum() for v in variables])
+        synk.distribute()
+        session = synk_session.current()
+        results: dict[str, list] = {"resident": [], "copy-in": []}
+        for nbytes, var in zip(SIZES, variables):
+            count = trials_for(nbytes, scale)
+            for _ in range(min(count, 20)):
+                synk.all_reduce(var, op)
+            times = []
+            for _ in range(count):
+                start = time.perf_counter()
+                synk.all_reduce(var, op)
+                times.append(time.perf_counter() - start)
+            results["resident"].append(summarize(nbytes, times))
+            uid = registry(session).uid(var)
+            times = []
+            for _ in range(count):
+                session.run(synk_session.Opcode.CALLABLE, (_set_private, (uid, nbytes // 4), None))
+                start = time.perf_counter()
+                synk.all_reduce(var, op)
+                times.append(time.perf_counter() - start)
+            results["copy-in"].append(summarize(nbytes, times))
+        return results
+    finally:
+        synk.close()
+
+
+# -- torch.distributed, gloo ---------------------------------------------------------------
+def _torch_rank(rank: int, n: int, port: int, op: str, scale: float, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=n)
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                 "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT,
+                 "avg": dist.ReduceOp.SUM}[op]
+    rows = []
+    for nbytes in SIZES:
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
+        count = trials_for(nbytes, scale)
+        for _ in range(min(count, 20)):
+            dist.all_reduce(tensor, reduce_op)
+        times = []
+        for _ in range(count):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor, reduce_op)
+            if op == "avg":
+                tensor /= n
+            times.append(time.perf_counter() - start)
+        everyone = [None] * n
+        dist.all_gather_object(everyone, times)
+        rows.append(np.max(np.array(everyone), axis=0).tolist())
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def bench_torch(n: int, op: str, scale: float) -> dict:
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return {"absent": f"torch does not import: {exc}"}
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_torch_rank, args=(r, n, port, op, scale, queue))
+             for r in range(n)]
+    for proc in procs:
+        proc.start()
+    rows = queue.get(timeout=1800)
+    for proc in procs:
+        proc.join()
+    return {"gloo": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows)]}
+
+
+# -- MPI ----------------------------------------------------------------------------------------
+def mpi_main(op: str, scale: float) -> None:
+    """Run under mpirun: rank 0 prints one JSON line of per-trial times per size."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD,
+              "avg": MPI.SUM}[op]
+    rows = []
+    for nbytes in SIZES:
+        array = np.full(nbytes // 4, 0.0, "float32")
+        count = trials_for(nbytes, scale)
+        for _ in range(min(count, 20)):
+            comm.Allreduce(MPI.IN_PLACE, array, mpi_op)
+        times = []
+        for _ in range(count):
+            comm.Barrier()
+            start = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, array, mpi_op)
+            if op == "avg":
+                array /= comm.size
+            times.append(time.perf_counter() - start)
+        everyone = comm.gather(times, root=0)
+        if comm.rank == 0:
+            rows.append(np.max(np.array(everyone), axis=0).tolist())
+    if comm.rank == 0:
+        sys.stdout.write(json.dumps(rows) + "\n")
+
+
+def bench_mpi(n: int, op: str, scale: float) -> dict:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError as exc:
+        return {"absent": f"mpi4py does not import: {exc}"}
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return {"absent": "mpirun not found on PATH"}
+    command = [mpirun, "-n", str(n), "--allow-run-as-root", "--oversubscribe",
+               sys.executable, os.path.abspath(__file__), "--mpi-worker",
+               "--op", op, "--scale", str(scale)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return {"absent": f"mpirun failed ({done.returncode}): {done.stderr[-2000:]}"}
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"Allreduce": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows)]}
+
+
+# -- report ------------------------------------------------------------------------------------
+def plot(report: dict, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"not drawn: matplotlib does not import ({exc})"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, rows in report["series"].items():
+        ax.plot([r["bytes"] for r in rows], [r["GB_per_s"] for r in rows], marker="o",
+                label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("array size (bytes, float32)")
+    ax.set_ylabel("GB/s (array bytes / median time)")
+    ax.set_title(f"all_reduce({report['op']}), {report['n']} processes, "
+                 f"{report['machine']['cores']} cores")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def ratios(series: dict) -> dict:
+    """synkhronos against each peer, per size: bandwidth ratio (higher is better)."""
+    out = {}
+    for ours in ("synkhronos (resident)", "synkhronos (copy-in)"):
+        for peer in ("torch gloo", "mpi4py"):
+            if ours in series and peer in series:
+                out[f"{ours} / {peer}"] = {
+                    str(a["bytes"]): round(a["GB_per_s"] / b["GB_per_s"], 2)
+                    for a, b in zip(series[ours], series[peer])
+                }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--op", default="sum", choices=["sum", "avg", "max", "min", "prod"])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the trial counts")
+    parser.add_argument("--pin", action="store_true", help="pin synkhronos ranks to cores")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mpi_worker:
+        mpi_main(args.op, args.scale)
+        return
+    load_before = os.getloadavg()
+    series: dict[str, list] = {}
+    absent: dict[str, str] = {}
+    synk_rows = bench_synkhronos(args.n, args.op, args.scale, args.pin)
+    series["synkhronos (resident)"] = synk_rows["resident"]
+    series["synkhronos (copy-in)"] = synk_rows["copy-in"]
+    for label, result in (("torch gloo", bench_torch(args.n, args.op, args.scale)),
+                          ("mpi4py", bench_mpi(args.n, args.op, args.scale))):
+        if "absent" in result:
+            absent[label] = result["absent"]
+        else:
+            series[label] = next(iter(result.values()))
+    report = {
+        "benchmark": "all_reduce",
+        "n": args.n,
+        "op": args.op,
+        "dtype": "float32",
+        "synkhronos_pinned": args.pin,
+        "machine": {
+            "cores": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
+        "series": series,
+        "absent": absent,
+        "ratios": ratios(series),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report["png"] = plot(report, out / "collectives.png")
+    text = json.dumps(report, indent=1)
+    (out / "collectives.json").write_text(text + "\n")
+    sys.stdout.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,611 @@
+"""CPU collectives: exchange buffers in POSIX shared memory, reduced by all ranks at once.
+
+Two kinds of exchange buffer, each a segment named under ``session.prefix``:
+
+- a **resident group** per list of variables used by ``broadcast``, ``reduce`` or
+  ``all_reduce``: one segment, a header line per rank, then one slot per rank, each
+  slot the list's ``FusedLayout``. Each process points its variables' storage at its
+  own slot (no two processes share a slot), so the next collective on the same list
+  copies nothing in and the result needs no copy out. Variables live in it, so a
+  resident segment never changes layout: new shapes get a new segment, and the old
+  memory goes once no variable views it any more.
+- one **scratch** buffer per session for what differs per rank or leaves the ranks
+  (``scatter``, ``gather``, ``all_gather``, ``set_value``, ``get_value``, ``reduce``
+  returned as new arrays). Nothing views it after a command, so any call may lay it
+  out anew; it only grows.
+
+``all_reduce`` of a resident group, in rank ``r`` of ``n``:
+
+1. copy in: each value into slot ``r`` unless its storage already is slot ``r``; write
+   this rank's status (ok, shape mismatch, failed) into its header line;
+2. barrier; every rank reads every status, so all leave unchanged together if any
+   rank's shapes differ from the master's (the master then raises ``ValueError``);
+3. large lists: reduce piece ``r`` of all slots into slot ``r`` in place; barrier; copy
+   the other pieces from their owners' slots. Each rank reads ``(n - 1) / n`` of the
+   data from other slots and no byte is written twice. Small lists (at most
+   ``SMALL_BYTES``): every rank reduces all slots at once (one ufunc call per
+   variable over a strided view) into new private arrays; one barrier in all.
+
+A segment is created by the master and mapped by every rank in the command that first
+names it; the master unlinks the name right after that command (mappings stay valid),
+so ``/dev/shm`` holds nothing of ours between calls. A replaced segment is dropped by
+the workers with the next command (``Session.release_later``).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .._reducers import _UFUNCS, ReduceOp
+from .._runtime import shmem
+from .._scatter import Batch
+from ..distribute import registry
+from ..session import Opcode, Session
+from .backend import Backend, FusedLayout, Step, Targets, register_backend
+
+__all__ = ["CpuBackend", "SMALL_BYTES", "MAX_GROUPS"]
+
+SMALL_BYTES = 1 << 16  # lists up to this size take the one-barrier path
+MAX_GROUPS = 64  # resident groups kept; the least recently used one goes first
+_PAGE = mmap.PAGESIZE
+_LINE = 8  # int64 per rank in a resident header (one cache line)
+_OK, _MISMATCH, _FAILED = 0, 1, 2
+_COMMAND = Opcode.COLLECTIVE
+_KERNELS = {op.value: (ufunc, op is ReduceOp.AVG) for op, ufunc in _UFUNCS.items()}
+(_SHAPES, _BROADCAST, _SCATTER, _GATHER, _ALL_GATHER, _REDUCE, _ALL_REDUCE,
+ _SET_VALUE, _GET_VALUE) = (int(step) for step in Step)
+
+
+def _paged(nbytes: int) -> int:
+    return max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+
+
+def _storage(var: Any) -> np.ndarray:
+    return var.container.storage[0]
+
+
+def _store(var: Any, array: np.ndarray) -> None:
+    """Make ``array`` the storage of ``var``, no copy. Only for arrays built here with
+    the variable's dtype and shape, which its type's filter would pass through as is."""
+    var.container.storage[0] = array
+
+
+def _fold(out: np.ndarray, first: np.ndarray, others: list[np.ndarray], op: str) -> None:
+    """``out = op(first, *others)`` elementwise (``avg``: the plain mean); ``first`` may
+    be ``out`` itself."""
+    if not others:
+        np.copyto(out, first)
+        return
+    ufunc, mean = _KERNELS[op]
+    ufunc(first, others[0], out=out)
+    for other in others[1:]:
+        ufunc(out, other, out=out)
+    if mean:
+        np.true_divide(out, len(others) + 1, out=out)
+
+
+def _complement(size: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges of ``[0, size)`` outside the sorted, disjoint ranges ``taken``."""
+    free, start = [], 0
+    for lo, hi in taken:
+        if lo > start:
+            free.append((start, lo))
+        start = hi
+    if start < size:
+        free.append((start, size))
+    return free
+
+
+def _combined(views: list[np.ndarray], op: str) -> np.ndarray:
+    """A new array: ``op`` over ``views`` (at least two) elementwise."""
+    ufunc, mean = _KERNELS[op]
+    first = views[0]
+    out = np.empty(first.shape, first.dtype)
+    ufunc(first, views[1], out=out)
+    for view in views[2:]:
+        ufunc(out, view, out=out)
+    if mean:
+        np.true_divide(out, len(views), out=out)
+    return out
+
+
+class _Group:
+    """One list of variables, its fused layout, and its resident segment (per process)."""
+
+    def __init__(self, key: int, name: str, buffer: Any, layout: FusedLayout,
+                 variables: list, n: int):
+        self.key, self.name, self.layout, self.variables = key, name, layout, variables
+        header, stride = self.geometry(layout, n)
+        self.header = memoryview(buffer)[: 8 * _LINE * n].cast("q")
+        self.lines = tuple(range(0, _LINE * n, _LINE))  # rank r's status: header[r * _LINE]
+        self.slots = [layout.views(buffer, header + r * stride) for r in range(n)]
+        self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
+        self.columns = [list(views) for views in zip(*self.slots)]  # variable -> ranks
+        self.small = layout.data_bytes <= SMALL_BYTES
+        self.pair = self.small and n == 2  # all_reduce without a barrier, see _pair_reduce
+        self.pieces = None if self.small else layout.pieces(n)
+        self.foreign = None if self.small else [  # rank -> variable -> ranges to copy in
+            [_complement(size, [(lo, hi) for j, lo, hi in mine if j == i])
+             for i, size in enumerate(layout.sizes)]
+            for mine in self.pieces
+        ]
+
+    @staticmethod
+    def geometry(layout: FusedLayout, n: int) -> tuple[int, int]:
+        """(header bytes, slot stride) of a resident segment."""
+        return _paged(8 * _LINE * n), _paged(layout.total)
+
+    @classmethod
+    def segment_bytes(cls, layout: FusedLayout, n: int) -> int:
+        header, stride = cls.geometry(layout, n)
+        return header + n * stride
+
+    def refused(self) -> bool:
+        header = self.header
+        for line in self.lines:
+            if header[line]:
+                return True
+        return False
+
+    def reduced(self, op: str) -> list[np.ndarray]:
+        """New arrays: ``op`` over every rank's slot (small groups, two ranks or more)."""
+        return [_combined(views, op) for views in self.columns]
+
+
+@register_backend("cpu")
+class CpuBackend(Backend):
+    """Collectives through POSIX shared memory (one instance per process)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[int, _Group] = {}  # every process: resident groups by key
+        self._owned: dict[str, Any] = {}  # master: segments it created, by name
+        self._groups: OrderedDict[tuple[int, ...], _Group] = OrderedDict()  # master
+        self._scratch: str | None = None  # master: name of the current scratch
+        self._serial = 0  # names of created segments
+        self._next_key = 0  # keys of resident groups
+        self._evicted: list[int] = []
+        self._steps = {
+            _SHAPES: self._shapes,
+            _BROADCAST: self._broadcast,
+            _SCATTER: self._place,
+            _SET_VALUE: self._place,
+            _GATHER: self._gather,
+            _ALL_GATHER: self._all_gather,
+            _REDUCE: self._reduce,
+            _ALL_REDUCE: self._all_reduce,
+            _GET_VALUE: self._get_value,
+        }
+
+    # -- master: segments ----------------------------------------------------------------
+    def _create(self, session: Session, kind: str, nbytes: int) -> str:
+        self._serial += 1
+        name = f"{session.prefix}coll_{kind}{self._serial}"
+        self._owned[name] = shmem.create_segment(name, nbytes)
+        return name
+
+    def _drop(self, session: Session, name: str) -> None:
+        self._owned.pop(name, None)
+        shmem.unlink_segment(name)
+        session.release_later(name)
+
+    def _run(self, session: Session, payload: tuple, *new: str | None) -> list:
+        """Run one command; unlink the segments it introduced once every rank mapped them."""
+        introduced = [name for name in new if name is not None]
+        if not introduced:
+            return session.run(_COMMAND, payload)
+        try:
+            return session.run(_COMMAND, payload)
+        except BaseException:
+            for name in introduced:  # some rank may not have mapped it: start afresh
+                self._forget(session, name)
+            raise
+        finally:
+            for name in introduced:
+                shmem.unlink_segment(name)
+
+    def _forget(self, session: Session, name: str) -> None:
+        if name == self._scratch:
+            self._scratch = None
+        for uids, group in list(self._groups.items()):
+            if group.name == name:
+                del self._groups[uids]
+                self._by_key.pop(group.key, None)
+                self._evicted.append(group.key)
+        self._drop(session, name)
+
+    def _current(self, session: Session, targets: Targets) -> tuple[_Group, tuple | None]:
+        """The group of ``targets`` laid out for the master's shapes; its spec if new."""
+        group = self._groups.get(targets.uids)
+        if group is not None:  # fast: the master's values still live in its slot
+            for var, view in zip(targets.variables, group.slots[session.master_rank]):
+                if var.container.storage[0] is not view:
+                    break
+            else:
+                self._groups.move_to_end(targets.uids)
+                return group, None
+        shapes = tuple([var.container.storage[0].shape for var in targets.variables])
+        return self._resident(session, targets, shapes)
+
+    def _resident(self, session: Session, targets: Targets,
+                  shapes: tuple) -> tuple[_Group, tuple | None]:
+        """The group of ``targets`` laid out for ``shapes``, and its spec if it is new."""
+        group = self._groups.get(targets.uids)
+        if group is not None and group.layout.shapes == shapes:
+            self._groups.move_to_end(targets.uids)
+            return group, None
+        if group is not None:
+            del self._groups[targets.uids]
+            self._retire(session, group)
+        elif len(self._groups) >= MAX_GROUPS:
+            self._retire(session, self._groups.popitem(last=False)[1])
+        key = self._next_key
+        self._next_key += 1
+        layout = FusedLayout(targets.dtypes, shapes)
+        name = self._create(session, "g", _Group.segment_bytes(layout, session.n))
+        group = _Group(key, name, self._owned[name], layout, list(targets.variables), session.n)
+        self._groups[targets.uids] = self._by_key[key] = group
+        spec = (name, tuple(d.str for d in layout.dtypes), shapes, targets.uids,
+                tuple(self._evicted))
+        self._evicted = []
+        return group, spec
+
+    def _retire(self, session: Session, group: _Group) -> None:
+        self._by_key.pop(group.key, None)
+        self._evicted.append(group.key)
+        self._drop(session, group.name)
+
+    def _scratch_for(self, session: Session, nbytes: int) -> tuple[Any, str | None]:
+        """The scratch buffer, grown to at least ``nbytes``; and its name if it is new."""
+        current = self._owned.get(self._scratch) if self._scratch else None
+        if current is not None and len(current) >= nbytes:
+            return current, None
+        if current is not None:
+            self._drop(session, self._scratch)
+        size = _paged(max(nbytes, 2 * len(current) if current is not None else 0))
+        self._scratch = self._create(session, "s", size)
+        return self._owned[self._scratch], self._scratch
+
+    # -- master: the collectives ---------------------------------------------------------
+    def shapes(self, session: Session, targets: Targets) -> list[list[tuple[int, ...]]]:
+        return self._run(session, (_SHAPES, targets.uids))
+
+    def broadcast(self, session: Session, targets: Targets, values: list | None) -> None:
+        if values is None:
+            values = [_storage(var) for var in targets.variables]
+        group, spec = self._resident(session, targets, tuple(v.shape for v in values))
+        for var, value, view in zip(targets.variables, values,
+                                    group.slots[session.master_rank]):
+            if value is not view:
+                np.copyto(view, value)
+            _store(var, view)
+        self._run(session, (_BROADCAST, group.key, spec), spec and group.name)
+
+    def all_reduce(self, session: Session, targets: Targets, op: ReduceOp) -> None:
+        if session.n == 1:
+            return  # one process: every op leaves its values as they are
+        group, spec = self._current(session, targets)
+        master = session.master_rank
+        if group.pair:  # the worker finds the master's values in place when it starts
+            for var, view in zip(targets.variables, group.slots[master]):
+                if var.container.storage[0] is not view:
+                    np.copyto(view, var.container.storage[0])
+                    _store(var, view)
+        payload = (_ALL_REDUCE, group.key, spec, op._value_)  # _value_: .value is slow
+        if spec is None:
+            replies = session.run(_COMMAND, payload)
+        else:
+            replies = self._run(session, payload, group.name)
+        if replies.count(None) != len(replies):
+            _raise_mismatch(targets, replies, group.layout.shapes)
+        if group.pair:  # the worker left the result in its slot
+            for view, result in zip(group.slots[master], group.slots[1 - master]):
+                np.copyto(view, result)
+
+    def reduce(self, session: Session, targets: Targets, op: ReduceOp,
+               in_place: bool) -> list[np.ndarray] | None:
+        group, spec = self._current(session, targets)
+        shapes = group.layout.shapes
+        result, scratch = None, None
+        if not in_place and not group.small:
+            result, scratch = self._scratch_for(session, group.layout.total)
+        payload = (_REDUCE, group.key, spec, op._value_,
+                   self._scratch if result is not None else None)
+        replies = self._run(session, payload, spec and group.name, scratch)
+        _raise_mismatch(targets, replies, shapes)
+        if group.small:  # the master reduces the slots the workers filled
+            outs = group.reduced(op._value_) if session.n > 1 else [
+                np.array(_storage(var)) for var in targets.variables]
+        elif not in_place:
+            outs = [np.array(view) for view in group.layout.views(result)]
+        else:
+            return None  # the ranks reduced into the master's slot, its storage
+        if not in_place:
+            return outs
+        for var, out in zip(targets.variables, outs):
+            _store(var, out)
+        return None
+
+    def scatter(self, session: Session, targets: Targets, values: list, batch: Batch) -> None:
+        self._place_all(session, targets, values, batch, None)
+
+    def set_value(self, session: Session, rank: int, targets: Targets, values: list,
+                  batch: Batch | None) -> None:
+        if rank != session.master_rank:
+            self._place_all(session, targets, values, batch, rank)
+            return
+        for var, value in zip(targets.variables, values):
+            whole = value if isinstance(value, np.ndarray) else value.data
+            _store(var, np.array(_rows(whole, batch)))
+
+    def _place_all(self, session: Session, targets: Targets, values: list,
+                   batch: Batch | None, rank: int | None) -> None:
+        """Stage ``values`` (arrays, or Data used in place) and let the ranks copy out."""
+        staged = [i for i, v in enumerate(values) if isinstance(v, np.ndarray)]
+        layout = FusedLayout([values[i].dtype for i in staged],
+                             [values[i].shape for i in staged])
+        buffer, new = self._scratch_for(session, layout.total)
+        sources = [value if i in staged else value.ref() for i, value in enumerate(values)]
+        for j, (i, view) in enumerate(zip(staged, layout.views(buffer))):
+            np.copyto(view, values[i])
+            sources[i] = (layout.offsets[j], view.dtype.str, view.shape)
+        step = _SCATTER if rank is None else _SET_VALUE
+        payload = (step, self._scratch, targets.uids, tuple(sources), batch, rank)
+        self._run(session, payload, new)
+
+    def gather(self, session: Session, targets: Targets,
+               shapes: list[list[tuple[int, ...]]]) -> list[list[np.ndarray]]:
+        layouts, bases, buffer, new = self._regions(session, targets, shapes)
+        self._run(session, (_GATHER, self._scratch, targets.uids, bases), new)
+        master = session.master_rank
+        per_rank = [
+            [_storage(var) for var in targets.variables] if rank == master
+            else layout.views(buffer, base)
+            for rank, (layout, base) in enumerate(zip(layouts, bases))
+        ]
+        return [[values[i] for values in per_rank] for i in range(len(targets.uids))]
+
+    def all_gather(self, session: Session, targets: Targets,
+                   shapes: list[list[tuple[int, ...]]]) -> None:
+        _, bases, _, new = self._regions(session, targets, shapes)
+        payload = (_ALL_GATHER, self._scratch, targets.uids, bases,
+                   tuple(tuple(s) for s in shapes))
+        self._run(session, payload, new)
+
+    def get_value(self, session: Session, rank: int, targets: Targets) -> list[np.ndarray]:
+        if rank == session.master_rank:
+            return [np.array(_storage(var)) for var in targets.variables]
+        layout = FusedLayout(targets.dtypes, self.shapes(session, targets)[rank])
+        buffer, new = self._scratch_for(session, layout.total)
+        self._run(session, (_GET_VALUE, self._scratch, targets.uids, rank), new)
+        return [np.array(view) for view in layout.views(buffer)]
+
+    def _regions(self, session: Session, targets: Targets, shapes: list) -> tuple:
+        """One fused region per rank in the scratch buffer, for ``shapes[rank]``."""
+        layouts = [FusedLayout(targets.dtypes, rank_shapes) for rank_shapes in shapes]
+        bases, end = [], 0
+        for layout in layouts:
+            bases.append(end)
+            end += _paged(layout.total)
+        buffer, new = self._scratch_for(session, end)
+        return layouts, tuple(bases), buffer, new
+
+    # -- every process: this rank's part ------------------------------------------------
+    def execute(self, session: Session, payload: tuple) -> Any:
+        return self._steps[payload[0]](session, *payload[1:])
+
+    def _mapping(self, session: Session, name: str) -> Any:
+        owned = self._owned.get(name)
+        return owned if owned is not None else session.segments.get(name)
+
+    def _group(self, session: Session, key: int, spec: tuple | None) -> _Group:
+        if spec is None or session.is_master:
+            return self._by_key[key]
+        name, dtypes, shapes, uids, evicted = spec
+        for old in evicted:
+            self._by_key.pop(old, None)
+        shared = registry(session).shared
+        group = _Group(key, name, self._mapping(session, name), FusedLayout(dtypes, shapes),
+                       [shared[uid] for uid in uids], session.n)
+        self._by_key[key] = group
+        return group
+
+    def _shapes(self, session: Session, uids: tuple[int, ...]) -> list[tuple[int, ...]]:
+        shared = registry(session).shared
+        return [_storage(shared[uid]).shape for uid in uids]
+
+    def _broadcast(self, session: Session, key: int, spec: tuple | None) -> None:
+        group = self._group(session, key, spec)
+        if session.is_master:
+            return  # its slot was filled and bound before the command
+        root = group.slots[session.master_rank]
+        for var, source, view in zip(group.variables, root, group.slots[session.rank]):
+            np.copyto(view, source)
+            _store(var, view)
+
+    def _load(self, session: Session, group: _Group) -> tuple[BaseException | None, list]:
+        """Copy this rank's values into its slot and post its status; never raises.
+
+        Large groups copy all but the pieces this rank reduces itself, which it reads
+        from its own storage. Returns the failure, if any, and per variable the flat
+        array holding this rank's value (its storage or its slot).
+        """
+        rank, status, failure, values = session.rank, _OK, None, []
+        foreign = None if group.small else group.foreign[rank]
+        try:
+            for i, (var, view) in enumerate(zip(group.variables, group.slots[rank])):
+                value = var.container.storage[0]
+                if value is view:
+                    values.append(group.flats[rank][i])
+                    continue
+                if value.shape != view.shape:
+                    status = _MISMATCH
+                    break
+                if foreign is None:
+                    np.copyto(view, value)
+                    continue
+                flat, slot = value.reshape(-1), group.flats[rank][i]
+                values.append(flat)
+                for lo, hi in foreign[i]:
+                    slot[lo:hi] = flat[lo:hi]
+        except Exception as exc:
+            status, failure = _FAILED, exc
+        group.header[rank * _LINE] = status
+        return failure, values
+
+    def _refusal(self, group: _Group, failure: BaseException | None) -> Any:
+        """After the first barrier: what every rank replies if any rank cannot go on."""
+        if failure is not None:
+            raise failure
+        if group.refused():
+            return tuple(_storage(var).shape for var in group.variables)
+        return None
+
+    def _all_reduce(self, session: Session, key: int, spec: tuple | None, op: str) -> Any:
+        group = self._group(session, key, spec)
+        if group.pair:
+            return None if session.is_master else self._pair_reduce(session, group, op)
+        failure, values = self._load(session, group)
+        session.barrier()
+        refusal = self._refusal(group, failure)
+        if refusal is not None:
+            return refusal
+        if group.small:
+            for var, out in zip(group.variables, group.reduced(op)):
+                _store(var, out)
+            return None
+        rank, n, flats = session.rank, session.n, group.flats
+        own = flats[rank]
+        for i, lo, hi in group.pieces[rank]:
+            others = [flats[k][i][lo:hi] for k in range(n) if k != rank]
+            _fold(own[i][lo:hi], values[i][lo:hi], others, op)
+        session.barrier()
+        for k in range(n):
+            if k != rank:
+                for i, lo, hi in group.pieces[k]:
+                    own[i][lo:hi] = flats[k][i][lo:hi]
+        for var, view in zip(group.variables, group.slots[rank]):
+            _store(var, view)
+        return None
+
+    def _pair_reduce(self, session: Session, group: _Group, op: str) -> Any:
+        """The one worker of two: combine its values with the master's, which the master
+        wrote into its slot before the command, into its own slot, where the master
+        copies the result from. No barrier: the master changes nothing until the worker
+        has finished. Both keep their values in their slots for the next call."""
+        mine = group.slots[session.rank]
+        values = [var.container.storage[0] for var in group.variables]
+        for value, view in zip(values, mine):
+            if value is not view and value.shape != view.shape:
+                return tuple(v.shape for v in values)
+        ufunc, mean = _KERNELS[op]
+        for var, value, first, out in zip(group.variables, values,
+                                          group.slots[session.master_rank], mine):
+            ufunc(first, value, out=out)
+            if mean:
+                np.true_divide(out, 2, out=out)
+            if value is not out:
+                _store(var, out)
+        return None
+
+    def _reduce(self, session: Session, key: int, spec: tuple | None, op: str,
+                scratch: str | None) -> Any:
+        group = self._group(session, key, spec)
+        failure, values = self._load(session, group)
+        if group.small:  # the master reduces after the command
+            if failure is not None:
+                raise failure
+            mine = group.header[session.rank * _LINE]
+            return tuple(_storage(v).shape for v in group.variables) if mine else None
+        session.barrier()
+        refusal = self._refusal(group, failure)
+        if refusal is not None:
+            return refusal
+        rank, n, master, flats = session.rank, session.n, session.master_rank, group.flats
+        result = flats[master]
+        if scratch is not None:
+            result = [v.reshape(-1) for v in group.layout.views(self._mapping(session, scratch))]
+        for i, lo, hi in group.pieces[rank]:
+            pieces = [values[i][lo:hi] if k == rank else flats[k][i][lo:hi] for k in range(n)]
+            first = pieces.pop(master)
+            _fold(result[i][lo:hi], first, pieces, op)
+        if scratch is None and rank == master:  # every piece of its slot is the result
+            for var, view in zip(group.variables, group.slots[master]):
+                _store(var, view)
+        return None
+
+    def _place(self, session: Session, scratch: str, uids: tuple, sources: tuple,
+               batch: Batch | None, rank: int | None) -> None:
+        """Scatter (``rank`` None: every rank takes its block) or set one rank's values."""
+        buffer = self._mapping(session, scratch)  # every rank maps what a command names
+        if rank is not None and rank != session.rank:
+            return
+        mine = batch if rank is not None else batch.part(session.n, session.rank)
+        shared = registry(session).shared
+        for uid, source in zip(uids, sources):
+            if hasattr(source, "view"):  # a synk.Data reference: read in place
+                whole = source.view(session)
+            else:  # (offset, dtype, shape) in the scratch buffer
+                offset, dtype, shape = source
+                count = int(np.prod(shape, dtype=np.int64))
+                whole = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
+            _store(shared[uid], np.array(_rows(whole, mine)))
+
+    def _gather(self, session: Session, scratch: str, uids: tuple, bases: tuple) -> None:
+        if not session.is_master:
+            self._write_region(session, scratch, uids, bases[session.rank])
+
+    def _write_region(self, session: Session, scratch: str, uids: tuple, base: int) -> None:
+        shared = registry(session).shared
+        values = [_storage(shared[uid]) for uid in uids]
+        layout = FusedLayout([v.dtype for v in values], [v.shape for v in values])
+        for view, value in zip(layout.views(self._mapping(session, scratch), base), values):
+            np.copyto(view, value)
+
+    def _all_gather(self, session: Session, scratch: str, uids: tuple, bases: tuple,
+                    shapes: tuple) -> None:
+        self._write_region(session, scratch, uids, bases[session.rank])
+        session.barrier()
+        shared = registry(session).shared
+        variables = [shared[uid] for uid in uids]
+        buffer = self._mapping(session, scratch)
+        dtypes = [var.type.dtype for var in variables]
+        regions = [FusedLayout(dtypes, s).views(buffer, base) for s, base in zip(shapes, bases)]
+        for i, var in enumerate(variables):
+            _store(var, np.concatenate([region[i] for region in regions]))
+
+    def _get_value(self, session: Session, scratch: str, uids: tuple, rank: int) -> None:
+        self._mapping(session, scratch)  # every rank maps what a command names
+        if session.rank == rank:
+            self._write_region(session, scratch, uids, 0)
+
+
+def _rows(array: np.ndarray, batch: Batch | None) -> np.ndarray:
+    """The rows of ``array`` that ``batch`` selects (all if None; a view for a range)."""
+    if batch is None:
+        return array
+    if batch.indices is None:
+        return array[batch.start : batch.stop]
+    return array[batch.indices]
+
+
+def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:
+    """Raise the ValueError of a reduce refused because shapes differ across ranks.
+
+    A rank replies its shapes when the reduce was refused, None when its shapes are
+    the master's (``expected``).
+    """
+    if replies.count(None) == len(replies):
+        return
+    per_rank = [expected if reply is None else reply for reply in replies]
+    for i, label in enumerate(targets.labels):
+        if len({shapes[i] for shapes in per_rank}) > 1:
+            got = ", ".join(f"{shapes[i]} in rank {r}" for r, shapes in enumerate(per_rank))
+            raise ValueError(
+                f"reduce and all_reduce need {label} to have the same shape in every "
+                f"process; got {got} (use gather or all_gather for values whose "
+                f"shapes differ)"
+            )

@@ -1,0 +1,212 @@
+"""make_train_function(): one callable training step, exact for any split of the rows.
+
+This module owns the three-step training call built on an update rule of
+:mod:`synkhronos.extensions.updates`. One ``train(*data, batch=..., num_slices=...)``:
+
+1. ``grad_function`` (scattered ``inputs``, one broadcast scalar ``total``): each
+   process writes ``grad(loss) * rows / total`` into the flat vector ``grad_shared``,
+   where ``rows`` is the number of rows it ran and ``total`` the minibatch's; with
+   ``num_slices > 1`` the update op ``"sum"`` adds the slices' contributions. It also
+   returns the loss, averaged over processes weighted by rows;
+2. ``synk.all_reduce(grad_shared, op="sum")``: every process now holds
+   ``sum_p rows_p / total * mean_grad_p``, the mean gradient over the whole minibatch;
+3. ``apply_function`` (no inputs): each process splits ``grad_shared`` and applies the
+   rule to identical values, so parameters and rule state stay identical everywhere.
+
+The result equals the rule run in one plain PyTensor process on the same minibatches
+(to round-off) however the rows split, provided ``loss`` is a mean over rows. A
+process given no rows (a minibatch shorter than ``n_parallel``) does not run step 1,
+so its ``grad_shared`` is zeroed by a broadcast first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+
+from .._scatter import normalize_batch
+from ..collectives import all_reduce, broadcast
+from ..distribute import distribute
+from ..function import Function, function
+from ..session import n_parallel
+from .updates import RULES, UpdateRule
+
+__all__ = ["TrainFunction", "make_train_function"]
+
+
+def _resolve_rule(update_rule: Any) -> UpdateRule:
+    if isinstance(update_rule, str):
+        rule = RULES.get(update_rule)
+        if rule is None:
+            raise ValueError(f"update_rule must name one of {', '.join(RULES)}; "
+                             f"got {update_rule!r}")
+        return rule
+    if update_rule in RULES.values():
+        return update_rule
+    raise TypeError(f"update_rule must be a rule of synkhronos.extensions.updates or its "
+                    f"name; got {update_rule!r}")
+
+
+def _length(value: Any, position: int) -> int:
+    shape = value.shape if hasattr(value, "shape") else np.shape(value)
+    if len(shape) == 0:
+        raise ValueError(f"data argument {position} is scattered along axis 0 but is a scalar")
+    return int(shape[0])
+
+
+class TrainFunction:
+    """One data-parallel training step; built by :func:`make_train_function`.
+
+    Attributes
+    ----------
+    grad_function : synkhronos.Function
+        Step 1: inputs + a broadcast scalar (the minibatch's row count); returns the
+        loss; writes the row-weighted gradient into ``grad_shared``.
+    apply_function : synkhronos.Function
+        Step 3: no inputs; applies the rule from ``grad_shared``.
+    grad_shared : SharedVariable
+        The flat gradient vector (scratch: overwritten by every call).
+    params : list of SharedVariable
+    param_updates : list of (SharedVariable, Variable)
+        The rule's updates (parameters and rule state).
+    update_rule : callable
+        The rule, from :mod:`synkhronos.extensions.updates`.
+    inputs : list of Variable
+        The scattered inputs, in the order ``train`` takes its data.
+    """
+
+    def __init__(self, loss: Variable, params: Sequence[SharedVariable],
+                 inputs: Sequence[Variable], update_rule: UpdateRule,
+                 hyper: dict[str, Any]) -> None:
+        if isinstance(inputs, Variable):
+            inputs = [inputs]
+        if not isinstance(inputs, (list, tuple)):
+            raise TypeError(f"inputs must be a list of variables scattered along axis 0; "
+                            f"got {type(inputs).__name__}")
+        if not inputs:
+            raise ValueError("inputs must hold at least one variable scattered along axis 0 "
+                             "(the minibatch rows); got an empty list")
+        self.update_rule = update_rule
+        grad_updates, param_updates, grad_shared = update_rule(loss, params, **hyper)
+        (_, flat), = grad_updates
+        self.params = list(params) if isinstance(params, (list, tuple)) else [params]
+        self.param_updates = param_updates
+        self.grad_shared = grad_shared
+        self.inputs = list(inputs)
+        dtype = grad_shared.dtype
+        self._total = pt.scalar("total_rows", dtype=dtype)
+        rows = pt.cast(self.inputs[0].shape[0], dtype)
+        name = update_rule.__name__
+        self.grad_function: Function = function(
+            self.inputs, loss, bcast_inputs=[self._total],
+            updates=[(grad_shared, flat * (rows / self._total), "sum")],
+            name=f"train_grad_{name}",
+        )
+        self.apply_function: Function = function([], updates=param_updates,
+                                                 name=f"train_apply_{name}")
+        self._zeros: np.ndarray | None = None
+        self._distributed = False
+
+    def __call__(self, *data: Any, batch: Any = None, num_slices: int = 1) -> np.ndarray:
+        """Take one step on the selected rows; return their mean loss.
+
+        Collective: every process takes part; returns when all have finished.
+
+        Parameters
+        ----------
+        *data : synk.Data or array_like
+            One value per input, all of the same length along axis 0.
+        batch : None, int, slice or 1-d array of int, optional
+            The minibatch's rows, as for a ``synk.Function`` call.
+        num_slices : int, optional
+            Slices each process runs its rows in (to bound memory); same result.
+
+        Returns
+        -------
+        np.ndarray
+            The loss over the minibatch (0-d), equal to the serial loss.
+
+        Raises
+        ------
+        TypeError
+            If the number of data arguments is not the number of inputs.
+        ValueError
+            If the batch selects no rows, or as a ``synk.Function`` call would.
+        """
+        if len(data) != len(self.inputs):
+            raise TypeError(f"train takes one data argument per input ({len(self.inputs)}); "
+                            f"got {len(data)}")
+        total = normalize_batch(batch, _length(data[0], 0)).length
+        if total == 0:
+            raise ValueError("the minibatch selects no rows; a training step needs at least one")
+        if not self._distributed:  # the broadcast below needs grad_shared distributed
+            distribute()
+            self._distributed = True
+        n = n_parallel()
+        if total < n:  # some process runs nothing in step 1: its old gradient must not count
+            if self._zeros is None:
+                self._zeros = np.zeros(self.grad_shared.get_value(borrow=True).shape,
+                                       dtype=self.grad_shared.dtype)
+            broadcast([self.grad_shared], [self._zeros])
+        loss = self.grad_function(*data, np.asarray(total, dtype=self.grad_shared.dtype),
+                                  batch=batch, num_slices=num_slices)
+        if n > 1:
+            all_reduce(self.grad_shared, op="sum")
+        self.apply_function()
+        return loss
+
+    def __repr__(self) -> str:
+        return f"<synk TrainFunction {self.update_rule.__name__}>"
+
+
+def make_train_function(loss: Variable, params: Sequence[SharedVariable],
+                        inputs: Sequence[Variable], update_rule: UpdateRule | str,
+                        **hyper: Any) -> TrainFunction:
+    """Build a data-parallel training step: gradient, all-reduce, update.
+
+    Parameters
+    ----------
+    loss : scalar Variable
+        The loss, a mean over the rows of ``inputs`` (so the row-weighted combination
+        of the processes' gradients is the minibatch's gradient).
+    params : list of SharedVariable
+        The parameters to train.
+    inputs : list of Variable
+        Scattered along axis 0 across processes; ``train`` takes one value for each.
+    update_rule : callable or str
+        A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``) or its name
+        (``"adam"``).
+    **hyper
+        The rule's hyper-parameters (``learning_rate=...``, ...).
+
+    Returns
+    -------
+    TrainFunction
+        ``train(*data, batch=None, num_slices=1) -> loss``. Numerically equal to the
+        same rule run in one PyTensor process on the same minibatches, for any split
+        of the rows and any ``num_slices``. It is distributed on its first call (or by
+        ``synk.distribute()``).
+
+    Raises
+    ------
+    TypeError
+        If ``update_rule`` is neither a rule nor a rule's name, or a hyper-parameter
+        is unknown to the rule.
+    ValueError
+        If ``update_rule`` names no rule, or ``inputs`` is empty.
+    RuntimeError
+        Before ``synk.fork()``.
+
+    Examples
+    --------
+    >>> train = make_train_function(loss, params, [x, y], "adam", learning_rate=1e-3)
+    >>> xd, yd = synk.data(X), synk.data(Y)
+    >>> for idx in np.array_split(np.random.permutation(len(X)), 100):
+    ...     train(xd, yd, batch=idx)
+    """
+    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper)

@@ -1,0 +1,355 @@
+"""First-order update rules split for data parallelism, with one flat gradient vector.
+
+This module owns the update rules (``sgd``, ``momentum``, ``nesterov_momentum``,
+``adagrad``, ``rmsprop``, ``adadelta``, ``adam``, ``adamax``; Lasagne's defaults and
+formulas) and the flattening of all gradients into one shared vector. Every rule
+returns ``(grad_updates, param_updates, grad_shared)`` and data moves in three steps:
+
+1. ``grad_updates`` writes ``concatenate([g.ravel() for g in grads])`` into the one
+   flat shared vector ``grad_shared``, in each process, from its own rows;
+2. a collective combines ``grad_shared`` over the processes: one exchange per step,
+   however many parameters there are;
+3. ``param_updates`` splits ``grad_shared`` back into one piece per parameter by
+   constant offsets (``grad_shared[o_i:o_i + size_i].reshape(shape_i)``) and applies
+   the rule, in each process, to identical values, so the parameters stay identical.
+
+The rule's state (velocities, moments, accumulators, Adam's timestep) lives in shared
+variables the rule creates, zero-initialized, and updated by ``param_updates``.
+Parameter shapes are read when the rule is built and must not change afterwards.
+
+The recipe::
+
+    grad_updates, param_updates, grad_shared = updates.adam(loss, params)
+    f_grad = synk.function(inputs, loss, updates=grad_updates)
+    f_apply = synk.function([], updates=param_updates)
+    synk.distribute()
+    for idx in minibatches:
+        f_grad(*data, batch=idx)                 # each process: its rows' mean gradient
+        synk.all_reduce(grad_shared, op="avg")   # plain mean over the processes
+        f_apply()                                # each process: the same update
+
+``op="avg"`` in the all-reduce weights every process equally, so the combined
+gradient is the full minibatch's mean gradient only when the rows split evenly over
+the processes (and a process given no rows keeps its previous gradient in the
+average). :func:`synkhronos.extensions.train.make_train_function` weights each
+process by its rows and is exact for any split, ``num_slices`` included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Variable
+
+__all__ = [
+    "RULES",
+    "UpdateRule",
+    "flatten_gradients",
+    "split_flat",
+    "sgd",
+    "momentum",
+    "nesterov_momentum",
+    "adagrad",
+    "rmsprop",
+    "adadelta",
+    "adam",
+    "adamax",
+]
+
+Updates = list[tuple[SharedVariable, Variable]]
+RuleResult = tuple[Updates, Updates, SharedVariable]
+UpdateRule = Callable[..., RuleResult]
+Hyper = float | Variable
+
+
+def _check_loss(loss: Any) -> Variable:
+    if not isinstance(loss, Variable):
+        raise TypeError(f"loss must be a PyTensor variable; got {type(loss).__name__}")
+    if getattr(loss.type, "ndim", None) != 0:
+        raise ValueError(f"loss must be a scalar (0-d) variable; got {loss.type}")
+    return loss
+
+
+def _check_params(params: Any) -> list[SharedVariable]:
+    if isinstance(params, SharedVariable):
+        params = [params]
+    if not isinstance(params, (list, tuple)):
+        raise TypeError(f"params must be a list of shared variables; got "
+                        f"{type(params).__name__}")
+    if not params:
+        raise ValueError("params must hold at least one shared variable; got an empty list")
+    for i, param in enumerate(params):
+        if not isinstance(param, SharedVariable):
+            raise TypeError(f"params[{i}] must be a shared variable; got {param!r}")
+        if any(param is other for other in params[:i]):
+            raise ValueError(f"params[{i}] ({param}) appears more than once in params")
+    return list(params)
+
+
+def _offsets(params: Sequence[SharedVariable]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """``(start, stop, shape)`` of each parameter's piece of the flat vector."""
+    pieces, start = [], 0
+    for param in params:
+        shape = tuple(np.shape(param.get_value(borrow=True)))
+        size = int(np.prod(shape, dtype=np.int64))
+        pieces.append((start, start + size, shape))
+        start += size
+    return pieces
+
+
+def flatten_gradients(loss: Variable, params: Sequence[SharedVariable]
+                      ) -> tuple[Variable, SharedVariable]:
+    """The gradients of ``loss`` as one flat expression, and the vector to hold it.
+
+    Parameters
+    ----------
+    loss : scalar Variable
+        The loss to differentiate.
+    params : list of SharedVariable
+        The parameters, in the order their pieces take in the flat vector.
+
+    Returns
+    -------
+    flat : Variable
+        ``concatenate([grad(loss, p).ravel() for p in params])``.
+    grad_shared : SharedVariable
+        A zero vector of ``flat``'s length and dtype, named ``"grad_shared"``.
+
+    Raises
+    ------
+    TypeError
+        If ``loss`` is not a variable or a parameter is not a shared variable.
+    ValueError
+        If ``loss`` is not 0-d, or ``params`` is empty or repeats a variable.
+    """
+    loss = _check_loss(loss)
+    params = _check_params(params)
+    grads = pytensor.grad(loss, params)
+    flat = pt.concatenate([pt.as_tensor_variable(g).ravel() for g in grads])
+    size = _offsets(params)[-1][1]
+    grad_shared = pytensor.shared(np.zeros(size, dtype=flat.dtype), name="grad_shared")
+    return flat, grad_shared
+
+
+def split_flat(flat: Variable, params: Sequence[SharedVariable]) -> list[Variable]:
+    """One piece of ``flat`` per parameter: constant-offset slices, reshaped and cast.
+
+    Parameters
+    ----------
+    flat : 1-d Variable
+        Laid out as :func:`flatten_gradients` lays out the gradients.
+    params : list of SharedVariable
+        The same parameters, in the same order.
+
+    Returns
+    -------
+    list of Variable
+        Piece ``i`` has parameter ``i``'s shape (read now) and dtype.
+    """
+    params = _check_params(params)
+    pieces = []
+    for param, (start, stop, shape) in zip(params, _offsets(params), strict=True):
+        piece = flat[start:stop].reshape(shape)
+        pieces.append(piece if piece.dtype == param.dtype else pt.cast(piece, param.dtype))
+    return pieces
+
+
+def _prepare(loss: Variable, params: Any) -> tuple[list, Updates, SharedVariable, list]:
+    """Checked params, the gradient update, the flat vector, and its per-param pieces."""
+    params = _check_params(params)
+    flat, grad_shared = flatten_gradients(loss, params)
+    return params, [(grad_shared, flat)], grad_shared, split_flat(grad_shared, params)
+
+
+def _zeros_like(param: SharedVariable, name: str) -> SharedVariable:
+    value = param.get_value(borrow=True)
+    label = f"{param.name}_{name}" if param.name else name
+    return pytensor.shared(np.zeros(np.shape(value), dtype=param.dtype), name=label,
+                           shape=param.type.shape)
+
+
+def _new(var: SharedVariable, value: Variable) -> tuple[SharedVariable, Variable]:
+    """An update pair whose value has the variable's dtype."""
+    return var, value if value.dtype == var.dtype else pt.cast(value, var.dtype)
+
+
+def _timestep(grad_shared: SharedVariable) -> tuple[SharedVariable, Variable]:
+    """A shared step counter, zero-initialized, and its incremented value."""
+    t_prev = pytensor.shared(np.asarray(0, dtype=grad_shared.dtype), name="t")
+    return t_prev, t_prev + 1
+
+
+def sgd(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper
+        ) -> RuleResult:
+    """Stochastic gradient descent: ``p <- p - learning_rate * g``.
+
+    Parameters
+    ----------
+    loss : scalar Variable
+        The loss (a mean over rows, for the parallel result to equal the serial one).
+    params : list of SharedVariable
+        The parameters to update.
+    learning_rate : float or scalar Variable
+        Step size.
+
+    Returns
+    -------
+    grad_updates : list of (SharedVariable, Variable)
+        Writes every gradient into ``grad_shared``.
+    param_updates : list of (SharedVariable, Variable)
+        Splits ``grad_shared`` by parameter and applies the rule.
+    grad_shared : SharedVariable
+        The flat gradient vector.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = [_new(p, p - learning_rate * g) for p, g in zip(params, grads, strict=True)]
+    return grad_updates, updates, grad_shared
+
+
+def momentum(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper,
+             momentum: Hyper = 0.9) -> RuleResult:
+    """Heavy-ball momentum: ``v <- momentum * v - learning_rate * g``, ``p <- p + v``.
+
+    Velocities ``v`` start at zero. Parameters and returns as in :func:`sgd`;
+    ``momentum`` is the decay of the velocity.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        velocity = _zeros_like(p, "velocity")
+        step = momentum * velocity - learning_rate * g
+        updates += [_new(velocity, step), _new(p, p + step)]
+    return grad_updates, updates, grad_shared
+
+
+def nesterov_momentum(loss: Variable, params: Sequence[SharedVariable],
+                      learning_rate: Hyper, momentum: Hyper = 0.9) -> RuleResult:
+    """Nesterov momentum: ``v <- momentum * v - learning_rate * g``,
+    ``p <- p + momentum * v - learning_rate * g`` (with the new ``v``).
+
+    Velocities ``v`` start at zero. Parameters and returns as in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        velocity = _zeros_like(p, "velocity")
+        step = momentum * velocity - learning_rate * g
+        updates += [_new(velocity, step), _new(p, p + momentum * step - learning_rate * g)]
+    return grad_updates, updates, grad_shared
+
+
+def adagrad(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
+            epsilon: Hyper = 1e-6) -> RuleResult:
+    """Adagrad: ``a <- a + g**2``, ``p <- p - learning_rate * g / sqrt(a + epsilon)``.
+
+    Accumulators ``a`` start at zero. Parameters and returns as in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = _zeros_like(p, "accumulator")
+        total = accumulator + g**2
+        updates += [_new(accumulator, total),
+                    _new(p, p - learning_rate * g / pt.sqrt(total + epsilon))]
+    return grad_updates, updates, grad_shared
+
+
+def rmsprop(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
+            rho: Hyper = 0.9, epsilon: Hyper = 1e-6) -> RuleResult:
+    """RMSProp: ``a <- rho * a + (1 - rho) * g**2``,
+    ``p <- p - learning_rate * g / sqrt(a + epsilon)``.
+
+    Accumulators ``a`` start at zero. Parameters and returns as in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = _zeros_like(p, "accumulator")
+        average = rho * accumulator + (1 - rho) * g**2
+        updates += [_new(accumulator, average),
+                    _new(p, p - learning_rate * g / pt.sqrt(average + epsilon))]
+    return grad_updates, updates, grad_shared
+
+
+def adadelta(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
+             rho: Hyper = 0.95, epsilon: Hyper = 1e-6) -> RuleResult:
+    """Adadelta: ``a <- rho * a + (1 - rho) * g**2``,
+    ``u = g * sqrt(d + epsilon) / sqrt(a + epsilon)``, ``p <- p - learning_rate * u``,
+    ``d <- rho * d + (1 - rho) * u**2``.
+
+    Accumulators ``a`` (squared gradients) and ``d`` (squared steps) start at zero.
+    Parameters and returns as in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = _zeros_like(p, "accumulator")
+        delta_accumulator = _zeros_like(p, "delta_accumulator")
+        average = rho * accumulator + (1 - rho) * g**2
+        step = g * pt.sqrt(delta_accumulator + epsilon) / pt.sqrt(average + epsilon)
+        updates += [
+            _new(accumulator, average),
+            _new(p, p - learning_rate * step),
+            _new(delta_accumulator, rho * delta_accumulator + (1 - rho) * step**2),
+        ]
+    return grad_updates, updates, grad_shared
+
+
+def adam(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 0.001,
+         beta1: Hyper = 0.9, beta2: Hyper = 0.999, epsilon: Hyper = 1e-8) -> RuleResult:
+    """Adam with the bias correction folded into the step size.
+
+    With ``t <- t + 1``, ``m <- beta1 * m + (1 - beta1) * g``,
+    ``v <- beta2 * v + (1 - beta2) * g**2`` and
+    ``a = learning_rate * sqrt(1 - beta2**t) / (1 - beta1**t)``:
+    ``p <- p - a * m / (sqrt(v) + epsilon)``. The timestep ``t`` is one shared scalar
+    for all parameters; ``t``, ``m`` and ``v`` start at zero. Parameters and returns as
+    in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    t_prev, t = _timestep(grad_shared)
+    step_size = learning_rate * pt.sqrt(1 - beta2**t) / (1 - beta1**t)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        m_prev, v_prev = _zeros_like(p, "m"), _zeros_like(p, "v")
+        m = beta1 * m_prev + (1 - beta1) * g
+        v = beta2 * v_prev + (1 - beta2) * g**2
+        updates += [_new(m_prev, m), _new(v_prev, v),
+                    _new(p, p - step_size * m / (pt.sqrt(v) + epsilon))]
+    updates.append(_new(t_prev, t))
+    return grad_updates, updates, grad_shared
+
+
+def adamax(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 0.002,
+           beta1: Hyper = 0.9, beta2: Hyper = 0.999, epsilon: Hyper = 1e-8) -> RuleResult:
+    """Adamax, Adam's infinity-norm variant.
+
+    With ``t <- t + 1``, ``m <- beta1 * m + (1 - beta1) * g``,
+    ``u <- max(beta2 * u, |g|)`` and ``a = learning_rate / (1 - beta1**t)``:
+    ``p <- p - a * m / (u + epsilon)``. ``t``, ``m`` and ``u`` start at zero.
+    Parameters and returns as in :func:`sgd`.
+    """
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    t_prev, t = _timestep(grad_shared)
+    step_size = learning_rate / (1 - beta1**t)
+    updates = []
+    for p, g in zip(params, grads, strict=True):
+        m_prev, u_prev = _zeros_like(p, "m"), _zeros_like(p, "u")
+        m = beta1 * m_prev + (1 - beta1) * g
+        u = pt.maximum(beta2 * u_prev, abs(g))
+        updates += [_new(m_prev, m), _new(u_prev, u),
+                    _new(p, p - step_size * m / (u + epsilon))]
+    updates.append(_new(t_prev, t))
+    return grad_updates, updates, grad_shared
+
+
+RULES: dict[str, UpdateRule] = {
+    rule.__name__: rule
+    for rule in (sgd, momentum, nesterov_momentum, adagrad, rmsprop, adadelta, adam, adamax)
+}
+"""Every update rule, by name (the names ``make_train_function`` accepts)."""

@@ -1,0 +1,159 @@
+"""make_train_function and the update recipe at n_parallel 1, 2, 3 against numpy.
+
+Every rule trains softmax regression for several uneven (shuffled) minibatches, some
+shorter than n_parallel, and after the steps the parameters of EVERY process must
+equal the numpy reference of ``tests/unit/test_updates_unit.py`` (the rule applied to
+the full minibatch's mean gradient) to float64 round-off. Each session builds all its
+train functions once (``Trainers``) and every test resets the state it uses with one
+broadcast; the graphs are the same for every n, so later sessions load them from the
+compile cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytensor
+import pytest
+
+import synkhronos as synk
+from synkhronos.extensions import TrainFunction, make_train_function, updates
+from tests.unit.test_updates_unit import (
+    CUSTOM,
+    RULE_NAMES,
+    NumpyRule,
+    default_hyper,
+    initial_params,
+    make_data,
+    numpy_loss_and_grads,
+    symbolic_model,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+RTOL, ATOL = 1e-10, 1e-13
+# Half the rules train with their defaults, half with every hyper-parameter given.
+HYPER = {name: CUSTOM[name] if i % 2 else default_hyper(name)
+         for i, name in enumerate(RULE_NAMES)}
+X, Y = make_data(rows=40, seed=3)
+rng = np.random.default_rng(4)
+# Uneven minibatches, shuffled; the last two are shorter than 3 processes.
+MINIBATCHES = [rng.permutation(40)[:size] for size in (7, 13, 5, 2, 1)]
+
+
+def new_params() -> list:
+    return [pytensor.shared(v, name=n) for v, n in zip(initial_params(), "Wb", strict=True)]
+
+
+class Trainers:
+    """Every rule's train function, and the documented recipe for sgd, in one session."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.train: dict[str, TrainFunction] = {}
+        for name in RULE_NAMES:
+            params = new_params()
+            x, y, loss = symbolic_model(params)
+            self.train[name] = make_train_function(loss, params, [x, y], name, **HYPER[name])
+        self.recipe_params = new_params()
+        x, y, loss = symbolic_model(self.recipe_params)
+        grad_updates, param_updates, self.recipe_grad = updates.sgd(
+            loss, self.recipe_params, learning_rate=0.2)
+        self.recipe_grad_fn = synk.function([x, y], loss, updates=grad_updates)
+        self.recipe_apply = synk.function([], updates=param_updates)
+        synk.distribute()
+        self.xd, self.yd = synk.data(X), synk.data(Y)
+
+    def reset(self, name: str) -> tuple[TrainFunction, NumpyRule]:
+        """Parameters back to their start, rule state to zero, in every process."""
+        train = self.train[name]
+        state = [var for var, _ in train.param_updates]
+        start = {id(p): v for p, v in zip(train.params, initial_params(), strict=True)}
+        values = [start.get(id(var), np.zeros_like(var.get_value())) for var in state]
+        synk.broadcast(state, values)
+        return train, NumpyRule(name, initial_params(), **HYPER[name])
+
+    def assert_params_everywhere(self, params: list, want: list) -> None:
+        for rank in range(self.n):
+            got = synk.get_value(rank, params)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL,
+                                           err_msg=f"rank {rank}")
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"n{n}")
+def trainers(request):
+    synk.fork(request.param)
+    try:
+        yield Trainers(request.param)
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_every_rule_equals_the_serial_rule_in_every_process(trainers, name):
+    train, reference = trainers.reset(name)
+    for idx in MINIBATCHES:
+        loss = train(trainers.xd, trainers.yd, batch=idx)
+        np.testing.assert_allclose(loss, reference.train(X[idx], Y[idx]), rtol=RTOL)
+    trainers.assert_params_everywhere(train.params, reference.params)
+
+
+def test_slices_and_every_batch_form_equal_serial(trainers):
+    train, reference = trainers.reset("adam")
+    steps = [
+        ((trainers.xd, trainers.yd), 13, 2, np.arange(13)),
+        ((trainers.xd, trainers.yd), slice(5, 30), 3, np.arange(5, 30)),
+        ((trainers.xd, trainers.yd), rng.permutation(40)[:17], 4, None),
+        ((X[:9], Y[:9]), None, 2, np.arange(9)),
+        ((X, Y), [38, 2], 5, np.array([38, 2])),
+    ]
+    for data, batch, num_slices, rows in steps:
+        rows = batch if rows is None else rows
+        loss = train(*data, batch=batch, num_slices=num_slices)
+        np.testing.assert_allclose(loss, reference.train(X[rows], Y[rows]), rtol=RTOL)
+    trainers.assert_params_everywhere(train.params, reference.params)
+
+
+def test_grad_shared_holds_the_minibatch_mean_gradient_everywhere(trainers):
+    train, reference = trainers.reset("sgd")
+    idx = MINIBATCHES[1]
+    _, grads = numpy_loss_and_grads(reference.params, X[idx], Y[idx])
+    train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
+    want = np.concatenate([g.ravel() for g in grads])
+    for rank in range(trainers.n):
+        np.testing.assert_allclose(synk.get_value(rank, train.grad_shared), want,
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_documented_recipe_with_an_even_split(trainers):
+    """all_reduce(op="avg") weights processes equally: exact when rows split evenly."""
+    params = trainers.recipe_params
+    synk.broadcast(params, initial_params())
+    reference = NumpyRule("sgd", initial_params(), learning_rate=0.2)
+    for start in (0, 6, 12):
+        idx = np.arange(start, start + 6)  # 6 rows split evenly over 1, 2 or 3
+        trainers.recipe_grad_fn(trainers.xd, trainers.yd, batch=idx)
+        synk.all_reduce(trainers.recipe_grad, op="avg")
+        trainers.recipe_apply()
+        reference.train(X[idx], Y[idx])
+    trainers.assert_params_everywhere(params, reference.params)
+
+
+def test_bad_calls_raise_before_anything_changes(trainers):
+    train, reference = trainers.reset("momentum")
+    with pytest.raises(TypeError, match="one data argument per input"):
+        train(trainers.xd)
+    with pytest.raises(ValueError, match="selects no rows"):
+        train(trainers.xd, trainers.yd, batch=slice(3, 3))
+    with pytest.raises(ValueError, match="out of range"):
+        train(trainers.xd, trainers.yd, batch=[0, 40])
+    trainers.assert_params_everywhere(train.params, reference.params)
+
+
+def test_the_step_functions_are_exposed(trainers):
+    train = trainers.train["adam"]
+    assert isinstance(train.grad_function, synk.Function)
+    assert isinstance(train.apply_function, synk.Function)
+    assert train.grad_function.update_modes == ["sum"]
+    assert train.grad_shared.get_value().shape == (18,)
+    assert train.update_rule is updates.adam

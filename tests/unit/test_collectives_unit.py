@@ -1,0 +1,100 @@
+"""Unit tests of the collectives' pure parts (never forks): fused layouts, how ranks
+split the work, the backend registry, and misuse before ``synk.fork()``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytensor
+import pytest
+
+import synkhronos as synk
+from synkhronos.collectives import backend
+from synkhronos.collectives.backend import ALIGN, FusedLayout
+from synkhronos.collectives.cpu import _complement
+
+LAYOUTS = [
+    (["float32"], [(1,)]),
+    (["float64", "int8", "float16"], [(3, 5), (7,), ()]),
+    (["float32", "int32", "complex128"], [(1000,), (0,), (17, 3)]),
+    (["float32"] * 4, [(100_003,), (1,), (64,), (33, 33)]),
+]
+
+
+@pytest.mark.parametrize("dtypes, shapes", LAYOUTS)
+def test_layout_offsets_are_aligned_and_views_round_trip(dtypes, shapes):
+    layout = FusedLayout(dtypes, shapes)
+    assert all(offset % ALIGN == 0 for offset in layout.offsets)
+    assert layout.total % ALIGN == 0
+    assert layout.total >= sum(layout.nbytes)
+    buffer = bytearray(layout.total + 128)
+    values = [np.arange(np.prod(s, dtype=int)).reshape(s).astype(d)
+              for d, s in zip(dtypes, shapes)]
+    for view, value in zip(layout.views(buffer, base=128), values):
+        assert view.shape == value.shape and view.dtype == value.dtype
+        view[...] = value
+    for view, value in zip(layout.views(buffer, base=128), values):
+        np.testing.assert_array_equal(view, value)
+
+
+@pytest.mark.parametrize("case, parts", list(itertools.product(LAYOUTS, [1, 2, 3, 4, 7])))
+def test_pieces_tile_every_array_once(case, parts):
+    layout = FusedLayout(*case)
+    pieces = layout.pieces(parts)
+    assert len(pieces) == parts
+    covered = [np.zeros(size, int) for size in layout.sizes]
+    for mine in pieces:
+        for index, first, stop in mine:
+            assert 0 <= first < stop <= layout.sizes[index]
+            covered[index][first:stop] += 1
+    assert all((c == 1).all() for c in covered)
+
+
+def test_pieces_are_balanced_in_bytes():
+    layout = FusedLayout(["float32", "float64"], [(1_000_000,), (250_000,)])
+    per_part = [sum((stop - first) * layout.dtypes[i].itemsize for i, first, stop in mine)
+                for mine in layout.pieces(3)]
+    assert max(per_part) - min(per_part) <= 2 * ALIGN
+
+
+def test_complement_of_ranges():
+    assert _complement(10, []) == [(0, 10)]
+    assert _complement(10, [(0, 10)]) == []
+    assert _complement(10, [(2, 4), (6, 7)]) == [(0, 2), (4, 6), (7, 10)]
+    assert _complement(0, []) == []
+
+
+class _FakeSession:
+    device = "gpu"
+
+    def __init__(self):
+        self._local = {}
+
+    def local(self, key, factory):
+        if key not in self._local:
+            self._local[key] = factory()
+        return self._local[key]
+
+
+def test_backend_for_a_device_without_backend_names_it():
+    with pytest.raises(RuntimeError, match="not implemented for device 'gpu'.*cpu"):
+        backend.backend_for(_FakeSession())
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda v: synk.broadcast(v), "broadcast"),
+    (lambda v: synk.scatter(v, [1.0]), "scatter"),
+    (lambda v: synk.gather(v), "gather"),
+    (lambda v: synk.all_gather(v), "all_gather"),
+    (lambda v: synk.reduce(v), "reduce"),
+    (lambda v: synk.all_reduce(v), "all_reduce"),
+    (lambda v: synk.set_value(0, v, [1.0]), "set_value"),
+    (lambda v: synk.get_value(0, v), "get_value"),
+    (lambda v: synk.get_lengths(v), "get_lengths"),
+    (lambda v: synk.get_shapes(v), "get_shapes"),
+])
+def test_every_collective_before_fork_says_to_fork(call, name):
+    var = pytensor.shared(np.zeros(1), name="w")
+    with pytest.raises(RuntimeError, match=rf"synk.fork\(\) must be called before synk.{name}"):
+        call(var)

@@ -1,0 +1,305 @@
+"""Unit tests for synkhronos._runtime.control: the control block in one process (no fork).
+
+One process plays both the master (``post``, ``reply``, ``all_done``) and a worker
+(``read_command``, ``finish``) on the same block.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import threading
+import time
+
+import pytest
+
+from synkhronos._runtime import control as C
+from synkhronos._runtime import shmem
+from synkhronos._runtime.remote import BarrierAborted, RemoteFailure
+
+BIG = C.MAILBOX_BYTES + 12345  # larger than the mailbox (and than a reply slot)
+
+
+def _entries(prefix: str) -> list[str]:
+    return sorted(
+        e for e in os.listdir(shmem.SHM_DIR) if e.startswith(prefix) or e.startswith("sem." + prefix)
+    )
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def make_block():
+    """Build control blocks; afterwards drop them and check that nothing is left."""
+    made: list[tuple[str, C.ControlBlock]] = []
+
+    def make(n: int = 2, spin: float = 0.0, poll: float = 0.01) -> C.ControlBlock:
+        prefix = shmem.new_session_prefix()
+        block = C.ControlBlock(prefix, n, spin, poll)
+        made.append((prefix, block))
+        return block
+
+    yield make
+    prefixes = [p for p, _ in made]
+    for _, block in made:
+        for semaphore in block._semaphores:
+            semaphore.close()
+    made.clear()
+    gc.collect()
+    leftovers = [e for p in prefixes for e in _entries(p)]
+    for p in prefixes:
+        shmem.sweep_prefix(p)
+    assert leftovers == []
+
+
+def _no_poll():
+    raise AssertionError("on_poll should not run")
+
+
+# ---------------------------------------------------------------- construction
+
+
+def test_block_leaves_no_names_behind(make_block):
+    block = make_block(3)
+    # segment and semaphores are unlinked at once: they live on through fork only
+    assert _entries(block.prefix) == []
+    assert block.seq == 0
+    assert [block.done(r) for r in range(3)] == [0, 0, 0]
+    assert not any(block.failed(r) for r in range(3))
+
+
+def test_block_releases_its_fd_when_dropped():
+    before = _open_fds()
+    prefix = shmem.new_session_prefix()
+    block = C.ControlBlock(prefix, 2, 0.0)
+    for semaphore in block._semaphores:
+        semaphore.close()
+    del block
+    gc.collect()
+    assert _open_fds() == before
+    assert _entries(prefix) == []
+
+
+# ---------------------------------------------------------------- one command
+
+
+def test_round_trip_small(make_block):
+    block = make_block(2)
+    payload = ([], ("fn", (1, 2.5, "x"), None))
+    seq = block.post(7, payload, master_rank=0)
+    assert seq == 1 and block.seq == 1
+    assert block.all_done(seq, [1]) is False
+
+    opcode, received = block.read_command()
+    assert opcode == 7
+    assert received == payload
+
+    block.finish(1, seq, {"answer": 42}, False, master_rank=0)
+    assert block.done(1) == seq
+    assert block.all_done(seq, [1]) is True
+    assert block.failed(1) is False
+    assert block.reply(1) == {"answer": 42}
+    block.release_external_payload()  # nothing external: a no-op
+    assert _entries(block.prefix) == []
+
+
+def test_sequence_numbers_increase_and_replies_are_per_rank(make_block):
+    block = make_block(3)
+    for expected in range(1, 6):
+        seq = block.post(1, expected, master_rank=0)
+        assert seq == expected
+        assert block.read_command() == (1, expected)
+        block.finish(1, seq, ("r1", expected), False, 0)
+        assert not block.all_done(seq, [1, 2])
+        block.finish(2, seq, ("r2", expected), False, 0)
+        assert block.all_done(seq, [1, 2])
+        assert block.reply(1) == ("r1", expected)
+        assert block.reply(2) == ("r2", expected)
+
+
+def test_master_rank_other_than_zero(make_block):
+    block = make_block(3)
+    seq = block.post(2, "p", master_rank=2)
+    block.finish(0, seq, "zero", False, master_rank=2)
+    block.finish(1, seq, "one", False, master_rank=2)
+    assert block.all_done(seq, [0, 1])
+    assert (block.reply(0), block.reply(1)) == ("zero", "one")
+
+
+def test_oversized_payload_travels_in_its_own_segment(make_block):
+    block = make_block(2)
+    payload = ([], os.urandom(BIG))
+    seq = block.post(3, payload, master_rank=0)
+    extra = _entries(block.prefix)
+    assert len(extra) == 1 and "payload" in extra[0]
+    assert os.stat(os.path.join(shmem.SHM_DIR, extra[0])).st_mode & 0o777 == 0o600
+
+    opcode, received = block.read_command()
+    assert opcode == 3 and received == payload
+    # a second reader (another worker) still finds it
+    assert block.read_command()[1] == payload
+
+    block.finish(1, seq, None, False, 0)
+    block.release_external_payload()
+    assert _entries(block.prefix) == []
+
+    # the next, small command uses the mailbox again
+    seq = block.post(4, "small", master_rank=0)
+    assert block.read_command() == (4, "small")
+    block.release_external_payload()
+    assert _entries(block.prefix) == []
+
+
+def test_oversized_reply_is_unlinked_once_read(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, master_rank=0)
+    reply = os.urandom(C.REPLY_BYTES * 20)
+    block.finish(1, seq, reply, False, 0)
+    extra = _entries(block.prefix)
+    assert len(extra) == 1 and extra[0].startswith(block.prefix + "r1_")
+    assert block.reply(1) == reply
+    assert _entries(block.prefix) == []
+
+
+def test_reply_exactly_at_slot_size_stays_inline(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, master_rank=0)
+    overhead = len(pickle.dumps(b"", protocol=pickle.HIGHEST_PROTOCOL))
+    # a bytes object's pickle grows with its length; find one that fills the slot
+    size = C.REPLY_BYTES - overhead
+    while len(pickle.dumps(b"x" * size, protocol=pickle.HIGHEST_PROTOCOL)) > C.REPLY_BYTES:
+        size -= 1
+    block.finish(1, seq, b"x" * size, False, 0)
+    assert _entries(block.prefix) == []
+    assert block.reply(1) == b"x" * size
+
+
+def test_failed_reply(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, master_rank=0)
+    try:
+        raise KeyError("nope")
+    except KeyError as exc:
+        failure = RemoteFailure.from_exception(exc)
+    block.finish(1, seq, failure, True, 0)
+    assert block.all_done(seq, [1])
+    assert block.failed(1)
+    got = block.reply(1)
+    assert got.exc_type == "KeyError"
+    assert "nope" in got.message
+    assert "Traceback" in got.traceback
+    # the status is per command: a later success clears it
+    seq = block.post(1, None, master_rank=0)
+    block.finish(1, seq, "ok", False, 0)
+    assert not block.failed(1)
+
+
+# ---------------------------------------------------------------- abort
+
+
+def test_abort_flag(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, 0)
+    assert not block.aborted(seq)
+    block.abort(seq)
+    assert block.aborted(seq)
+    assert not block.aborted(seq + 1)
+
+
+def test_barrier_raises_when_aborted(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, 0)
+    block.abort(seq)
+    with pytest.raises(BarrierAborted):
+        block.barrier(0, _no_poll)
+
+
+def test_barrier_raises_when_a_peer_failed(make_block):
+    block = make_block(2)
+    seq = block.post(1, None, 0)
+    block.finish(1, seq, "failure", True, 0)
+    with pytest.raises(BarrierAborted):
+        block.barrier(0, _no_poll)
+
+
+# ---------------------------------------------------------------- barriers and waits
+
+
+def test_barrier_with_one_rank(make_block):
+    block = make_block(1)
+    block.barrier(0, _no_poll)
+    block.barrier(0, _no_poll)
+    block.post(1, None, 0)
+    for _ in range(3):
+        block.barrier(0, _no_poll)
+
+
+def test_barrier_two_ranks_in_threads(make_block):
+    block = make_block(2, poll=0.01)
+    block.post(1, None, 0)
+    passed = []
+
+    def rank1():
+        for i in range(20):
+            block.barrier(1, lambda: None)
+            passed.append(i)
+
+    thread = threading.Thread(target=rank1)
+    thread.start()
+    for _ in range(20):
+        block.barrier(0, lambda: None)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert passed == list(range(20))
+
+
+def test_wait_returns_at_once_when_ready(make_block):
+    block = make_block(2, spin=0.001)
+    block.wait(0, lambda: True, _no_poll)
+
+
+def test_wait_polls_until_ready(make_block):
+    block = make_block(2, poll=0.005)
+    polls = []
+    block.wait(0, lambda: len(polls) >= 3, lambda: polls.append(1))
+    assert len(polls) == 3
+
+
+def test_wait_abandoned_by_on_poll_clears_sleeping(make_block):
+    block = make_block(2, poll=0.005)
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    with pytest.raises(Stop):
+        block.wait(1, lambda: False, stop)
+    assert block.header[C._HEAD + C._PER_RANK * 1 + C._SLEEPING] == 0
+
+
+def test_post_wakes_a_sleeping_waiter(make_block):
+    """A waiter blocked on its semaphore returns well before its poll interval."""
+    block = make_block(2, poll=10.0)
+    sleeping_at = C._HEAD + C._PER_RANK * 1 + C._SLEEPING
+    returned = threading.Event()
+
+    def waiter():
+        block.wait(1, lambda: block.seq == 1, lambda: None)
+        returned.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while block.header[sleeping_at] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert block.header[sleeping_at] == 1
+    start = time.monotonic()
+    block.post(1, None, 0)
+    assert returned.wait(5)
+    assert time.monotonic() - start < 1.0
+    thread.join(5)

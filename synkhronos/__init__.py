@@ -1,4 +1,4 @@
-"""synkhronos: data-parallel PyTensor functions on every CPU core (or GPU) of a machine."""
+"""synkhronos: data-parallel PyTensor functions on every CPU core of a machine."""
 
 from .collectives import (
     all_gather,
@@ -16,6 +16,7 @@ from .data import Data, data
 from .distribute import distribute
 from .errors import SynkhronosError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from .function import Function, function
+from .profile import Profile, profile
 from .session import close, device, fork, master_rank, n_parallel
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "function",
     "Function",
     "distribute",
+    "profile",
+    "Profile",
     "data",
     "Data",
     "broadcast",

@@ -26,8 +26,16 @@ class SynkhronosError(RuntimeError):
 class WorkerError(SynkhronosError):
     """User code raised an exception in process ``rank``; the session stays usable.
 
-    ``remote_traceback`` holds the formatted traceback from that process, and
-    ``exc_type`` the name of the original exception's class.
+    Attributes
+    ----------
+    rank : int
+        The process that raised (the master's own rank included).
+    exc_type : str
+        The qualified name of the original exception's class.
+    message : str
+        The original exception's message.
+    remote_traceback : str
+        The formatted traceback from that process.
     """
 
     def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str):
@@ -42,7 +50,15 @@ class WorkerError(SynkhronosError):
 
 
 class WorkerDiedError(SynkhronosError):
-    """Process ``rank`` (``pid``) died; the session is broken until ``close()``."""
+    """Process ``rank`` (``pid``) died; the session is broken until ``close()``.
+
+    Attributes
+    ----------
+    rank, pid : int
+        The dead worker.
+    reason : str
+        How it ended, e.g. ``"killed by SIGKILL"`` or ``"exited with code 3"``.
+    """
 
     def __init__(self, rank: int, pid: int, reason: str):
         self.rank = rank
@@ -58,7 +74,17 @@ class WorkerDiedError(SynkhronosError):
 
 
 class WorkerTimeoutError(SynkhronosError, TimeoutError):
-    """Process ``rank`` did not finish a command within ``timeout`` seconds."""
+    """Process ``rank`` did not finish a command within ``timeout`` seconds.
+
+    Also a ``TimeoutError``. The session is broken until ``close()``.
+
+    Attributes
+    ----------
+    rank, pid : int
+        The first worker that had not finished.
+    timeout : float
+        The limit set by ``fork(timeout=...)`` or ``SYNK_TIMEOUT``.
+    """
 
     def __init__(self, rank: int, pid: int, timeout: float):
         self.rank = rank

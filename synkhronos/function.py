@@ -101,8 +101,13 @@ class Function:
     Attributes
     ----------
     name : str or None
-    inputs, bcast_inputs : list of Variable
-        Scattered inputs, then inputs every process uses whole.
+        The name given to ``synk.function``.
+    inputs : list of Variable
+        Inputs scattered along axis 0 across processes.
+    bcast_inputs : list of Variable
+        Inputs every process uses whole.
+    sliceable_shareds : list of SharedVariable
+        Shared variables holding data rows, subject to ``batch_s`` and slicing.
     output_modes : list of str
         The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
         ``"min"`` or ``"gather"``.
@@ -142,10 +147,12 @@ class Function:
 
     @property
     def output_modes(self) -> list[str]:
+        """The reduction of each output, as strings."""
         return [op.value for op in self._output_ops]
 
     @property
     def update_modes(self) -> list[str]:
+        """How each update accumulates across slices, as strings."""
         return [op.value for op in self._update_ops]
 
     def _compile(self, outputs, updates, **kwargs):
@@ -190,6 +197,41 @@ class Function:
         """Run on every process; return what the PyTensor function would return.
 
         Collective: every process takes part; returns when all have finished.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            One value per input, in the order ``inputs + bcast_inputs`` or by the
+            variable's name: ``synk.Data`` objects (used in place, no copy) or numpy
+            arrays and array-likes (copied once into shared memory). dtypes are cast
+            only where PyTensor would cast.
+        output_subset : list of int, optional
+            Indices of the outputs to compute and return (compiled on first use).
+        batch : int, slice or 1-d array of int, optional
+            Rows of the scattered inputs to use, selected before scattering: the first
+            ``n`` rows, a slice with step 1, or row indices (e.g. a shuffled minibatch;
+            each process gathers its own share of them).
+        batch_s : slice, index array, or a list of them (one per process), optional
+            Rows of each process's ``sliceable_shareds`` to use.
+        num_slices : int, default 1
+            Each process runs its rows in this many consecutive slices, accumulating
+            outputs and updates; updates are applied once, computed from the original
+            values. Results equal the unsliced call.
+
+        Returns
+        -------
+        numpy.ndarray or list of numpy.ndarray
+            A single value for a single output, else a list; ``"avg"`` outputs are
+            weighted by rows, ``"gather"`` outputs are in the order of the rows.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For any invalid argument, in the master, before any worker moves.
+        synkhronos.WorkerError
+            An exception inside some process (the session stays usable).
+        synkhronos.WorkerDiedError, synkhronos.WorkerTimeoutError
+            A process died or did not finish in time (the session is broken).
         """
         session = self._session
         session.check_usable()
@@ -254,7 +296,23 @@ class Function:
     as_theano = as_pytensor
 
     def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False):
-        """``synk.Data`` objects holding ``args`` for this function's inputs, in order."""
+        """``synk.Data`` objects holding ``args`` for this function's inputs, in order.
+
+        Parameters
+        ----------
+        *args
+            One value per input (``inputs + bcast_inputs``).
+        force_cast : bool, default False
+            Cast values whose dtype differs from the input's.
+        oversize : float in [1, 2], default 1
+            Room to grow, as a multiple of each value's size.
+        minibatch : bool, default False
+            Stored on each ``Data`` as its ``minibatch`` attribute.
+
+        Returns
+        -------
+        list of synkhronos.Data
+        """
         from .data import data
 
         values = self._binder.bind(args, {})
@@ -264,7 +322,8 @@ class Function:
         ]
 
     def __repr__(self) -> str:
-        return f"<synk.Function {self.name or ''} {len(self._outputs)} outputs>"
+        name = f" {self.name!r}" if self.name else ""
+        return f"<synk.Function{name}, {len(self._outputs)} outputs>"
 
 
 def _combine(ops: list[ReduceOp], replies: list) -> list:
@@ -302,10 +361,25 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     **kwargs
         Passed to ``pytensor.function`` untouched.
 
+    Returns
+    -------
+    Function
+        Call it like the PyTensor function; it runs on every process.
+
     Raises
     ------
     RuntimeError
-        Before ``synk.fork()``.
+        Before ``synk.fork()`` or after ``synk.close()``.
+    TypeError, ValueError
+        An output, update or op that is not valid (the message names it).
+
+    Examples
+    --------
+    >>> n = synk.fork()                                            # doctest: +SKIP
+    >>> x = pt.dmatrix("x")                                        # doctest: +SKIP
+    >>> f = synk.function([x], [x.mean(axis=0), (x.sum(), "sum")])  # doctest: +SKIP
+    >>> synk.distribute()                                          # doctest: +SKIP
+    >>> means, total = f(np.ones((1000, 3)))                       # doctest: +SKIP
     """
     return Function(inputs, outputs, bcast_inputs, updates, givens, sliceable_shareds,
                     name, kwargs)

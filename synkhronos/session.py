@@ -436,22 +436,23 @@ def fork(
 
     Parameters
     ----------
-    n_parallel
-        Number of processes, the master included. Default: one per usable CPU core
-        (``device="cpu"``) or per visible GPU (``device="gpu"``). ``1`` forks nothing.
-    device
-        ``"cpu"`` or ``"gpu"``.
-    master_rank
+    n_parallel : int, optional
+        Number of processes, the master included. Default: one per usable CPU core.
+        ``1`` forks nothing: every call runs in the master alone.
+    device : {"cpu", "gpu"}, default "cpu"
+        ``"gpu"`` is not implemented yet: it raises ``RuntimeError`` naming what is
+        missing (no GPU, or the ``gpu`` extra not installed) or saying so.
+    master_rank : int, default 0
         The rank the master computes as (it takes that block of every scatter).
-    spin
+    spin : float, optional
         Seconds a waiting process busy-polls before it sleeps on a semaphore. Default:
         1 ms when there is a core per process, else 0 (spinning on shared cores
         starves the process being waited for).
-    timeout
+    timeout : float, optional
         Seconds a command may wait for a worker before ``WorkerTimeoutError``; default
         no limit (a dead worker is still detected within a fraction of a second).
         ``SYNK_TIMEOUT`` in the environment sets the default.
-    pin
+    pin : bool, default False
         Pin rank ``r`` to the ``r``-th usable core.
 
     Returns
@@ -464,6 +465,8 @@ def fork(
     RuntimeError
         ``fork`` was already called, JAX was initialised before forking, or the
         requested device cannot be used here.
+    ValueError
+        ``device``, ``n_parallel``, ``master_rank`` or ``timeout`` is not valid.
     """
     global _current, _atexit_registered
     if _current is not None:
@@ -533,15 +536,33 @@ def close() -> None:
 
 
 def n_parallel() -> int:
-    """Number of processes in the session (the master included)."""
+    """Number of processes in the session (the master included).
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    """
     return require("synk.n_parallel()").n
 
 
 def device() -> str:
-    """``"cpu"`` or ``"gpu"``."""
+    """``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    """
     return require("synk.device()").device
 
 
 def master_rank() -> int:
-    """The rank the master computes as."""
+    """The rank the master computes as.
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    """
     return require("synk.master_rank()").master_rank

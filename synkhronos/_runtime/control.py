@@ -20,10 +20,12 @@ One command, master -> workers -> back:
 Waiting is spin-then-block: a rank spins on the flag for ``spin`` seconds (bounded,
 yielding the CPU now and then), then announces it is sleeping and blocks on its own
 semaphore with a short timeout. Posters release the semaphore of a rank that
-announced sleep. The timeout bounds the cost of a lost wake-up and is when a waiter
-checks that its peers are alive. Each rank writes only its own fields, so no atomic
-read-modify-write is needed. Ordering of the plain stores relies on x86's total store
-order, which the machines this runs on have.
+announced sleep. Each rank writes only its own fields, so no atomic
+read-modify-write is needed; data written before a flag is seen after it because
+x86 keeps stores in order. The sleep announcement is a store followed by a load of
+the flag, which x86 may reorder with the poster's store-then-load, so a wake-up can
+in principle be lost: the timeout bounds that cost (it was never seen in
+measurements), and it is also when a waiter checks that its peers are alive.
 
 Payloads or replies larger than their slot travel in a one-off segment whose name is
 written in the slot instead; the master unlinks it once read.

@@ -11,12 +11,18 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["usable_cores", "gpu_problem", "jax_initialised"]
+__all__ = ["usable_cores", "free_cores", "gpu_problem", "jax_initialised"]
 
 
 def usable_cores() -> list[int]:
     """The CPU cores this process may run on (respects affinity masks and cgroups)."""
     return sorted(os.sched_getaffinity(0))
+
+
+def free_cores() -> float:
+    """Usable cores less the 1-minute load average of others (the caller excluded)."""
+    others = max(os.getloadavg()[0] - 1.0, 0.0)
+    return len(usable_cores()) - others
 
 
 def _visible_gpus() -> int:

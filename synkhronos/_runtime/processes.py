@@ -73,13 +73,31 @@ def describe_status(status: int) -> str:
     return f"exited with code {os.WEXITSTATUS(status)}"
 
 
+_TERMINATING = {signal.SIGINT, signal.SIGTERM}
+
+
+def without_terminating_signals(action: Callable[[], object]) -> object:
+    """Run ``action`` with SIGINT and SIGTERM blocked in the calling thread.
+
+    Threads started meanwhile (OpenBLAS rebuilds its pool when its thread count
+    changes) inherit the blocked mask, so the kernel delivers Ctrl-C and SIGTERM to
+    the main thread, where Python runs its handlers and interrupts a blocking call,
+    and never to a pool thread, where the signal would wait unseen.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
+    try:
+        return action()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def limit_threads() -> object | None:
     """Limit BLAS/OpenMP pools of this process to one thread; return the limiter."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - a declared dependency
         return None
-    return threadpool_limits(limits=1)
+    return without_terminating_signals(lambda: threadpool_limits(limits=1))
 
 
 def _set_parent_death_signal() -> None:
@@ -171,9 +189,15 @@ def stop_workers(workers: list[Worker], timeout: float) -> None:
     """Wait up to ``timeout`` s for workers to exit, then SIGKILL and reap the rest."""
     deadline = time.monotonic() + timeout
     pending = [w for w in workers if w.poll() is None]
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.002)
-        pending = [w for w in pending if w.poll() is None]
+    try:
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.002)
+            pending = [w for w in pending if w.poll() is None]
+    finally:  # also on Ctrl-C during the wait: no worker is left unreaped
+        _kill_and_reap(pending)
+
+
+def _kill_and_reap(pending: list[Worker]) -> None:
     for worker in pending:
         try:
             os.kill(worker.pid, signal.SIGKILL)

@@ -46,7 +46,7 @@ _OWNER = re.compile(r"^(?:sem\.)?" + PREFIX + r"(\d+)_([0-9a-f]+)_")
 def new_session_prefix(pid: int | None = None) -> str:
     """Return a fresh prefix ``synk_<pid>_<token>_`` for one program's segments."""
     pid = os.getpid() if pid is None else pid
-    return f"{PREFIX}{pid}_{secrets.token_hex(4)}_"
+    return f"{PREFIX}{pid}_{secrets.token_hex(8)}_"
 
 
 def _posix_name(name: str) -> str:

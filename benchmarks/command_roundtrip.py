@@ -1,0 +1,172 @@
+"""Round trip of the empty command (PING) against a bare semaphore ping-pong.
+
+The floor for one command is a wake-up of each worker and a wake-up of the master. A
+ping-pong between two processes over two posix_ipc semaphores, measured in the same
+run, is that floor without any synkhronos bookkeeping; ``ratio`` is the median PING at
+n=2 over the median ping-pong round trip. Each timing is one round trip; every series
+is warmed up first. With a core per process ``fork()`` spins 1 ms before it blocks,
+so PING at n=2 is also timed with ``spin=0`` (``ratio_nospin``: the same block-and-wake
+path as the ping-pong). Prints JSON; ``--png PATH`` also draws the distributions.
+
+    python benchmarks/command_roundtrip.py [--rounds 5000] [--blocks 5] [--warmup 300]
+                                           [--png out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import posix_ipc
+
+import synkhronos as synk
+from synkhronos import session as S
+from synkhronos._runtime import shmem
+
+
+def _default_spin(n: int) -> float:
+    # what fork() picks when spin=None (see synkhronos.session.fork)
+    return S._DEFAULT_SPIN if n <= len(os.sched_getaffinity(0)) else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(prefix: str, seconds: list[float]) -> dict[str, float]:
+    us = [s * 1e6 for s in seconds]
+    return {
+        f"{prefix}_median_us": round(statistics.median(us), 2),
+        f"{prefix}_p90_us": round(percentile(us, 90), 2),
+        f"{prefix}_p99_us": round(percentile(us, 99), 2),
+        f"{prefix}_max_us": round(max(us), 2),
+    }
+
+
+def ping_times(n: int, rounds: int, warmup: int, spin: float | None = None) -> list[float]:
+    """Time ``rounds`` empty commands, one by one, in a fresh session of ``n``."""
+    synk.fork(n, spin=spin)
+    try:
+        session = S.current()
+        run, ping = session.run, S.Opcode.PING
+        for _ in range(warmup):
+            run(ping)
+        clock = time.perf_counter
+        times = []
+        for _ in range(rounds):
+            start = clock()
+            run(ping)
+            times.append(clock() - start)
+        return times
+    finally:
+        synk.close()
+
+
+def semaphore_pingpong_times(rounds: int, warmup: int) -> list[float]:
+    """Time ``rounds`` round trips master -> child -> master over two semaphores."""
+    prefix = shmem.new_session_prefix()
+    ping = posix_ipc.Semaphore(f"/{prefix}ping", posix_ipc.O_CREX, mode=0o600)
+    pong = posix_ipc.Semaphore(f"/{prefix}pong", posix_ipc.O_CREX, mode=0o600)
+    ping.unlink()
+    pong.unlink()
+    total = rounds + warmup
+    pid = os.fork()
+    if pid == 0:  # the child answers every ping, then leaves
+        code = 0
+        try:
+            for _ in range(total):
+                ping.acquire()
+                pong.release()
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    try:
+        for _ in range(warmup):
+            ping.release()
+            pong.acquire()
+        clock = time.perf_counter
+        times = []
+        for _ in range(rounds):
+            start = clock()
+            ping.release()
+            pong.acquire()
+            times.append(clock() - start)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        ping.close()
+        pong.close()
+    if status != 0:
+        raise RuntimeError(f"the ping-pong child failed (wait status {status})")
+    return times
+
+
+def draw(path: str, series: dict[str, list[float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, seconds in series.items():
+        us = sorted(s * 1e6 for s in seconds)
+        ax.plot(us, [i / len(us) for i in range(len(us))], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("round trip (µs)")
+    ax.set_ylabel("fraction of round trips")
+    ax.set_title("Empty command (PING) vs semaphore ping-pong")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5000)
+    parser.add_argument("--warmup", type=int, default=300, help="per block and series")
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--png", default=None, help="also draw the distributions here")
+    args = parser.parse_args()
+
+    # Interleaved blocks: the machine's load (and its CPUs' idle states) changes both
+    # kinds of round trip a lot, so every series gets a block in turn.
+    names = ["PING n=2", "PING n=3", "PING n=1", "PING n=2 spin=0", "semaphore ping-pong"]
+    series: dict[str, list[float]] = {name: [] for name in names}
+    per_block = max(1, args.rounds // args.blocks)
+    for _ in range(args.blocks):
+        series["semaphore ping-pong"] += semaphore_pingpong_times(per_block, args.warmup)
+        for n in (2, 3, 1):
+            series[f"PING n={n}"] += ping_times(n, per_block, args.warmup)
+        series["PING n=2 spin=0"] += ping_times(2, per_block, args.warmup, spin=0.0)
+    floor = series["semaphore ping-pong"]
+
+    result: dict[str, object] = {}
+    for n in (2, 3, 1):
+        result.update(summary(f"n{n}_ping", series[f"PING n={n}"]))
+    result.update(summary("n2_nospin_ping", series["PING n=2 spin=0"]))
+    result.update(summary("semaphore_pingpong", floor))
+    result["ratio"] = round(result["n2_ping_median_us"] / result["semaphore_pingpong_median_us"], 2)
+    # the same wake-up path on both sides: every waiter blocks on its semaphore
+    result["ratio_nospin"] = round(
+        result["n2_nospin_ping_median_us"] / result["semaphore_pingpong_median_us"], 2
+    )
+    result["default_spin_s"] = {"n2": _default_spin(2), "n3": _default_spin(3)}
+    result["rounds"] = per_block * args.blocks
+    result["blocks"] = args.blocks
+    result["warmup"] = args.warmup
+    result["load_average_1min"] = round(os.getloadavg()[0], 2)
+    result["usable_cores"] = len(os.sched_getaffinity(0))
+    result["python"] = platform.python_version()
+    if args.png:
+        draw(args.png, series)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

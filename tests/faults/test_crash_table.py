@@ -1,0 +1,559 @@
+"""Fault injection: workers that raise, exit, get killed, segfault or stop; masters that die.
+
+In-process cases crash one worker rank of a live session and check what the master
+reports, how fast, that the session stays broken, and that ``close()`` leaves no child
+process and no ``/dev/shm`` entry. Master-death cases run ``scripts/`` as a subprocess
+in its own session (process group) and kill it from here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import synkhronos as synk
+from synkhronos import session as S
+from synkhronos._runtime import control, shmem
+from synkhronos.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+
+from ..conftest import child_pids, segments_of
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+DETECT_S = 5.0  # a dead worker must be reported within this
+GONE_S = 10.0  # workers of a dead master must be gone within this
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _poll(predicate, timeout: float, step: float = 0.005) -> bool:
+    """Wait for external process state: True once ``predicate()`` holds, False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _entries(prefix: str) -> list[str]:
+    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
+    names = os.listdir(shmem.SHM_DIR)
+    return sorted(e for e in names if e.startswith((prefix, "sem." + prefix)))
+
+
+def _session() -> S.Session:
+    session = S.current()
+    assert session is not None
+    return session
+
+
+def _assert_closed_clean(worker_pids: list[int]) -> None:
+    synk.close()
+    assert S.current() is None
+    assert child_pids() == []
+    # reaped, not left as zombies
+    assert [pid for pid in worker_pids if _exists(pid)] == []
+    assert segments_of() == []
+
+
+# ---------------------------------------------------------------- remote crash functions
+
+
+def _raise(message: str):
+    raise ValueError(message)
+
+
+def _kill_self(signum: int):
+    os.kill(os.getpid(), signum)
+    time.sleep(30)  # SIGSTOP: stays here once continued; never reached otherwise
+
+
+def _segfault():
+    ctypes.string_at(0)
+
+
+def _crash_then_barrier(crash_rank: int, how: str):
+    """Every rank enters a barrier except ``crash_rank``, which dies first."""
+    session = S.current()
+    if session.rank == crash_rank:
+        CRASHES[how][0](*CRASHES[how][1])
+    session.barrier()
+    return session.rank
+
+
+def _signal_master_when_blocked(signum: int, seconds: float):
+    """In a worker: wait until the master sleeps on its semaphore, signal it, then sleep."""
+    session = S.current()
+    block = session.control
+    sleeping = block._field(session.master_rank, control._SLEEPING)
+    deadline = time.monotonic() + 10
+    while not block.header[sleeping]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the master never blocked")
+        time.sleep(0.0005)
+    os.kill(session.master_pid, signum)
+    time.sleep(seconds)
+
+
+# name -> (fn, args, expected reason, or None for an exception)
+CRASHES = {
+    "raise": (_raise, ("handler failed",), None),
+    "sys_exit_3": (sys.exit, (3,), "exited with code 3"),
+    "os__exit_3": (os._exit, (3,), "exited with code 3"),
+    "sigkill": (_kill_self, (signal.SIGKILL,), "killed by SIGKILL"),
+    "sigsegv": (_segfault, (), "killed by SIGSEGV"),
+    "sigsegv_kill": (_kill_self, (signal.SIGSEGV,), "killed by SIGSEGV"),
+    "sigabrt": (os.abort, (), "killed by SIGABRT"),
+}
+
+# (n, master_rank, crashing rank)
+LAYOUTS = [(2, 0, 1), (3, 0, 2), (3, 0, 1), (3, 2, 0)]
+
+
+def _layout_id(layout) -> str:
+    n, master, crash = layout
+    return f"n{n}-m{master}-crash{crash}"
+
+
+# ---------------------------------------------------------------- worker crashes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("case", list(CRASHES))
+def test_worker_crash(case, layout):
+    n, master_rank, crash = layout
+    fn, args, reason = CRASHES[case]
+    synk.fork(n, master_rank=master_rank)
+    session = _session()
+    pids = {w.rank: w.pid for w in session.workers}
+    try:
+        start = time.monotonic()
+        if reason is None:
+            with pytest.raises(WorkerError, match=rf"ValueError in rank {crash}: handler failed"):
+                session.run(S.Opcode.CALLABLE, (fn, args, [crash]))
+            assert time.monotonic() - start < DETECT_S
+            assert session.run(S.Opcode.CALLABLE, (os.getpid, (), None))[crash] == pids[crash]
+            return
+        with pytest.raises(WorkerDiedError) as info:
+            session.run(S.Opcode.CALLABLE, (fn, args, [crash]))
+        elapsed = time.monotonic() - start
+        error = info.value
+        assert elapsed < DETECT_S, f"{case}: reported after {elapsed:.2f} s"
+        assert (error.rank, error.pid, error.reason) == (crash, pids[crash], reason)
+        assert f"rank {crash} (pid {pids[crash]}) died: {reason}" in str(error)
+        # the session stays broken: every later command raises the same
+        for opcode, payload in ((S.Opcode.PING, None), (S.Opcode.CALLABLE, (os.getpid, (), None))):
+            with pytest.raises(WorkerDiedError, match=rf"rank {crash} \(pid {pids[crash]}\)"):
+                session.run(opcode, payload)
+    finally:
+        _assert_closed_clean(list(pids.values()))
+
+
+def _exit_with_ballast(code: int, ballast: bytes):
+    os._exit(code)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_worker_dies_with_an_oversized_payload_in_flight(n):
+    """The one-off payload segment of the abandoned command goes with close()."""
+    synk.fork(n)
+    session = _session()
+    pids = [w.pid for w in session.workers]
+    ballast = b"b" * (control.MAILBOX_BYTES + 1)
+    try:
+        with pytest.raises(WorkerDiedError, match=r"exited with code 4"):
+            session.run(S.Opcode.CALLABLE, (_exit_with_ballast, (4, ballast), [n - 1]))
+        assert any("payload" in e for e in segments_of())
+    finally:
+        _assert_closed_clean(pids)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_worker_killed_while_idle(n):
+    synk.fork(n)
+    session = _session()
+    victim = session.workers[-1]
+    pids = [w.pid for w in session.workers]
+    try:
+        os.kill(victim.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"killed by SIGKILL") as info:
+            session.run(S.Opcode.PING)
+        assert time.monotonic() - start < DETECT_S
+        assert (info.value.rank, info.value.pid) == (victim.rank, victim.pid)
+    finally:
+        _assert_closed_clean(pids)
+    # a new session works
+    synk.fork(n)
+    try:
+        assert len(set(_session().run(S.Opcode.CALLABLE, (os.getpid, (), None)))) == n
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("how", ["os__exit_3", "sigkill"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_worker_dies_while_peers_wait_in_a_barrier(n, how):
+    """The collective case: the others are blocked in a barrier when one rank dies."""
+    synk.fork(n)
+    session = _session()
+    crash = n - 1
+    pids = [w.pid for w in session.workers]
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=rf"rank {crash} .*{CRASHES[how][2]}"):
+            session.run(S.Opcode.CALLABLE, (_crash_then_barrier, (crash, how), None))
+        assert time.monotonic() - start < DETECT_S
+        with pytest.raises(WorkerDiedError):
+            session.run(S.Opcode.PING)
+    finally:
+        _assert_closed_clean(pids)
+
+
+@pytest.mark.parametrize("layout", [(2, 0, 1), (3, 0, 2), (3, 0, 1)], ids=_layout_id)
+def test_stopped_worker_times_out(layout):
+    n, master_rank, crash = layout
+    synk.fork(n, master_rank=master_rank, timeout=1)
+    session = _session()
+    pids = {w.rank: w.pid for w in session.workers}
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError) as info:
+            session.run(S.Opcode.CALLABLE, (_kill_self, (signal.SIGSTOP,), [crash]))
+        elapsed = time.monotonic() - start
+        error = info.value
+        assert isinstance(error, TimeoutError)
+        assert 1.0 <= elapsed < 3.0, f"reported after {elapsed:.2f} s"
+        assert (error.rank, error.pid, error.timeout) == (crash, pids[crash], 1)
+        assert f"rank {crash} (pid {pids[crash]})" in str(error)
+        with pytest.raises(WorkerTimeoutError, match=rf"rank {crash}"):
+            session.run(S.Opcode.PING)
+    finally:
+        start = time.monotonic()
+        _assert_closed_clean(list(pids.values()))  # close must kill the stopped worker
+        assert time.monotonic() - start < 5.0
+
+
+def test_ctrl_c_in_master_during_a_command_closes_and_reraises():
+    """SIGINT reaches the master blocked in a wait: KeyboardInterrupt, and nothing is left."""
+    synk.fork(3)
+    session = _session()
+    pids = [w.pid for w in session.workers]
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        session.run(S.Opcode.CALLABLE, (_signal_master_when_blocked, (signal.SIGINT, 30), [1]))
+    assert time.monotonic() - start < 2.0
+    assert S.current() is None  # the session closed itself
+    assert child_pids() == []
+    assert [pid for pid in pids if _exists(pid)] == []
+    assert segments_of() == []
+    with pytest.raises(RuntimeError, match="session is closed"):
+        session.run(S.Opcode.PING)
+
+
+def test_sigterm_in_master_during_a_command_exits():
+    """SIGTERM reaches the master blocked in a wait: SystemExit, and nothing is left.
+
+    The worker sends it once the master sleeps on its semaphore, then sleeps 5 s: a
+    master that lost the signal returns normally after those 5 s instead of raising.
+    """
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.fail("precondition: the test process must have the default SIGTERM handler")
+    synk.fork(2)
+    session = _session()
+    pids = [w.pid for w in session.workers]
+    start = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as info:
+            session.run(S.Opcode.CALLABLE, (_signal_master_when_blocked, (signal.SIGTERM, 5), [1]))
+        assert info.value.code == 128 + signal.SIGTERM
+        assert time.monotonic() - start < 2.0
+        assert S.current() is None
+    finally:
+        _assert_closed_clean(pids)
+
+
+# ---------------------------------------------------------------- master death (subprocess)
+
+
+class Master:
+    """``scripts/master_long_command.py`` running in its own session (process group)."""
+
+    def __init__(self, markers: Path, *extra: str):
+        markers.mkdir()
+        self.markers = markers
+        self.idle = "--idle" in extra
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "master_long_command.py"), str(markers), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.pid = self.proc.pid
+        self.workers: list[int] = []
+        self.prefix: str | None = None
+
+    def markers_present(self) -> bool:
+        """True once the script is idle (``--idle``) or its first worker runs the command."""
+        return (self.markers / ("idle" if self.idle else "started-1")).exists()
+
+    def read_info(self) -> None:
+        """Read the script's JSON line: its worker pids and segment prefix."""
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(10)
+            raise AssertionError(f"script failed: {self.proc.stderr.read()}")
+        info = json.loads(line)
+        assert info["master"] == self.pid
+        self.workers = info["workers"]
+        self.prefix = info["prefix"]
+
+    def wait_started(self) -> None:
+        """Read the script's JSON line, then wait until it is in its long command or idle."""
+        self.read_info()
+        names = ["idle"] if self.idle else [f"started-{r}" for r in range(1, len(self.workers) + 1)]
+        assert _poll(lambda: all((self.markers / m).exists() for m in names), 20)
+        assert all(_alive(pid) for pid in self.workers)
+        assert self.prefix + "data0" in _entries(self.prefix)
+        if not self.idle:  # the oversized payload of the running command
+            assert any("payload" in e for e in _entries(self.prefix))
+
+    def cleanup(self) -> None:
+        """Whatever the test found: kill what is left and remove the program's segments."""
+        for pid in [self.pid, *self.workers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        if self.prefix is not None:
+            shmem.sweep_prefix(self.prefix)
+
+
+@pytest.fixture
+def master(tmp_path):
+    """Start masters (each with its own marker folder); kill and sweep them afterwards."""
+    started: list[Master] = []
+
+    def start(*extra: str) -> Master:
+        m = Master(tmp_path / f"m{len(started)}", *extra)
+        started.append(m)
+        return m
+
+    yield start
+    for m in started:
+        m.cleanup()
+
+
+KILLS = {
+    # name -> (signal, to the whole process group?, accepted return codes)
+    "sigkill": (signal.SIGKILL, False, {-signal.SIGKILL}),
+    "sigterm": (signal.SIGTERM, False, {128 + signal.SIGTERM, -signal.SIGTERM}),
+    "sigint_group": (signal.SIGINT, True, {-signal.SIGINT, 128 + signal.SIGINT}),
+    "sigint_master": (signal.SIGINT, False, {-signal.SIGINT, 128 + signal.SIGINT}),
+}
+
+# (kill, master idle between commands?, helper threads in the master)
+#
+# No helper threads here: a helper thread can take a process-directed signal in the
+# main thread's place and hide how the main thread reacts while it blocks.
+MASTER_DEATHS = [
+    ("sigkill", False, 0),
+    ("sigkill", True, 0),
+    ("sigterm", False, 0),
+    ("sigterm", True, 0),
+    ("sigint_group", False, 0),
+    ("sigint_group", True, 0),
+    ("sigint_master", False, 0),
+]
+
+
+def _death_id(case) -> str:
+    kill, idle, threads = case
+    return f"{kill}-{'idle' if idle else 'in_command'}-t{threads}"
+
+
+@pytest.mark.parametrize("case", MASTER_DEATHS, ids=_death_id)
+def test_master_death(master, case):
+    """Kill the master; its workers must go and take the program's segments with them."""
+    kill, idle, threads = case
+    signum, group, codes = KILLS[kill]
+    m = master("--threads", str(threads), *(["--idle"] if idle else []))
+    m.wait_started()
+
+    start = time.monotonic()
+    if group:
+        os.killpg(m.pid, signum)
+    else:
+        os.kill(m.pid, signum)
+    try:
+        code = m.proc.wait(GONE_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    assert code is not None, f"master still running {GONE_S} s after {kill}"
+    assert code != 0
+    assert code in codes, m.proc.stderr.read()
+    remaining = GONE_S - (time.monotonic() - start)
+    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), remaining)
+    assert _poll(lambda: _entries(m.prefix) == [], 1.0), f"left behind: {_entries(m.prefix)}"
+
+
+def test_master_sigkilled_workers_sweep_with_threaded_master(master):
+    """SIGKILL of a master that runs helper threads: its workers still sweep its segments.
+
+    PR_SET_PDEATHSIG fires when the forking *thread* exits. With other threads in the
+    master, the kernel may first hand the orphans to a sibling thread that has not
+    died yet, so a worker's SIGTERM can come while ``getppid()`` still names the master.
+    The master here has 16 low-priority (``SCHED_IDLE``) helper threads and its workers
+    spin, so the siblings tend to die last; which thread dies first is still up to the
+    scheduler, so four such masters are killed and every one of them must be clean.
+    """
+    extra = ("--threads", "16", "--low-priority-threads", "--busy")
+    masters = [master(*extra) for _ in range(4)]
+    for m in masters:
+        m.wait_started()
+    for m in masters:
+        os.kill(m.pid, signal.SIGKILL)
+    for m in masters:
+        assert m.proc.wait(GONE_S) == -signal.SIGKILL
+    workers = [pid for m in masters for pid in m.workers]
+    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    _poll(lambda: all(_entries(m.prefix) == [] for m in masters), 1.0)
+    left = [_entries(m.prefix) for m in masters]
+    assert left == [[]] * len(masters), f"left behind: {left}"
+
+
+def test_next_fork_sweeps_what_a_dead_program_left(master):
+    """Nobody got to clean up (all SIGKILLed, workers stopped first): fork() sweeps it."""
+    m = master()
+    m.wait_started()
+    for pid in m.workers:
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(m.pid, signal.SIGKILL)
+    m.proc.wait(GONE_S)
+    for pid in m.workers:
+        os.kill(pid, signal.SIGKILL)
+    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
+    left = _entries(m.prefix)
+    assert m.prefix + "data0" in left and any("payload" in e for e in left)
+
+    synk.fork(1)
+    try:
+        assert _entries(m.prefix) == []
+    finally:
+        synk.close()
+
+
+# ---------------------------------------------------------------- exit without close()
+
+
+@pytest.mark.parametrize(
+    "mode, code, message",
+    [
+        ("no_close", 0, None),
+        (
+            "uncaught_died",
+            1,
+            r"WorkerDiedError: worker rank 2 \(pid \d+\) died: exited with code 3",
+        ),
+        ("uncaught_error", 1, r"WorkerError: ValueError in rank 1: not caught"),
+    ],
+    ids=["no_close", "uncaught_died", "uncaught_error"],
+)
+def test_program_ends_without_close(mode, code, message):
+    """atexit closes the session; an uncaught failure gives a non-zero exit status."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "lifecycle_exit.py"), mode],
+        capture_output=True,
+        text=True,
+        timeout=GONE_S * 3,
+        start_new_session=True,
+    )
+    info = json.loads(proc.stdout.splitlines()[0])
+    try:
+        assert proc.returncode == code, proc.stderr
+        if message is not None:
+            assert re.search(message, proc.stderr), proc.stderr
+        assert "leaked" not in proc.stderr
+        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert _entries(info["prefix"]) == []
+    finally:
+        for pid in info["workers"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shmem.sweep_prefix(info["prefix"])
+
+
+def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
+    """Ctrl-C / SIGTERM to a master blocked in one long call (here ``time.sleep(60)``).
+
+    Python runs signal handlers in the main thread only, and a blocking call of the
+    main thread returns early only if the kernel delivered the signal to that thread.
+    A process-directed signal goes to any thread that does not block it, so the
+    master's other threads (BLAS pools) must block SIGINT and SIGTERM for the main
+    thread to be interrupted. Which thread the kernel picks varies, so six masters
+    are tried: three get Ctrl-C (to the process group), three SIGTERM, each as soon
+    as it is idle after fork. They keep fork()'s pre-import of the Numba backend, as
+    a real program does. A master that got the signal exits in well under a second.
+    """
+    kills = ["sigint_group", "sigterm"] * 3
+    masters = [master("--idle", "--long-sleep", "--preimport") for _ in kills]
+    # signal each master as soon as it is idle: the first moments after fork count
+    pending = dict(zip(masters, kills, strict=True))
+    give_up = time.monotonic() + 30
+    while pending and time.monotonic() < give_up:
+        for m, kill in list(pending.items()):
+            if m.markers_present() or m.proc.poll() is not None:
+                signum, group, _ = KILLS[kill]
+                (os.killpg if group else os.kill)(m.pid, signum)
+                del pending[m]
+        time.sleep(0.001)
+    assert not pending, "some masters never became idle"
+    for m in masters:
+        m.read_info()
+    deadline = time.monotonic() + 5.0
+    hung = []
+    for m, kill in zip(masters, kills, strict=True):
+        try:
+            code = m.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung.append((kill, sorted(int(t) for t in os.listdir(f"/proc/{m.pid}/task"))))
+            continue
+        assert code in KILLS[kill][2], m.proc.stderr.read()
+    assert hung == [], f"{len(hung)}/{len(masters)} masters still asleep 5 s after it: {hung}"
+    workers = [pid for m in masters for pid in m.workers]
+    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    assert all(_entries(m.prefix) == [] for m in masters)

@@ -28,13 +28,12 @@ import atexit
 import enum
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ._runtime import devices, processes, shmem
+from ._runtime import devices, processes, shmem, signals
 from ._runtime.control import ControlBlock
 from ._runtime.remote import RemoteFailure
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
@@ -173,11 +172,7 @@ class Session:
         if self._cores is not None:
             os.sched_setaffinity(0, {self._cores[self.master_rank]})
         self._thread_limit = processes.limit_threads()
-        if threading.current_thread() is threading.main_thread():
-            defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
-            for signum, default in defaults.items():
-                if signal.getsignal(signum) is default:
-                    self._old_handlers[signum] = signal.signal(signum, _on_signal)
+        self._old_handlers = signals.install()
 
     def become_worker(self, rank: int) -> None:
         """Turn the inherited copy into worker ``rank``'s own session."""
@@ -245,7 +240,7 @@ class Session:
 
     def _run_all(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
         control = self.control
-        _lost_signal.clear()  # only a signal that arrives during this command is ours
+        signals.forget()  # only a signal that arrives during this command is ours
         releases, self._releases = self._releases, []
         # Posting pickles first: a payload that cannot be pickled raises here, before
         # any worker moves, and leaves the session usable.
@@ -321,7 +316,7 @@ class Session:
 
     def _watch(self) -> None:
         """The master's liveness check while it waits (runs every poll interval)."""
-        _reraise_lost_signal()
+        signals.reraise_lost()
         for worker in self.workers:
             reason = worker.poll()
             if reason is not None:
@@ -368,40 +363,11 @@ class Session:
         finally:
             shmem.sweep_prefix(self.prefix)
             if self._thread_limit is not None:
-                processes.without_terminating_signals(self._thread_limit.restore_original_limits)
-            for signum, handler in self._old_handlers.items():
-                signal.signal(signum, handler)
+                signals.blocked(self._thread_limit.restore_original_limits)
+            signals.restore(self._old_handlers)
             self._old_handlers = {}
-            _lost_signal.clear()
             if _current is self:
                 _current = None
-
-
-_lost_signal: list[int] = []
-
-
-def _raise_for(signum: int):
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
-
-
-def _on_signal(signum, frame):
-    """The master's SIGINT/SIGTERM handler while a session runs (if it had the default).
-
-    posix_ipc replaces the exception a handler raises during a blocked semaphore wait
-    with its own SignalError; the signal is therefore also noted here and raised again
-    by the waiting loop (``_reraise_lost_signal``).
-    """
-    _lost_signal.append(signum)
-    _raise_for(signum)
-
-
-def _reraise_lost_signal() -> None:
-    if _lost_signal:
-        signum = _lost_signal.pop()
-        _lost_signal.clear()
-        _raise_for(signum)
 
 
 def _at_exit() -> None:

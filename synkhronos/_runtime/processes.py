@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import shmem
+from . import shmem, signals
 
 __all__ = ["Worker", "fork_workers", "stop_workers", "limit_threads", "THREAD_ENV"]
 
@@ -73,31 +73,13 @@ def describe_status(status: int) -> str:
     return f"exited with code {os.WEXITSTATUS(status)}"
 
 
-_TERMINATING = {signal.SIGINT, signal.SIGTERM}
-
-
-def without_terminating_signals(action: Callable[[], object]) -> object:
-    """Run ``action`` with SIGINT and SIGTERM blocked in the calling thread.
-
-    Threads started meanwhile (OpenBLAS rebuilds its pool when its thread count
-    changes) inherit the blocked mask, so the kernel delivers Ctrl-C and SIGTERM to
-    the main thread, where Python runs its handlers and interrupts a blocking call,
-    and never to a pool thread, where the signal would wait unseen.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
-    try:
-        return action()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def limit_threads() -> object | None:
     """Limit BLAS/OpenMP pools of this process to one thread; return the limiter."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - a declared dependency
         return None
-    return without_terminating_signals(lambda: threadpool_limits(limits=1))
+    return signals.blocked(lambda: threadpool_limits(limits=1))
 
 
 def _set_parent_death_signal() -> None:

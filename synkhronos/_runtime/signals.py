@@ -1,0 +1,85 @@
+"""The master's SIGINT and SIGTERM while a session runs.
+
+While a session is open the master turns Ctrl-C into ``KeyboardInterrupt`` and
+SIGTERM into ``SystemExit(143)`` (only where the program kept Python's defaults), so
+that the waiting loop closes the session and ``atexit`` runs: nothing is left behind.
+
+Two traps make this more than ``signal.signal``:
+
+- posix_ipc runs Python's handlers during a blocked semaphore wait and then replaces
+  the exception they raised with its own ``SignalError``. The handler therefore also
+  notes the signal, and the waiting loop calls ``reraise_lost()``.
+- A process-directed signal may go to any thread that does not block it; Python runs
+  handlers only in the main thread, and a blocking call there returns early only if
+  the kernel chose the main thread. Pools started by the library (OpenBLAS rebuilds
+  its threads when their count changes) are started inside ``blocked()``, so they
+  inherit a mask that leaves these signals to the main thread.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["install", "restore", "reraise_lost", "forget", "blocked"]
+
+_TERMINATING = {signal.SIGINT, signal.SIGTERM}
+_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+_lost: list[int] = []
+
+
+def _raise_for(signum: int):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def _on_signal(signum, frame):
+    _lost.append(signum)
+    _raise_for(signum)
+
+
+def install() -> dict[int, Any]:
+    """Take over SIGINT/SIGTERM where they have Python's defaults; return the old ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for signum, default in _DEFAULTS.items():
+        if signal.getsignal(signum) is default:
+            old[signum] = signal.signal(signum, _on_signal)
+    return old
+
+
+def restore(old: dict[int, Any]) -> None:
+    """Put back the handlers ``install`` replaced."""
+    for signum, handler in old.items():
+        signal.signal(signum, handler)
+    _lost.clear()
+
+
+def forget() -> None:
+    """Drop signals noted earlier: only one that arrives from now on is re-raised."""
+    _lost.clear()
+
+
+def reraise_lost() -> None:
+    """Raise again a signal whose exception posix_ipc swallowed."""
+    if _lost:
+        signum = _lost.pop()
+        _lost.clear()
+        _raise_for(signum)
+
+
+def blocked(action: Callable[[], object]) -> object:
+    """Run ``action`` with SIGINT and SIGTERM blocked in the calling thread.
+
+    Threads started meanwhile inherit the blocked mask, so the kernel delivers these
+    signals to the main thread, never to a pool thread where they would wait unseen.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _TERMINATING)
+    try:
+        return action()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -22,9 +22,9 @@ BIG = C.MAILBOX_BYTES + 12345  # larger than the mailbox (and than a reply slot)
 
 
 def _entries(prefix: str) -> list[str]:
-    return sorted(
-        e for e in os.listdir(shmem.SHM_DIR) if e.startswith(prefix) or e.startswith("sem." + prefix)
-    )
+    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
+    names = os.listdir(shmem.SHM_DIR)
+    return sorted(e for e in names if e.startswith((prefix, "sem." + prefix)))
 
 
 def _open_fds() -> int:

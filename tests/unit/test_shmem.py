@@ -23,9 +23,9 @@ def prefix():
 
 
 def _entries(prefix: str) -> list[str]:
-    return sorted(
-        e for e in os.listdir(shmem.SHM_DIR) if e.startswith(prefix) or e.startswith("sem." + prefix)
-    )
+    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
+    names = os.listdir(shmem.SHM_DIR)
+    return sorted(e for e in names if e.startswith((prefix, "sem." + prefix)))
 
 
 def _dead_pid() -> int:

@@ -78,6 +78,10 @@ def _shared_of(fn: Any) -> list[Any]:
     return [inp.variable for inp in fn.maker.inputs if getattr(inp, "shared", False)]
 
 
+# Values that may be shared (interned) objects: never pickled by reference.
+_BY_VALUE = (int, float, complex, bool, str, bytes, type(None), np.generic)
+
+
 class _ReferencePickler(pickle.Pickler):
     def __init__(self, file, known: dict[int, tuple[str, int]]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -160,9 +164,10 @@ def distribute() -> None:
             known[id(var)] = ("var", uid)
             known[id(var.container.storage)] = ("storage", uid)
             value = var.container.storage[0]
-            if isinstance(value, np.ndarray):
+            if not isinstance(value, _BY_VALUE):
                 # PyTensor's unpickler checks a shared input's pickled value against
                 # the container's; a worker's own value may differ from the master's.
+                # (numpy arrays, and JAX arrays once a JAX-mode update has run.)
                 known[id(value)] = ("value", uid)
         buffer = io.BytesIO()
         _ReferencePickler(buffer, known).dump((functions, new_shared))

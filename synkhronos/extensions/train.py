@@ -82,7 +82,8 @@ class TrainFunction:
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
-                 hyper: dict[str, Any]) -> None:
+                 hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None) -> None:
+        compile_kwargs = dict(compile_kwargs or {})
         if isinstance(inputs, Variable):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)):
@@ -105,10 +106,10 @@ class TrainFunction:
         self.grad_function: Function = function(
             self.inputs, loss, bcast_inputs=[self._total],
             updates=[(grad_shared, flat * (rows / self._total), "sum")],
-            name=f"train_grad_{name}",
+            name=f"train_grad_{name}", **compile_kwargs,
         )
         self.apply_function: Function = function([], updates=param_updates,
-                                                 name=f"train_apply_{name}")
+                                                 name=f"train_apply_{name}", **compile_kwargs)
         self._zeros: np.ndarray | None = None
         self._distributed = False
 
@@ -166,6 +167,7 @@ class TrainFunction:
 
 def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         inputs: Sequence[Variable], update_rule: UpdateRule | str,
+                        compile_kwargs: dict[str, Any] | None = None,
                         **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
 
@@ -181,6 +183,9 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     update_rule : callable or str
         A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``) or its name
         (``"adam"``).
+    compile_kwargs : dict, optional
+        Passed to both underlying ``synk.function`` calls and so to
+        ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
     **hyper
         The rule's hyper-parameters (``learning_rate=...``, ...).
 
@@ -209,4 +214,4 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     >>> for idx in np.array_split(np.random.permutation(len(X)), 100):
     ...     train(xd, yd, batch=idx)
     """
-    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper)
+    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper, compile_kwargs)

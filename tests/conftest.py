@@ -33,7 +33,8 @@ def segments_of(pid: int | None = None) -> list[str]:
     """Entries in /dev/shm that belong to programs whose master is ``pid``."""
     pid = os.getpid() if pid is None else pid
     mark = f"{shmem.PREFIX}{pid}_"
-    return [e for e in os.listdir(shmem.SHM_DIR) if e.startswith(mark) or e.startswith("sem." + mark)]
+    return [e for e in os.listdir(shmem.SHM_DIR)
+            if e.startswith(mark) or e.startswith("sem." + mark)]
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,16 @@ def no_leaks():
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"n{n}")
 def forked(request):
     """A fresh session at n_parallel 1, 2 and 3 (3 gives uneven splits on 2 cores)."""
+    n = synk.fork(request.param)
+    try:
+        yield n
+    finally:
+        synk.close()
+
+
+@pytest.fixture(params=[2, 3], ids=lambda n: f"n{n}")
+def forked_workers(request):
+    """A fresh session that has workers (n_parallel 2 and 3)."""
     n = synk.fork(request.param)
     try:
         yield n

@@ -272,9 +272,7 @@ def test_zero_dimensional(forked):
 
 
 # -- creation -------------------------------------------------------------------------------
-def test_data_in_a_worker_is_refused(forked):
-    if forked == 1:
-        pytest.skip("needs a worker")
+def test_data_in_a_worker_is_refused(forked_workers):
     with pytest.raises(synk.WorkerError, match="only be called in the master"):
         _everywhere(_make_data_in_worker)
 
@@ -300,9 +298,17 @@ def test_pickled_into_workers_is_a_non_owner_handle(forked):
     assert _exists(x.ref().segment)  # a non-owner never unlinks
 
 
-def test_spawned_process_opens_pickled_data(forked):
-    if forked != 2:
-        pytest.skip("one size is enough: starting a spawned interpreter is slow")
+@pytest.fixture
+def two_processes():
+    """One size is enough where a test starts a slow "spawn" interpreter."""
+    synk.fork(2)
+    try:
+        yield 2
+    finally:
+        synk.close()
+
+
+def test_spawned_process_opens_pickled_data(two_processes):
     x = synk.data(np.arange(12, dtype=np.float32).reshape(4, 3))
     context = multiprocessing.get_context("spawn")
     child = context.Process(target=_spawn_child, args=(x,))

@@ -46,7 +46,8 @@ class Registry:
         self.shared: dict[int, Any] = {}
         self.uid_of: dict[int, int] = {}  # id(shared variable) -> uid, master only
         self.pending: dict[int, Any] = {}  # built in the master, not yet distributed
-        self.pending_shared: list[Any] = []  # extra variables to ship (sliceable data)
+        self.retry: dict[int, Any] = {}  # distribution failed: retried on its own call
+        self.extras: dict[int, list[Any]] = {}  # variables a function needs shipped too
         self.next_function = 0
         self.next_shared = 0
         self.unpickle_seconds: list[float] = []  # each worker's, for the last distribute
@@ -59,10 +60,13 @@ class Registry:
         self.next_function += 1
         self.functions[fn_id] = fn
         self.pending[fn_id] = fn
-        self.pending_shared.extend(extra_shared)
+        self.extras[fn_id] = list(extra_shared)
         return fn_id
 
     def is_distributed(self, fn_id: int) -> bool:
+        """True once the workers have it (a failed one is queued again: False)."""
+        if fn_id in self.retry:
+            self.pending[fn_id] = self.retry.pop(fn_id)
         return fn_id not in self.pending
 
     def uid(self, var: Any) -> int | None:
@@ -154,7 +158,8 @@ def distribute() -> None:
         precompile(fn)
     reg.compile_seconds = time.perf_counter() - start
     new_shared: dict[int, Any] = {}
-    for var in [v for fn in functions.values() for v in _shared_of(fn)] + reg.pending_shared:
+    extras = [v for fn_id in functions for v in reg.extras.get(fn_id, ())]
+    for var in [v for fn in functions.values() for v in _shared_of(fn)] + extras:
         if id(var) not in reg.uid_of and all(var is not v for v in new_shared.values()):
             new_shared[reg.next_shared] = var
             reg.next_shared += 1
@@ -169,15 +174,23 @@ def distribute() -> None:
                 # the container's; a worker's own value may differ from the master's.
                 # (numpy arrays, and JAX arrays once a JAX-mode update has run.)
                 known[id(value)] = ("value", uid)
-        buffer = io.BytesIO()
-        _ReferencePickler(buffer, known).dump((functions, new_shared))
-        replies = session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+        try:
+            buffer = io.BytesIO()
+            _ReferencePickler(buffer, known).dump((functions, new_shared))
+            replies = session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+        except Exception:
+            # These functions did not reach the workers. They leave the queue, so that
+            # functions built later still distribute, and are retried alone when next
+            # called; their variables' ids are handed out again then.
+            reg.next_shared -= len(new_shared)
+            for fn_id in functions:
+                reg.retry[fn_id] = reg.pending.pop(fn_id)
+            raise
         reg.unpickle_seconds = [r for r in replies if r is not None]
     for uid, var in new_shared.items():
         reg.shared[uid] = var
         reg.uid_of[id(var)] = uid
     reg.pending.clear()
-    reg.pending_shared.clear()
 
 
 @register(Opcode.DISTRIBUTE)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from ._runtime import devices, processes, shmem, signals
 from ._runtime.control import ControlBlock
-from ._runtime.remote import RemoteFailure
+from ._runtime.remote import RemoteFailure, RemoteTraceback
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 
 __all__ = [
@@ -130,7 +130,12 @@ class Session:
         self.timeout = timeout
         self.master_pid = os.getpid()
         self.prefix = shmem.new_session_prefix()
-        self.control = ControlBlock(self.prefix, n, spin) if n > 1 else None
+        self._lock = shmem.ProgramLock(self.prefix)  # inherited by the workers
+        try:
+            self.control = ControlBlock(self.prefix, n, spin) if n > 1 else None
+        except BaseException:  # e.g. a squatted name: what it made is unlinked already
+            self._lock.close()
+            raise
         self.segments = shmem.SegmentCache()
         self.state = State.READY
         self.broken: BaseException | None = None
@@ -288,7 +293,9 @@ class Session:
             raise WorkerError(self.master_rank, info.exc_type, str(exc), info.traceback) from exc
         if first_remote is not None:
             rank, info = first_remote
-            raise WorkerError(rank, info.exc_type, info.message, info.traceback)
+            raise WorkerError(rank, info.exc_type, info.message, info.traceback) from (
+                RemoteTraceback(info.traceback)
+            )
         if failure is not None:
             raise failure[0]
         return replies
@@ -362,6 +369,7 @@ class Session:
                     processes.stop_workers(self.workers, timeout=0.0)
         finally:
             shmem.sweep_prefix(self.prefix)
+            self._lock.close()
             if self._thread_limit is not None:
                 signals.blocked(self._thread_limit.restore_original_limits)
             signals.restore(self._old_handlers)

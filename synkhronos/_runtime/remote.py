@@ -12,7 +12,22 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
-__all__ = ["RemoteFailure", "BarrierAborted"]
+__all__ = ["RemoteFailure", "RemoteTraceback", "BarrierAborted"]
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in another process.
+
+    Attached as the ``__cause__`` of the master's ``WorkerError``, so that an uncaught
+    error prints where in the worker it happened.
+    """
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.text.rstrip()}\n\"\"\""
 
 
 class BarrierAborted(Exception):

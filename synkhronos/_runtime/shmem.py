@@ -7,7 +7,11 @@ Every segment and semaphore of a program carries one prefix,
 - ``close()`` (or a worker that outlives its master) removes everything of one
   program by listing ``/dev/shm`` for that prefix, and
 - the next ``fork()`` on the machine removes what a SIGKILLed master left behind:
-  the pid in the name tells whether its owner is still alive.
+  a program holds an ``flock`` on its ``<prefix>lock`` entry while any of its
+  processes lives, so a lock that can be taken means the program is gone (no pid
+  is trusted: pids repeat and differ between PID namespaces).
+
+Only entries owned by the current user are ever removed.
 
 Segments are created with mode 0600 (owner only). A mapping outlives the name:
 unlinking only stops new opens, so the owner may unlink as soon as every process
@@ -16,6 +20,7 @@ that needs it has mapped it.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import mmap
 import os
@@ -36,6 +41,7 @@ __all__ = [
     "sweep_dead_programs",
     "array_view",
     "SegmentCache",
+    "ProgramLock",
 ]
 
 PREFIX = "synk_"
@@ -93,12 +99,15 @@ def unlink_segment(name: str) -> bool:
 
 
 def _remove_entry(entry: str) -> None:
+    """Unlink one entry of ours; another user's entries are left alone."""
     try:
+        if os.stat(os.path.join(SHM_DIR, entry)).st_uid != os.getuid():
+            return
         if entry.startswith("sem."):
             posix_ipc.unlink_semaphore("/" + entry[len("sem.") :])
         else:
             posix_ipc.unlink_shared_memory("/" + entry)
-    except posix_ipc.ExistentialError:
+    except (OSError, posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         pass
 
 
@@ -119,6 +128,31 @@ def sweep_prefix(prefix: str) -> int:
     return removed
 
 
+LOCK = "lock"  # the entry, under a program's prefix, that its processes hold locked
+
+
+class ProgramLock:
+    """An exclusive ``flock`` that a program's processes hold while any of them lives.
+
+    The master creates ``<prefix>lock`` and locks it; forked workers inherit the open
+    file and so share the lock. Another program judges this one dead only when it can
+    take the lock itself: a test that needs no pid, so it holds across PID namespaces
+    (containers sharing ``/dev/shm``) and survives pid reuse.
+    """
+
+    def __init__(self, prefix: str):
+        self.name = prefix + LOCK
+        shm = posix_ipc.SharedMemory(
+            _posix_name(self.name), flags=posix_ipc.O_CREX, mode=0o600, size=1
+        )
+        self.fd = shm.fd
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def close(self) -> None:
+        unlink_segment(self.name)
+        os.close(self.fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,12 +163,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _program_alive(prefix: str, pid: int) -> bool:
+    """Whether the program that owns ``prefix`` still runs (its lock is held)."""
+    try:
+        shm = posix_ipc.SharedMemory(_posix_name(prefix + LOCK))
+    except posix_ipc.ExistentialError:
+        return _alive(pid)  # no lock entry (being created, or already half swept)
+    except posix_ipc.PermissionsError:
+        return True  # another user's program: never ours to judge
+    try:
+        fcntl.flock(shm.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        shm.close_fd()  # closing our descriptor releases our lock at once
+    return False
+
+
 def sweep_dead_programs() -> int:
-    """Remove the segments of synkhronos programs whose master process is gone."""
+    """Remove the segments of synkhronos programs that no longer run."""
     removed = 0
+    verdicts: dict[str, bool] = {}
     for entry in _entries():
         match = _OWNER.match(entry)
-        if match and not _alive(int(match.group(1))):
+        if match is None:
+            continue
+        prefix = f"{PREFIX}{match.group(1)}_{match.group(2)}_"
+        if prefix not in verdicts:
+            verdicts[prefix] = _program_alive(prefix, int(match.group(1)))
+        if not verdicts[prefix]:
             _remove_entry(entry)
             removed += 1
     return removed

@@ -19,9 +19,10 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def free_cores() -> float:
-    """Usable cores less the 1-minute load average of others (the caller excluded)."""
-    others = max(os.getloadavg()[0] - 1.0, 0.0)
+def free_cores() -> int:
+    """Usable cores less the busy ones: the 1-minute load average, the caller excluded,
+    rounded to whole cores (a process that is busy a quarter of the time takes none)."""
+    others = max(round(os.getloadavg()[0] - 1.0), 0)
     return len(usable_cores()) - others
 
 

@@ -22,6 +22,17 @@ Implementations:
 - ``mpi4py``: ``Comm.Allreduce(IN_PLACE, ...)`` under ``mpirun`` (only if mpi4py and
   mpirun are found; the JSON says so otherwise).
 
+Waiting processes spin, then sleep: ``--spin`` sets ``synk.fork(spin=...)`` (MPI
+spins by default; gloo blocks). Left out, the library decides, and picks 0 whenever
+the 1-minute load average says the cores are busy; the JSON records what was used.
+
+The machine may be shared: before and after every series the JSON records how idle
+the CPUs were over half a second (``idle_before``/``idle_after``, percent; ours are
+idle then). ``--repeat`` runs every series several times; a repetition is *quiet*
+when all its series saw at least ``QUIET`` percent idle before and after, and the
+figures reported are, per size, the median over the quiet repetitions (over all of
+them when none was quiet; ``repetitions_used`` says which).
+
 Writes ``collectives.json`` (also printed) and ``collectives.png`` (bandwidth against
 size; only if matplotlib imports, else the JSON says so) into ``--out``.
 """
@@ -41,12 +52,37 @@ from pathlib import Path
 import numpy as np
 
 SIZES = [4, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # bytes, float32
+QUIET = 90.0  # percent idle before and after a series, for its repetition to count
 
 
 def trials_for(nbytes: int, scale: float) -> int:
     base = 2000 if nbytes <= 1 << 10 else 500 if nbytes <= 64 << 10 else \
         200 if nbytes <= 1 << 20 else 40 if nbytes <= 16 << 20 else 20
     return max(5, int(base * scale))
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def idle_percent(seconds: float = 0.5) -> float:
+    """How idle all CPUs were over ``seconds`` (from /proc/stat), in percent."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]
+
+    total, idle = sample()
+    time.sleep(seconds)
+    total2, idle2 = sample()
+    return round(100.0 * (idle2 - idle) / max(1, total2 - total), 1)
 
 
 def summarize(nbytes: int, times: list[float]) -> dict:
@@ -75,14 +111,14 @@ def _set_private(uid: int, size: int) -> None:
     var.set_value(arrays[0], borrow=True)
 
 
-def bench_synkhronos(n: int, op: str, scale: float, pin: bool) -> dict:
+def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | None) -> dict:
     import pytensor
 
     import synkhronos as synk
     from synkhronos import session as synk_session
     from synkhronos.distribute import registry
 
-    synk.fork(n, pin=pin)
+    synk.fork(n, pin=pin, spin=spin)
     try:
         variables = [pytensor.shared(np.full(s // 4, 0.0, "float32"), name=f"v{s}")
                      for s in SIZES]
@@ -90,7 +126,15 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool) -> dict:
         synk.distribute()
         session = synk_session.current()
         results: dict[str, list] = {"resident": [], "copy-in": []}
-        for nbytes, var in zip(SIZES, variables):
+        pings = []
+        for i in range(trials_for(4, scale) + 200):
+            start = time.perf_counter()
+            session.run(synk_session.Opcode.PING)
+            if i >= 200:
+                pings.append(time.perf_counter() - start)
+        results["ping"] = summarize(0, pings)
+        results["spin"] = session.control.spin if session.control is not None else 0.0
+        for nbytes, var in zip(SIZES, variables, strict=True):
             count = trials_for(nbytes, scale)
             for _ in range(min(count, 20)):
                 synk.all_reduce(var, op)
@@ -166,7 +210,7 @@ def bench_torch(n: int, op: str, scale: float) -> dict:
     rows = queue.get(timeout=1800)
     for proc in procs:
         proc.join()
-    return {"gloo": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows)]}
+    return {"gloo": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows, strict=True)]}
 
 
 # -- MPI ----------------------------------------------------------------------------------------
@@ -213,7 +257,8 @@ def bench_mpi(n: int, op: str, scale: float) -> dict:
     if done.returncode != 0:
         return {"absent": f"mpirun failed ({done.returncode}): {done.stderr[-2000:]}"}
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"Allreduce": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows)]}
+    pairs = zip(SIZES, rows, strict=True)
+    return {"Allreduce": [summarize(nbytes, times) for nbytes, times in pairs]}
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -231,6 +276,8 @@ def plot(report: dict, path: Path) -> str:
                 label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(SIZES, ["4 B", "1 KiB", "64 KiB", "1 MiB", "16 MiB", "64 MiB"],
+                  rotation=35)
     ax.set_xlabel("array size (bytes, float32)")
     ax.set_ylabel("GB/s (array bytes / median time)")
     ax.set_title(f"all_reduce({report['op']}), {report['n']} processes, "
@@ -242,6 +289,17 @@ def plot(report: dict, path: Path) -> str:
     return str(path)
 
 
+def combine(repeats: list[list[dict]]) -> list[dict]:
+    """Per size, the repetition with the median of the median times (all if one)."""
+    rows = []
+    for per_size in zip(*repeats, strict=True):
+        ordered = sorted(per_size, key=lambda row: row["median_us"])
+        row = dict(ordered[len(ordered) // 2])
+        row["median_us_of_used_repetitions"] = [round(r["median_us"], 2) for r in per_size]
+        rows.append(row)
+    return rows
+
+
 def ratios(series: dict) -> dict:
     """synkhronos against each peer, per size: bandwidth ratio (higher is better)."""
     out = {}
@@ -250,7 +308,7 @@ def ratios(series: dict) -> dict:
             if ours in series and peer in series:
                 out[f"{ours} / {peer}"] = {
                     str(a["bytes"]): round(a["GB_per_s"] / b["GB_per_s"], 2)
-                    for a, b in zip(series[ours], series[peer])
+                    for a, b in zip(series[ours], series[peer], strict=True)
                 }
     return out
 
@@ -261,6 +319,10 @@ def main() -> None:
     parser.add_argument("--op", default="sum", choices=["sum", "avg", "max", "min", "prod"])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the trial counts")
     parser.add_argument("--pin", action="store_true", help="pin synkhronos ranks to cores")
+    parser.add_argument("--repeat", type=int, default=1, help="run every series this often")
+    parser.add_argument("--spin", type=float, default=None,
+                        help="synk.fork(spin=...); default: the library's choice, which is "
+                             "0 (block at once) when the load average says cores are busy")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -268,30 +330,62 @@ def main() -> None:
         mpi_main(args.op, args.scale)
         return
     load_before = os.getloadavg()
-    series: dict[str, list] = {}
+    runs: dict[str, list[list]] = {}
     absent: dict[str, str] = {}
-    synk_rows = bench_synkhronos(args.n, args.op, args.scale, args.pin)
-    series["synkhronos (resident)"] = synk_rows["resident"]
-    series["synkhronos (copy-in)"] = synk_rows["copy-in"]
-    for label, result in (("torch gloo", bench_torch(args.n, args.op, args.scale)),
-                          ("mpi4py", bench_mpi(args.n, args.op, args.scale))):
-        if "absent" in result:
-            absent[label] = result["absent"]
-        else:
-            series[label] = next(iter(result.values()))
+    idle: dict[str, list] = {}
+    pings: list[float] = []
+    spins: list[float] = []
+    runners = [
+        ("synkhronos", lambda: bench_synkhronos(args.n, args.op, args.scale, args.pin,
+                                                args.spin)),
+        ("torch gloo", lambda: bench_torch(args.n, args.op, args.scale)),
+        ("mpi4py", lambda: bench_mpi(args.n, args.op, args.scale)),
+    ]
+    for _ in range(args.repeat):
+        for name, runner in runners:
+            before = idle_percent()
+            result = runner()
+            idle.setdefault(name, []).append({"idle_before": before,
+                                              "idle_after": idle_percent()})
+            if "absent" in result:
+                absent[name] = result["absent"]
+                continue
+            if name == "synkhronos":
+                pings.append(result.pop("ping")["median_us"])
+                spins.append(result.pop("spin"))
+                result = {f"synkhronos ({mode})": rows for mode, rows in result.items()}
+            else:
+                result = {name: next(iter(result.values()))}
+            for label, rows in result.items():
+                runs.setdefault(label, []).append(rows)
+    quiet = [r for r in range(args.repeat)
+             if all(min(marks[r].values()) >= QUIET for marks in idle.values())]
+    used = quiet or list(range(args.repeat))
+    series = {label: combine([repeats[r] for r in used]) for label, repeats in runs.items()}
     report = {
         "benchmark": "all_reduce",
         "n": args.n,
         "op": args.op,
         "dtype": "float32",
         "synkhronos_pinned": args.pin,
+        "synkhronos_spin_s": spins,  # per repetition: fork(spin=...) as used
         "machine": {
             "cores": len(os.sched_getaffinity(0)),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         },
+        "repeat": args.repeat,
+        "quiet_repetitions": quiet,
+        "repetitions_used": used,
+        "median_us_every_repetition": {
+            label: [[round(row["median_us"], 2) for row in rows] for rows in repeats]
+            for label, repeats in runs.items()
+        },
+        "synkhronos_empty_command_us": pings,  # the runtime's round trip, for reference
+        "idle_percent": idle,
         "series": series,
         "absent": absent,
         "ratios": ratios(series),

@@ -8,7 +8,10 @@ Every function here follows the same path::
     3. arguments  op, rank, nd_up, batch; values filtered by each variable's own type
                   (cast only where PyTensor would cast)
     4. exchange   the session's backend (``backend_for``) runs it: one command, or a
-                  small shape query and one command where sizes must be known first
+                  small shape query and one command where sizes must be known first;
+                  ``Session.run`` checks the session is usable (not broken, not inside
+                  another command, the forking thread) before anything moves, and the
+                  few paths without a command check it themselves
 
 Every error of steps 1-3 is raised before any process moves. A list of variables
 travels as one fused buffer, and a single variable returns a single value where a
@@ -66,7 +69,8 @@ def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]
     session = current()
     if session is None:
         require(f"synk.{what}()")  # raises, saying to call synk.fork() first
-    session.check_usable()
+    if not session.is_master:
+        session.check_usable()  # raises: only the master issues commands
     front = session.local("collectives.api", lambda: _Front(session))
     if not front.registry.distributed_once:
         raise RuntimeError(
@@ -127,7 +131,7 @@ def _reduce_op(op: Any, targets: Targets) -> ReduceOp:
     if parsed is None:
         parsed = parse_op(op, allow_gather=False)
     if parsed is ReduceOp.AVG and not targets.inexact:
-        for label, dtype in zip(targets.labels, targets.dtypes):
+        for label, dtype in zip(targets.labels, targets.dtypes, strict=True):
             if dtype.kind not in "fc":
                 raise TypeError(
                     f"op 'avg' needs floating-point variables; {label} has dtype {dtype} "
@@ -166,7 +170,7 @@ def _values(targets: Targets, values: Any, single: bool, keep_data: bool) -> lis
                          f"({len(targets.uids)}); got {len(values)}")
     result = []
     for var, label, dtype, ndim, value in zip(
-        targets.variables, targets.labels, targets.dtypes, targets.ndims, values
+        targets.variables, targets.labels, targets.dtypes, targets.ndims, values, strict=True
     ):
         if _is_data(value):
             if keep_data and value.dtype == dtype and value.ndim == ndim:
@@ -176,27 +180,29 @@ def _values(targets: Targets, values: Any, single: bool, keep_data: bool) -> lis
         try:
             result.append(np.asarray(var.type.filter(value, strict=False)))
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"value for {label} does not fit it: {exc}") from exc
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"value for {label} does not fit it: {exc}") from exc
     return result
 
 
 def _rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
     """The one row selection of ``values``, which must agree in length (axis 0)."""
     lengths = []
-    for label, value in zip(targets.labels, values):
+    for label, value in zip(targets.labels, values, strict=True):
         if value.ndim == 0:
             raise ValueError(f"{what} splits values along axis 0, but the value for "
                              f"{label} is 0-d")
         lengths.append(value.shape[0])
     if len(set(lengths)) > 1:
-        got = ", ".join(f"{n} for {label}" for n, label in zip(lengths, targets.labels))
+        pairs = zip(lengths, targets.labels, strict=True)
+        got = ", ".join(f"{n} for {label}" for n, label in pairs)
         raise ValueError(f"{what} values must share their length along axis 0; got {got}")
     return normalize_batch(batch, lengths[0])
 
 
 def _check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -> None:
     """Refuse new lengths that a variable's static shape forbids (``lengths[var]``)."""
-    for var, label, per_rank in zip(targets.variables, targets.labels, lengths):
+    for var, label, per_rank in zip(targets.variables, targets.labels, lengths, strict=True):
         fixed = var.type.shape[0] if var.type.ndim else None
         if fixed is not None and any(length != fixed for length in per_rank):
             raise ValueError(f"{what} would give {label} lengths {per_rank}, but its type "
@@ -359,7 +365,7 @@ def all_gather(shared_vars: Any) -> None:
     rank 0: w = [1, 2, 3, 4]    rank 1: w = [1, 2, 3, 4]
     """
     session, front, targets, _ = _begin("all_gather", shared_vars)
-    for label, ndim in zip(targets.labels, targets.ndims):
+    for label, ndim in zip(targets.labels, targets.ndims, strict=True):
         if ndim == 0:
             raise ValueError(f"all_gather concatenates along axis 0, but {label} is 0-d")
     backend = front.backend
@@ -560,7 +566,7 @@ def get_lengths(shared_vars: Any) -> Any:
     [2, 1]
     """
     session, front, targets, single = _begin("get_lengths", shared_vars)
-    for label, ndim in zip(targets.labels, targets.ndims):
+    for label, ndim in zip(targets.labels, targets.ndims, strict=True):
         if ndim == 0:
             raise ValueError(f"{label} is 0-d and has no length; use get_shapes")
     shapes = front.backend.shapes(session, targets)

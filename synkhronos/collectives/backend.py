@@ -5,7 +5,8 @@ Who does what in one collective (``api.py`` -> a ``Backend`` -> every process)::
     api.py (master)        validate; resolve the shared variables into ``Targets``;
                            filter the user's values with each variable's type
     Backend (master side)  stage what the workers need, run ONE ``Opcode.COLLECTIVE``
-                           command, read the result back
+                           command (after a small shape query where sizes must be
+                           known first), read the result back
     Backend.execute        this rank's part of that command, in every process (the
                            master included); reached through the one handler below
 
@@ -87,7 +88,7 @@ class FusedLayout:
         self.dtypes = tuple(np.dtype(d) for d in dtypes)
         self.shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
         self.sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
-        self.nbytes = tuple(n * d.itemsize for n, d in zip(self.sizes, self.dtypes))
+        self.nbytes = tuple(n * d.itemsize for n, d in zip(self.sizes, self.dtypes, strict=True))
         offsets, end = [], 0
         for nbytes in self.nbytes:
             offsets.append(end)
@@ -101,7 +102,7 @@ class FusedLayout:
         return [
             np.frombuffer(buffer, dtype=dtype, count=size, offset=base + offset).reshape(shape)
             for dtype, size, offset, shape in zip(
-                self.dtypes, self.sizes, self.offsets, self.shapes
+                self.dtypes, self.sizes, self.offsets, self.shapes, strict=True
             )
         ]
 
@@ -121,7 +122,7 @@ class FusedLayout:
         for lo, hi in cuts:
             mine, start = [], 0
             for index, (nbytes, dtype, size) in enumerate(
-                zip(self.nbytes, self.dtypes, self.sizes)
+                zip(self.nbytes, self.dtypes, self.sizes, strict=True)
             ):
                 first = _element(lo - start, dtype.itemsize, size)
                 stop = _element(hi - start, dtype.itemsize, size)
@@ -163,7 +164,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def gather(self, session: Session, targets: Targets,
                shapes: list[list[tuple[int, ...]]]) -> list[list[np.ndarray]]:
-        """Copies of every rank's values in the master: ``result[variable][rank]``."""
+        """Every rank's values in the master, ``result[variable][rank]``: read-only use,
+        valid until the next command (the caller stacks or concatenates them)."""
 
     @abc.abstractmethod
     def all_gather(self, session: Session, targets: Targets,

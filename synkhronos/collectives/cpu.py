@@ -16,15 +16,20 @@ Two kinds of exchange buffer, each a segment named under ``session.prefix``:
 
 ``all_reduce`` of a resident group, in rank ``r`` of ``n``:
 
-1. copy in: each value into slot ``r`` unless its storage already is slot ``r``; write
-   this rank's status (ok, shape mismatch, failed) into its header line;
+1. copy in: the parts of each value that the other ranks reduce, into slot ``r``
+   (nothing when the storage already is slot ``r``); post this rank's status (ok,
+   shape mismatch, failed) in its header line;
 2. barrier; every rank reads every status, so all leave unchanged together if any
    rank's shapes differ from the master's (the master then raises ``ValueError``);
-3. large lists: reduce piece ``r`` of all slots into slot ``r`` in place; barrier; copy
-   the other pieces from their owners' slots. Each rank reads ``(n - 1) / n`` of the
-   data from other slots and no byte is written twice. Small lists (at most
-   ``SMALL_BYTES``): every rank reduces all slots at once (one ufunc call per
-   variable over a strided view) into new private arrays; one barrier in all.
+3. reduce piece ``r`` (this rank's part read from its own storage, the others' from
+   their slots) into slot ``r``; barrier; copy the other pieces from their owners'
+   slots; point the variables at slot ``r``. No byte is copied twice.
+
+Small lists (at most ``SMALL_BYTES``) need fewer steps. With two processes there is
+no barrier at all: the master writes its values into its slot before the command, the
+worker combines them with its own into its slot, and the master copies the result
+once the command returns. With more, every rank copies in, passes one barrier, and
+reduces all slots into new private arrays.
 
 A segment is created by the master and mapped by every rank in the command that first
 names it; the master unlinks the name right after that command (mappings stay valid),
@@ -109,7 +114,7 @@ def _combined(views: list[np.ndarray], op: str) -> np.ndarray:
     for view in views[2:]:
         ufunc(out, view, out=out)
     if mean:
-        np.true_divide(out, len(views), out=out)
+        out /= len(views)
     return out
 
 
@@ -124,9 +129,10 @@ class _Group:
         self.lines = tuple(range(0, _LINE * n, _LINE))  # rank r's status: header[r * _LINE]
         self.slots = [layout.views(buffer, header + r * stride) for r in range(n)]
         self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
-        self.columns = [list(views) for views in zip(*self.slots)]  # variable -> ranks
+        self.columns = [list(views) for views in zip(*self.slots, strict=True)]  # variable -> ranks
         self.small = layout.data_bytes <= SMALL_BYTES
         self.pair = self.small and n == 2  # all_reduce without a barrier, see _pair_reduce
+        self.pairs: list[tuple] | None = None  # the worker's (variable, master's view, own view)
         self.pieces = None if self.small else layout.pieces(n)
         self.foreign = None if self.small else [  # rank -> variable -> ranges to copy in
             [_complement(size, [(lo, hi) for j, lo, hi in mine if j == i])
@@ -217,18 +223,20 @@ class CpuBackend(Backend):
                 self._evicted.append(group.key)
         self._drop(session, name)
 
-    def _current(self, session: Session, targets: Targets) -> tuple[_Group, tuple | None]:
-        """The group of ``targets`` laid out for the master's shapes; its spec if new."""
+    def _current(self, session: Session,
+                 targets: Targets) -> tuple[_Group, tuple | None, bool]:
+        """The group of ``targets`` laid out for the master's shapes, its spec if it is
+        new, and whether every master's value already lives in the master's slot."""
         group = self._groups.get(targets.uids)
         if group is not None:  # fast: the master's values still live in its slot
-            for var, view in zip(targets.variables, group.slots[session.master_rank]):
+            for var, view in zip(targets.variables, group.slots[session.master_rank], strict=True):
                 if var.container.storage[0] is not view:
                     break
             else:
                 self._groups.move_to_end(targets.uids)
-                return group, None
+                return group, None, True
         shapes = tuple([var.container.storage[0].shape for var in targets.variables])
-        return self._resident(session, targets, shapes)
+        return *self._resident(session, targets, shapes), False
 
     def _resident(self, session: Session, targets: Targets,
                   shapes: tuple) -> tuple[_Group, tuple | None]:
@@ -278,7 +286,7 @@ class CpuBackend(Backend):
             values = [_storage(var) for var in targets.variables]
         group, spec = self._resident(session, targets, tuple(v.shape for v in values))
         for var, value, view in zip(targets.variables, values,
-                                    group.slots[session.master_rank]):
+                                    group.slots[session.master_rank], strict=True):
             if value is not view:
                 np.copyto(view, value)
             _store(var, view)
@@ -286,13 +294,14 @@ class CpuBackend(Backend):
 
     def all_reduce(self, session: Session, targets: Targets, op: ReduceOp) -> None:
         if session.n == 1:
+            session.check_usable()
             return  # one process: every op leaves its values as they are
-        group, spec = self._current(session, targets)
+        group, spec, resident = self._current(session, targets)
         master = session.master_rank
-        if group.pair:  # the worker finds the master's values in place when it starts
-            for var, view in zip(targets.variables, group.slots[master]):
+        if group.pair and not resident:  # the worker will read the master's values
+            for var, view in zip(targets.variables, group.slots[master], strict=True):
                 if var.container.storage[0] is not view:
-                    np.copyto(view, var.container.storage[0])
+                    view[...] = var.container.storage[0]  # faster than np.copyto when tiny
                     _store(var, view)
         payload = (_ALL_REDUCE, group.key, spec, op._value_)  # _value_: .value is slow
         if spec is None:
@@ -302,12 +311,12 @@ class CpuBackend(Backend):
         if replies.count(None) != len(replies):
             _raise_mismatch(targets, replies, group.layout.shapes)
         if group.pair:  # the worker left the result in its slot
-            for view, result in zip(group.slots[master], group.slots[1 - master]):
-                np.copyto(view, result)
+            for view, result in zip(group.slots[master], group.slots[1 - master], strict=True):
+                view[...] = result
 
     def reduce(self, session: Session, targets: Targets, op: ReduceOp,
                in_place: bool) -> list[np.ndarray] | None:
-        group, spec = self._current(session, targets)
+        group, spec, _ = self._current(session, targets)
         shapes = group.layout.shapes
         result, scratch = None, None
         if not in_place and not group.small:
@@ -325,7 +334,7 @@ class CpuBackend(Backend):
             return None  # the ranks reduced into the master's slot, its storage
         if not in_place:
             return outs
-        for var, out in zip(targets.variables, outs):
+        for var, out in zip(targets.variables, outs, strict=True):
             _store(var, out)
         return None
 
@@ -337,7 +346,8 @@ class CpuBackend(Backend):
         if rank != session.master_rank:
             self._place_all(session, targets, values, batch, rank)
             return
-        for var, value in zip(targets.variables, values):
+        session.check_usable()  # no command: the master alone changes
+        for var, value in zip(targets.variables, values, strict=True):
             whole = value if isinstance(value, np.ndarray) else value.data
             _store(var, np.array(_rows(whole, batch)))
 
@@ -349,7 +359,7 @@ class CpuBackend(Backend):
                              [values[i].shape for i in staged])
         buffer, new = self._scratch_for(session, layout.total)
         sources = [value if i in staged else value.ref() for i, value in enumerate(values)]
-        for j, (i, view) in enumerate(zip(staged, layout.views(buffer))):
+        for j, (i, view) in enumerate(zip(staged, layout.views(buffer), strict=True)):
             np.copyto(view, values[i])
             sources[i] = (layout.offsets[j], view.dtype.str, view.shape)
         step = _SCATTER if rank is None else _SET_VALUE
@@ -364,7 +374,7 @@ class CpuBackend(Backend):
         per_rank = [
             [_storage(var) for var in targets.variables] if rank == master
             else layout.views(buffer, base)
-            for rank, (layout, base) in enumerate(zip(layouts, bases))
+            for rank, (layout, base) in enumerate(zip(layouts, bases, strict=True))
         ]
         return [[values[i] for values in per_rank] for i in range(len(targets.uids))]
 
@@ -377,6 +387,7 @@ class CpuBackend(Backend):
 
     def get_value(self, session: Session, rank: int, targets: Targets) -> list[np.ndarray]:
         if rank == session.master_rank:
+            session.check_usable()  # no command: the master alone reads
             return [np.array(_storage(var)) for var in targets.variables]
         layout = FusedLayout(targets.dtypes, self.shapes(session, targets)[rank])
         buffer, new = self._scratch_for(session, layout.total)
@@ -422,7 +433,7 @@ class CpuBackend(Backend):
         if session.is_master:
             return  # its slot was filled and bound before the command
         root = group.slots[session.master_rank]
-        for var, source, view in zip(group.variables, root, group.slots[session.rank]):
+        for var, source, view in zip(group.variables, root, group.slots[session.rank], strict=True):
             np.copyto(view, source)
             _store(var, view)
 
@@ -436,7 +447,7 @@ class CpuBackend(Backend):
         rank, status, failure, values = session.rank, _OK, None, []
         foreign = None if group.small else group.foreign[rank]
         try:
-            for i, (var, view) in enumerate(zip(group.variables, group.slots[rank])):
+            for i, (var, view) in enumerate(zip(group.variables, group.slots[rank], strict=True)):
                 value = var.container.storage[0]
                 if value is view:
                     values.append(group.flats[rank][i])
@@ -445,7 +456,7 @@ class CpuBackend(Backend):
                     status = _MISMATCH
                     break
                 if foreign is None:
-                    np.copyto(view, value)
+                    view[...] = value
                     continue
                 flat, slot = value.reshape(-1), group.flats[rank][i]
                 values.append(flat)
@@ -465,7 +476,7 @@ class CpuBackend(Backend):
         return None
 
     def _all_reduce(self, session: Session, key: int, spec: tuple | None, op: str) -> Any:
-        group = self._group(session, key, spec)
+        group = self._by_key[key] if spec is None else self._group(session, key, spec)
         if group.pair:
             return None if session.is_master else self._pair_reduce(session, group, op)
         failure, values = self._load(session, group)
@@ -474,7 +485,7 @@ class CpuBackend(Backend):
         if refusal is not None:
             return refusal
         if group.small:
-            for var, out in zip(group.variables, group.reduced(op)):
+            for var, out in zip(group.variables, group.reduced(op), strict=True):
                 _store(var, out)
             return None
         rank, n, flats = session.rank, session.n, group.flats
@@ -487,7 +498,7 @@ class CpuBackend(Backend):
             if k != rank:
                 for i, lo, hi in group.pieces[k]:
                     own[i][lo:hi] = flats[k][i][lo:hi]
-        for var, view in zip(group.variables, group.slots[rank]):
+        for var, view in zip(group.variables, group.slots[rank], strict=True):
             _store(var, view)
         return None
 
@@ -496,17 +507,20 @@ class CpuBackend(Backend):
         wrote into its slot before the command, into its own slot, where the master
         copies the result from. No barrier: the master changes nothing until the worker
         has finished. Both keep their values in their slots for the next call."""
-        mine = group.slots[session.rank]
-        values = [var.container.storage[0] for var in group.variables]
-        for value, view in zip(values, mine):
+        pairs = group.pairs
+        if pairs is None:
+            pairs = group.pairs = list(zip(group.variables, group.slots[session.master_rank],
+                                           group.slots[session.rank], strict=True))
+        for var, _, view in pairs:
+            value = var.container.storage[0]
             if value is not view and value.shape != view.shape:
-                return tuple(v.shape for v in values)
+                return tuple(_storage(var).shape for var in group.variables)
         ufunc, mean = _KERNELS[op]
-        for var, value, first, out in zip(group.variables, values,
-                                          group.slots[session.master_rank], mine):
+        for var, first, out in pairs:
+            value = var.container.storage[0]
             ufunc(first, value, out=out)
             if mean:
-                np.true_divide(out, 2, out=out)
+                out /= 2
             if value is not out:
                 _store(var, out)
         return None
@@ -533,7 +547,7 @@ class CpuBackend(Backend):
             first = pieces.pop(master)
             _fold(result[i][lo:hi], first, pieces, op)
         if scratch is None and rank == master:  # every piece of its slot is the result
-            for var, view in zip(group.variables, group.slots[master]):
+            for var, view in zip(group.variables, group.slots[master], strict=True):
                 _store(var, view)
         return None
 
@@ -545,7 +559,7 @@ class CpuBackend(Backend):
             return
         mine = batch if rank is not None else batch.part(session.n, session.rank)
         shared = registry(session).shared
-        for uid, source in zip(uids, sources):
+        for uid, source in zip(uids, sources, strict=True):
             if hasattr(source, "view"):  # a synk.Data reference: read in place
                 whole = source.view(session)
             else:  # (offset, dtype, shape) in the scratch buffer
@@ -562,7 +576,8 @@ class CpuBackend(Backend):
         shared = registry(session).shared
         values = [_storage(shared[uid]) for uid in uids]
         layout = FusedLayout([v.dtype for v in values], [v.shape for v in values])
-        for view, value in zip(layout.views(self._mapping(session, scratch), base), values):
+        views = layout.views(self._mapping(session, scratch), base)
+        for view, value in zip(views, values, strict=True):
             np.copyto(view, value)
 
     def _all_gather(self, session: Session, scratch: str, uids: tuple, bases: tuple,
@@ -573,7 +588,8 @@ class CpuBackend(Backend):
         variables = [shared[uid] for uid in uids]
         buffer = self._mapping(session, scratch)
         dtypes = [var.type.dtype for var in variables]
-        regions = [FusedLayout(dtypes, s).views(buffer, base) for s, base in zip(shapes, bases)]
+        regions = [FusedLayout(dtypes, s).views(buffer, base)
+                   for s, base in zip(shapes, bases, strict=True)]
         for i, var in enumerate(variables):
             _store(var, np.concatenate([region[i] for region in regions]))
 

@@ -77,7 +77,8 @@ def fill(var, seed: int, shape=None, order: str = "C") -> list[np.ndarray]:
 
 def per_rank(var) -> list[np.ndarray]:
     """``var``'s value in every process, read without the collectives."""
-    return [values[0] for values in S.current().run(S.Opcode.CALLABLE, (_read, ([uid(var)],), None))]
+    replies = S.current().run(S.Opcode.CALLABLE, (_read, ([uid(var)],), None))
+    return [values[0] for values in replies]
 
 
 def expected_reduce(op: str, values: list[np.ndarray]) -> np.ndarray:
@@ -162,7 +163,7 @@ class TestCollectives:
         variables = env.floats if op == "avg" else env.mixed
         before = [fill(var, seed) for seed, var in enumerate(variables)]
         assert synk.all_reduce(variables, op=op) is None
-        for var, values in zip(variables, before):
+        for var, values in zip(variables, before, strict=True):
             for value in per_rank(var):
                 assert_close(value, expected_reduce(op, values))
 
@@ -178,12 +179,12 @@ class TestCollectives:
         for repeat in range(2):  # values copied in from private storage
             before = [fill(var, 20 + repeat + i) for i, var in enumerate(variables)]
             synk.all_reduce(variables, "sum")
-            for var, values in zip(variables, before):
+            for var, values in zip(variables, before, strict=True):
                 for value in per_rank(var):
                     assert_close(value, expected_reduce("sum", values))
         after = [per_rank(var)[0] for var in variables]
         synk.all_reduce(variables, "sum")  # values already resident in the slots
-        for var, values in zip(variables, after):
+        for var, values in zip(variables, after, strict=True):
             for value in per_rank(var):
                 assert_close(value, values * synk.n_parallel())
 
@@ -191,7 +192,7 @@ class TestCollectives:
         variables = [env.big, env.f32m]
         before = [fill(env.big, 24, order="strided"), fill(env.f32m, 25, order="F")]
         synk.all_reduce(variables, "max")
-        for var, values in zip(variables, before):
+        for var, values in zip(variables, before, strict=True):
             for value in per_rank(var):
                 assert_close(value, expected_reduce("max", values))
 
@@ -211,7 +212,7 @@ class TestCollectives:
         before = [fill(var, 30 + i) for i, var in enumerate(variables)]
         result = synk.reduce(variables, op=op, in_place=in_place)
         master = synk.master_rank()
-        for i, (var, values) in enumerate(zip(variables, before)):
+        for i, (var, values) in enumerate(zip(variables, before, strict=True)):
             expected = expected_reduce(op, values)
             now = per_rank(var)
             if in_place:
@@ -242,7 +243,7 @@ class TestCollectives:
         variables = env.mixed + [env.big]
         before = [fill(var, 50 + i) for i, var in enumerate(variables)]
         assert synk.broadcast(variables) is None
-        for var, values in zip(variables, before):
+        for var, values in zip(variables, before, strict=True):
             for value in per_rank(var):
                 assert_close(value, values[0])
 
@@ -269,7 +270,7 @@ class TestCollectives:
         chosen = np.arange(10)[slice(batch) if isinstance(batch, int) or batch is None
                                else batch]
         blocks = np.array_split(chosen, synk.n_parallel())
-        for block, value, label in zip(blocks, per_rank(env.rows), per_rank(env.i32v)):
+        for block, value, label in zip(blocks, per_rank(env.rows), per_rank(env.i32v), strict=True):
             np.testing.assert_array_equal(value, data[block])
             np.testing.assert_array_equal(label, labels[block])
 
@@ -308,10 +309,10 @@ class TestCollectives:
         before = [fill(var, 60 + i) for i, var in enumerate(variables)]
         stacked = synk.gather(variables)
         joined = synk.gather(variables, nd_up=0)
-        for var, values, s, j in zip(variables, before, stacked, joined):
+        for var, values, s, j in zip(variables, before, stacked, joined, strict=True):
             assert_close(s, np.stack(values))
             assert_close(j, np.stack(values) if values[0].ndim == 0 else np.concatenate(values))
-            for value, original in zip(per_rank(var), values):
+            for value, original in zip(per_rank(var), values, strict=True):
                 assert_close(value, original)
         single = synk.gather(env.f64s)
         assert isinstance(single, np.ndarray) and single.shape == (synk.n_parallel(),)
@@ -358,7 +359,7 @@ class TestCollectives:
             for i, variables in enumerate(lists):
                 before = [fill(var, 80 + i + round_) for var in variables]
                 synk.all_reduce(variables, "max")
-                for var, values in zip(variables, before):
+                for var, values in zip(variables, before, strict=True):
                     for value in per_rank(var):
                         assert_close(value, expected_reduce("max", values))
 

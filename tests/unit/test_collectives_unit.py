@@ -30,11 +30,11 @@ def test_layout_offsets_are_aligned_and_views_round_trip(dtypes, shapes):
     assert layout.total >= sum(layout.nbytes)
     buffer = bytearray(layout.total + 128)
     values = [np.arange(np.prod(s, dtype=int)).reshape(s).astype(d)
-              for d, s in zip(dtypes, shapes)]
-    for view, value in zip(layout.views(buffer, base=128), values):
+              for d, s in zip(dtypes, shapes, strict=True)]
+    for view, value in zip(layout.views(buffer, base=128), values, strict=True):
         assert view.shape == value.shape and view.dtype == value.dtype
         view[...] = value
-    for view, value in zip(layout.views(buffer, base=128), values):
+    for view, value in zip(layout.views(buffer, base=128), values, strict=True):
         np.testing.assert_array_equal(view, value)
 
 

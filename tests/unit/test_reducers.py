@@ -214,7 +214,7 @@ def test_reduce_arrays_inplace_matches_numpy(op, func):
     out = np.empty((5, 4))
     reduce_arrays_inplace(op, out, sources)
     np.testing.assert_allclose(out, func(np.stack(copies), axis=0))
-    for s, c in zip(sources, copies):
+    for s, c in zip(sources, copies, strict=True):
         np.testing.assert_array_equal(s, c)
 
 

@@ -45,7 +45,7 @@ def test_split_bounds_tile_evenly(length, parts):
     bounds = split_bounds(length, parts)
     assert len(bounds) == parts
     assert bounds[0][0] == 0 and bounds[-1][1] == length
-    for (_, stop), (start, _) in zip(bounds, bounds[1:]):
+    for (_, stop), (start, _) in zip(bounds, bounds[1:], strict=False):
         assert stop == start
     sizes = [b - a for a, b in bounds]
     assert max(sizes) - min(sizes) <= 1
@@ -294,6 +294,6 @@ def test_batch_s_per_process_property(lengths, data):
     sels = [data.draw(st.lists(st.integers(-n, n - 1), max_size=10)) if n else []
             for n in lengths]
     out = normalize_batch_s(sels, len(lengths), lengths)
-    for sel, b, n in zip(sels, out, lengths):
+    for sel, b, n in zip(sels, out, lengths, strict=True):
         expected = [i % n for i in sel] if n else []
         np.testing.assert_array_equal(b.indices, np.array(expected, dtype=np.int64))

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ._scatter import Batch, normalize_batch, normalize_batch_s
+from .collectives import get_shapes
 from .data import Data, data
-from .session import Opcode, Session
+from .session import Session
 
 __all__ = ["Binder", "Checked", "Staging", "check_inputs", "check_batch_s",
            "check_subset", "check_num_slices"]
@@ -148,16 +149,16 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
     return Checked(checked, tuple(casts), length or 0, selection, total)
 
 
-def check_batch_s(session: Session, uids: tuple[int, ...], names: list[str], batch_s: Any):
+def check_batch_s(session: Session, variables: list, names: list[str], batch_s: Any):
     """Per-rank selections of the sliceable shared variables, validated everywhere."""
     if batch_s is None:
         return None
-    if not uids:
+    if not variables:
         raise ValueError("batch_s selects rows of sliceable_shareds, but this function has none")
-    shapes = session.run(Opcode.QUERY, uids)
+    shapes = get_shapes(list(variables))  # one small command: each rank's shapes
     selections = None
     for j, name in enumerate(names):
-        lengths = [rank_shapes[j][0] if rank_shapes[j] else 0 for rank_shapes in shapes]
+        lengths = [shape[0] if shape else 0 for shape in shapes[j]]
         try:
             selections = normalize_batch_s(batch_s, session.n, lengths)
         except (TypeError, ValueError) as exc:

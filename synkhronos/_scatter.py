@@ -18,8 +18,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Batch", "block", "normalize_batch", "normalize_batch_s", "part_bounds", "slice_bounds",
-           "split_bounds", "split_counts"]
+__all__ = [
+    "Batch",
+    "block",
+    "normalize_batch",
+    "normalize_batch_s",
+    "part_bounds",
+    "select_rows",
+    "slice_bounds",
+    "split_bounds",
+    "split_counts",
+]
 
 
 def _is_int(value: Any) -> bool:
@@ -152,6 +161,15 @@ class Batch:
             same_range = (self.start, self.stop) == (other.start, other.stop)
             return self.indices is other.indices and same_range
         return bool(np.array_equal(self.indices, other.indices))
+
+
+def select_rows(array: np.ndarray, batch: Batch | None) -> np.ndarray:
+    """The rows of ``array`` that ``batch`` selects: all if None, a view for a range."""
+    if batch is None:
+        return array
+    if batch.indices is None:
+        return array[batch.start : batch.stop]
+    return array[batch.indices]
 
 
 def _range_text(length: int) -> str:

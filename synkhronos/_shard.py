@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._reducers import Accumulator, ReduceOp
-from ._scatter import Batch, block, slice_bounds
+from ._scatter import Batch, block, select_rows, slice_bounds
 from .distribute import registry
 from .session import Opcode, Session, register
 
@@ -48,14 +48,6 @@ class CallPlan(NamedTuple):
     profile: bool = False  # reply with (gather, function) seconds too
 
 
-def _select(array: np.ndarray, batch: Batch | None) -> np.ndarray:
-    if batch is None:
-        return array
-    if batch.indices is None:
-        return array[batch.start : batch.stop]
-    return array[batch.indices]
-
-
 def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
     return array if dtype is None else np.asarray(array, dtype=dtype)
 
@@ -78,7 +70,7 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
         weight = hi - lo
         if weight or plan.run_if_empty:
             for i, ref in enumerate(plan.scattered):
-                scattered.append(_cast(_select(ref.view(session), mine), casts[i]))
+                scattered.append(_cast(select_rows(ref.view(session), mine), casts[i]))
     offset = len(plan.scattered)
     bcast = [_cast(ref.view(session), casts[offset + i]) for i, ref in enumerate(plan.bcast)]
     sliceable: list[np.ndarray] = []
@@ -86,7 +78,7 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
         reg = registry(session)
         selection = plan.batch_s[rank] if plan.batch_s is not None else None
         for uid in plan.sliceable:
-            sliceable.append(_select(reg.shared[uid].get_value(borrow=True), selection))
+            sliceable.append(select_rows(reg.shared[uid].get_value(borrow=True), selection))
         if not plan.scattered:
             weight = len(sliceable[0])
     return scattered, bcast, sliceable, weight
@@ -144,10 +136,3 @@ def run_share(session: Session, plan: CallPlan) -> tuple | None:
 @register(Opcode.CALL)
 def _call(session: Session, plan: CallPlan):
     return run_share(session, plan)
-
-
-@register(Opcode.QUERY)
-def _shapes(session: Session, uids: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Each rank's shapes of the given shared variables (for validating ``batch_s``)."""
-    reg = registry(session)
-    return [np.shape(reg.shared[uid].get_value(borrow=True)) for uid in uids]

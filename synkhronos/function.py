@@ -250,7 +250,9 @@ class Function:
             distribute()
         static = self._static.get(fn_id) or self._prepare_static(fn_id, subset, sliced)
         sliceable, update_uids, update_ops, ops = static
-        selections = _arguments.check_batch_s(session, sliceable, self._slice_names, batch_s)
+        selections = _arguments.check_batch_s(
+            session, self.sliceable_shareds, self._slice_names, batch_s
+        )
         refs, span, indices = self._staging.stage(checked)
         n_scattered = len(self.inputs)
         plan = CallPlan(

@@ -62,7 +62,6 @@ class Opcode(enum.IntEnum):
     DISTRIBUTE = 2
     CALL = 3
     COLLECTIVE = 4
-    QUERY = 5
     PING = 6
 
 

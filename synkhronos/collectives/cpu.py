@@ -47,7 +47,7 @@ import numpy as np
 
 from .._reducers import _UFUNCS, ReduceOp
 from .._runtime import shmem
-from .._scatter import Batch
+from .._scatter import Batch, select_rows
 from ..distribute import registry
 from ..session import Opcode, Session
 from .backend import Backend, FusedLayout, Step, Targets, register_backend
@@ -349,7 +349,7 @@ class CpuBackend(Backend):
         session.check_usable()  # no command: the master alone changes
         for var, value in zip(targets.variables, values, strict=True):
             whole = value if isinstance(value, np.ndarray) else value.data
-            _store(var, np.array(_rows(whole, batch)))
+            _store(var, np.array(select_rows(whole, batch)))
 
     def _place_all(self, session: Session, targets: Targets, values: list,
                    batch: Batch | None, rank: int | None) -> None:
@@ -566,7 +566,7 @@ class CpuBackend(Backend):
                 offset, dtype, shape = source
                 count = int(np.prod(shape, dtype=np.int64))
                 whole = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
-            _store(shared[uid], np.array(_rows(whole, mine)))
+            _store(shared[uid], np.array(select_rows(whole, mine)))
 
     def _gather(self, session: Session, scratch: str, uids: tuple, bases: tuple) -> None:
         if not session.is_master:
@@ -597,15 +597,6 @@ class CpuBackend(Backend):
         self._mapping(session, scratch)  # every rank maps what a command names
         if session.rank == rank:
             self._write_region(session, scratch, uids, 0)
-
-
-def _rows(array: np.ndarray, batch: Batch | None) -> np.ndarray:
-    """The rows of ``array`` that ``batch`` selects (all if None; a view for a range)."""
-    if batch is None:
-        return array
-    if batch.indices is None:
-        return array[batch.start : batch.stop]
-    return array[batch.indices]
 
 
 def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:

@@ -64,3 +64,21 @@ def forked_workers(request):
         yield n
     finally:
         synk.close()
+
+
+def session_fixture(build, sizes=(1, 2, 3)):
+    """A module-scoped fixture: fork at each size, yield ``build()``, close.
+
+    Compiling a graph costs seconds on a cold cache, so a module builds its functions
+    once per size and its tests share them.
+    """
+
+    @pytest.fixture(scope="module", params=list(sizes), ids=lambda n: f"n{n}")
+    def fixture(request):
+        synk.fork(request.param)
+        try:
+            yield build()
+        finally:
+            synk.close()
+
+    return fixture

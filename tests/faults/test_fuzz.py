@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import synkhronos as synk
 from synkhronos import session as synk_session
 
+from ..conftest import session_fixture
 from ..integration.test_function import rank_values
 
 ROWS = 12
@@ -43,13 +44,7 @@ class Model:
         self.y = rng.normal(size=(3, 2))
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=lambda n: f"n{n}")
-def model(request):
-    synk.fork(request.param)
-    try:
-        yield Model()
-    finally:
-        synk.close()
+model = session_fixture(Model, (1, 3))
 
 
 def _arrays(shape, dtype="float64"):

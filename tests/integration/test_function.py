@@ -17,6 +17,8 @@ from synkhronos import session as synk_session
 from synkhronos._scatter import split_bounds
 from synkhronos.distribute import registry
 
+from ..conftest import session_fixture
+
 RTOL = 1e-10
 
 
@@ -77,13 +79,7 @@ class Model:
         synk.distribute()
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"n{n}")
-def model(request):
-    synk.fork(request.param)
-    try:
-        yield Model()
-    finally:
-        synk.close()
+model = session_fixture(Model)
 
 
 rng = np.random.default_rng(0)

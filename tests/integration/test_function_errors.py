@@ -13,6 +13,7 @@ import pytest
 
 import synkhronos as synk
 
+from ..conftest import session_fixture
 from .test_function import rank_values, set_rank_values
 
 
@@ -29,13 +30,7 @@ class Model:
         synk.distribute()
 
 
-@pytest.fixture(scope="module", params=[1, 3], ids=lambda n: f"n{n}")
-def model(request):
-    synk.fork(request.param)
-    try:
-        yield Model()
-    finally:
-        synk.close()
+model = session_fixture(Model, (1, 3))
 
 
 X = np.arange(40.0).reshape(10, 4)

@@ -80,3 +80,25 @@ def check_accuracy(accuracy: float, minimum: float, dataset: str) -> None:
     if accuracy < minimum:
         raise SystemExit(f"validation accuracy {accuracy:.2%} on {dataset} is below "
                          f"--min-accuracy {minimum:.0%}: the network did not learn")
+
+
+def report_epoch(epoch: int, losses: list, val_loss: float, accuracy: float,
+                 seconds: float) -> None:
+    print(f"epoch {epoch:>3}: train loss {np.mean(losses):.4f}  validation loss "
+          f"{val_loss:.4f}  accuracy {accuracy:.2%}  ({seconds:.1f} s)")
+
+
+def check_result(params: list, validate, x_val, y_val, val_loss: float, val_hits: float,
+                 accuracy: float, minimum: float, dataset: str) -> None:
+    """Every process holds the master's parameters; parallel validation equals serial."""
+    import synkhronos as synk
+
+    per_rank = synk.gather(params)  # every process's copy, stacked by rank
+    for param, stacked in zip(params, per_rank, strict=True):
+        for rank in range(len(stacked)):
+            np.testing.assert_array_equal(stacked[rank], param.get_value(),
+                                          err_msg=f"{param.name} differs in rank {rank}")
+    want_loss, want_hits = validate.as_pytensor(x_val.data, y_val.data)
+    np.testing.assert_allclose(val_loss, want_loss, rtol=1e-4)
+    assert val_hits == want_hits, (val_hits, want_hits)
+    check_accuracy(accuracy, minimum, dataset)

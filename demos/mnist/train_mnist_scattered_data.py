@@ -43,7 +43,7 @@ from synkhronos.extensions import updates
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/: layers.py, data.py
 from data import load  # noqa: E402
 from layers import correct, cross_entropy  # noqa: E402
-from mlp import build_mlp, check_accuracy, parse_args, progress  # noqa: E402
+from mlp import build_mlp, check_result, parse_args, progress, report_epoch  # noqa: E402
 
 
 def main() -> None:
@@ -97,18 +97,10 @@ def main() -> None:
         train_time += time.perf_counter() - start
         val_loss, val_hits = validate(x_val, y_val, num_slices=args.val_slices)
         accuracy = val_hits / len(x_val)
-        print(f"epoch {epoch:>3}: train loss {np.mean(losses):.4f}  validation loss "
-              f"{val_loss:.4f}  accuracy {accuracy:.2%}  ({time.perf_counter() - start:.1f} s)")
+        report_epoch(epoch, losses, val_loss, accuracy, time.perf_counter() - start)
 
-    per_rank = synk.gather(params)  # every process's copy, stacked by rank
-    for param, stacked in zip(params, per_rank, strict=True):
-        for rank in range(n):
-            np.testing.assert_array_equal(stacked[rank], param.get_value(),
-                                          err_msg=f"{param.name} differs in rank {rank}")
-    want_loss, want_hits = validate.as_pytensor(x_val.data, y_val.data)
-    np.testing.assert_allclose(val_loss, want_loss, rtol=1e-4)
-    assert val_hits == want_hits, (val_hits, want_hits)
-    check_accuracy(accuracy, args.min_accuracy, data.name)
+    check_result(params, validate, x_val, y_val, val_loss, val_hits, accuracy,
+                 args.min_accuracy, data.name)
     rate = samples / train_time if train_time > 0 else float("nan")
     print(f"train_mnist_scattered_data passed on {n} processes: validation accuracy "
           f"{accuracy:.2%} after {args.epochs} epochs, {rate:,.0f} samples/s")

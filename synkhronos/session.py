@@ -419,10 +419,11 @@ def fork(
         The rank the master computes as (it takes that block of every scatter).
     spin : float, optional
         Seconds a waiting process busy-polls before it sleeps on a semaphore. Default:
-        1 ms when there is a free core per process (cores less the load average,
-        not counting the master itself), else 0: spinning on shared cores starves the
-        process being waited for (measured at n=2 on 2 busy cores: 94 us per empty
-        command spinning, 14 us not).
+        1 ms when there is a core per process, else 0. On cores that other programs
+        keep busy, pass ``spin=0``: spinning then starves the process being waited for
+        (measured at n=2 with other work on both cores: 94 us per empty command
+        spinning, 14 us not). The load average was tried as a guide and rejected: it
+        lags, and it counts the program's own recent work.
     timeout : float, optional
         Seconds a command may wait for a worker before ``WorkerTimeoutError``; default
         no limit (a dead worker is still detected within a fraction of a second).
@@ -469,7 +470,7 @@ def fork(
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds or None; got {timeout!r}")
     if spin is None:
-        spin = _DEFAULT_SPIN if n_parallel <= devices.free_cores() else 0.0
+        spin = _DEFAULT_SPIN if n_parallel <= len(cores) else 0.0
     if devices.jax_initialised():
         raise RuntimeError(
             "JAX was initialised before synk.fork(): forked children of a JAX process "

@@ -11,19 +11,12 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["usable_cores", "free_cores", "gpu_problem", "jax_initialised"]
+__all__ = ["usable_cores", "gpu_problem", "jax_initialised"]
 
 
 def usable_cores() -> list[int]:
     """The CPU cores this process may run on (respects affinity masks and cgroups)."""
     return sorted(os.sched_getaffinity(0))
-
-
-def free_cores() -> int:
-    """Usable cores less the busy ones: the 1-minute load average, the caller excluded,
-    rounded to whole cores (a process that is busy a quarter of the time takes none)."""
-    others = max(round(os.getloadavg()[0] - 1.0), 0)
-    return len(usable_cores()) - others
 
 
 def _visible_gpus() -> int:

@@ -10,7 +10,7 @@ SIGKILLed, it segfaults, or it stops (SIGSTOP, with ``fork(timeout=...)``). Phas
 - ``perform``: the same Op misbehaves in its Python ``perform`` (``FAST_COMPILE``
   runs Python ``perform``);
 - ``gather``: the worker misbehaves while it gathers its share of the ``batch``
-  indices (``_shard._select`` wrapped before the fork, so the workers inherit it);
+  indices (``_shard.select_rows`` wrapped before the fork, so the workers inherit it);
   two more cases reach that phase through the real code path: a ``synk.data``
   segment unlinked, or truncated, under the workers;
 - ``reply``: the Op's output is an array whose pickling misbehaves, so the worker
@@ -157,7 +157,7 @@ def _unpickle_fault(phase: str, action: str, rank: int) -> Fault:
 
 
 def _faulty_select(original, action: str, rank: int):
-    """``_shard._select`` that misbehaves when it gathers rows by ``batch`` indices."""
+    """``_shard.select_rows`` that misbehaves when it gathers rows by ``batch`` indices."""
 
     def select(array, batch):
         if batch is not None and batch.indices is not None:
@@ -307,7 +307,7 @@ CALL_PHASES = {
 @pytest.mark.parametrize("phase", list(CALL_PHASES))
 def test_fault_in_a_phase_of_distribute_or_call(phase, action, monkeypatch, record_property):
     if phase == "gather":  # before the fork: the workers inherit it
-        monkeypatch.setattr(_shard, "_select", _faulty_select(_shard._select, action, CRASH))
+        monkeypatch.setattr(_shard, "select_rows", _faulty_select(_shard.select_rows, action, CRASH))
     pids = _fork(action)
     try:
         f = _function(phase, action)

@@ -307,7 +307,8 @@ CALL_PHASES = {
 @pytest.mark.parametrize("phase", list(CALL_PHASES))
 def test_fault_in_a_phase_of_distribute_or_call(phase, action, monkeypatch, record_property):
     if phase == "gather":  # before the fork: the workers inherit it
-        monkeypatch.setattr(_shard, "select_rows", _faulty_select(_shard.select_rows, action, CRASH))
+        faulty = _faulty_select(_shard.select_rows, action, CRASH)
+        monkeypatch.setattr(_shard, "select_rows", faulty)
     pids = _fork(action)
     try:
         f = _function(phase, action)

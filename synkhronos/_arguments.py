@@ -77,7 +77,9 @@ class Checked:
     total_rows: int
 
 
-_castable: dict[tuple[int, str], bool] = {}
+# (input type, Data dtype, allow_downcast) -> whether PyTensor would cast; types hash
+# by value, so equal inputs of different functions share an answer.
+_castable: dict[tuple[Any, np.dtype, Any], bool] = {}
 
 
 def _check_data(var: Any, index: int, value: Any, allow_downcast: Any) -> str | None:
@@ -89,7 +91,7 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any) -> str | 
     if value.dtype == var.type.numpy_dtype:
         return None
     label = _label(var, index)
-    key = (id(var.type), str(value.dtype))
+    key = (var.type, value.dtype, allow_downcast)
     ok = _castable.get(key)
     if ok is None:
         probe = np.zeros((1,) * var.ndim, dtype=value.dtype)

@@ -49,13 +49,40 @@ def _poll(predicate, timeout: float, step: float = 0.005) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
+    """True while any thread of ``pid`` exists and is not a zombie.
+
+    A process's leader thread shows ``Z`` as soon as it exits, while its other threads
+    may still be running down (and holding the process's files); so look at every task.
+    """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+        tasks = os.listdir(f"/proc/{pid}/task")
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if stat[stat.rindex(")") + 2] not in "ZX":
+            return True
+    return False
+
+
+def _holders(entry: str) -> list[str]:
+    """Processes with an open descriptor on ``/dev/shm/entry``: pid, state and command."""
+    target = os.path.join(shmem.SHM_DIR, entry)
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if any(link.startswith(target) for link in links):
+            found.append(f"{pid} {stat[stat.rindex(')') + 2]} {stat[: stat.rindex(')') + 1]}")
+    return found
 
 
 def _exists(pid: int) -> bool:
@@ -467,6 +494,9 @@ def test_next_fork_sweeps_what_a_dead_program_left(master):
     assert _poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
     left = _entries(m.prefix)
     assert m.prefix + "data0" in left and any("payload" in e for e in left)
+    # The program is gone once its lock is free; say who holds it if it never frees.
+    lock = m.prefix + shmem.LOCK
+    assert _poll(lambda: not shmem._program_alive(m.prefix, m.pid), GONE_S), _holders(lock)
 
     synk.fork(1)
     try:

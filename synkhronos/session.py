@@ -151,6 +151,7 @@ class Session:
         self._old_handlers: dict[int, Any] = {}
         cores = devices.usable_cores()
         self._cores = [cores[r % len(cores)] for r in range(n)] if pin else None
+        self._worker_ranks = self.worker_ranks
 
     # -- per-process state of the upper layers ------------------------------------------
     def local(self, key: str, factory: Callable[[], Any]) -> Any:
@@ -220,50 +221,58 @@ class Session:
         if self.n > 1 and self.state is State.READY:
             self._releases.append(name)
 
-    def run(self, opcode: Opcode, payload: Any = None) -> list[Any]:
+    def run(self, opcode: Opcode, payload: Any = None, repeats: bool = False) -> list[Any]:
         """Run ``opcode`` in every process; return the replies, indexed by rank.
 
         Collective: every process takes part; returns when all have finished.
+        ``repeats``: the payload is hashable and likely to be sent again (a function's
+        call plan); it is then pickled once and decoded once per worker.
         """
         self.check_usable()
         handler = _HANDLERS[int(opcode)]
         if self.profile is not None:
-            return self._run_profiled(opcode, handler, payload)
+            return self._run_profiled(opcode, handler, payload, repeats)
         if self.n == 1:
             return [self._run_local(handler, payload)]
-        return self._run_all(opcode, handler, payload)
+        return self._run_all(opcode, handler, payload, repeats)
 
-    def _run_profiled(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
+    def _run_profiled(self, opcode: Opcode, handler: Handler, payload: Any,
+                      repeats: bool) -> list[Any]:
         start = time.perf_counter()
         replies = [self._run_local(handler, payload)] if self.n == 1 else self._run_all(
-            opcode, handler, payload
+            opcode, handler, payload, repeats
         )
         if opcode == Opcode.COLLECTIVE:
             self.profile.record_command("collective", time.perf_counter() - start)
         return replies
 
-    def _run_all(self, opcode: Opcode, handler: Handler, payload: Any) -> list[Any]:
+    def _run_all(self, opcode: Opcode, handler: Handler, payload: Any,
+                 repeats: bool = False) -> list[Any]:
         control = self.control
         signals.forget()  # only a signal that arrives during this command is ours
         releases, self._releases = self._releases, []
+        key = (int(opcode), payload) if repeats and not releases else None
         # Posting pickles first: a payload that cannot be pickled raises here, before
         # any worker moves, and leaves the session usable.
         try:
-            self._seq = control.post(int(opcode), (releases, payload), self.master_rank)
+            self._seq = control.post(
+                int(opcode), (releases, payload), self.master_rank, key
+            )
         except BaseException:
             self._releases = releases + self._releases
             raise
         self._busy = True
         try:
             self._started = time.monotonic()
-            self._started_precise = time.perf_counter()
+            if self.profile is not None:
+                self._started_precise = time.perf_counter()
             failure: tuple[BaseException, RemoteFailure] | None = None
             try:
                 reply = handler(self, payload)
             except Exception as exc:
                 failure, reply = (exc, RemoteFailure.from_exception(exc)), None
                 control.mark_failed(self.master_rank, self._seq)
-            workers = self.worker_ranks
+            workers = self._worker_ranks
             seq = self._seq
             if self.profile is not None:
                 own = time.perf_counter()
@@ -281,7 +290,8 @@ class Session:
                         first_remote = (rank, value)
                 else:
                     replies[rank] = value
-            control.release_external_payload()
+            if control.payload_external:
+                control.release_external_payload()
         except BaseException as exc:
             self._fail(exc)
             raise

@@ -2,9 +2,9 @@
 
 Layout (all in one segment, mapped by every process before the fork)::
 
-    header   int64[16 + 8 * n]   sequence number, opcode, payload length, abort flag;
-                                 per rank: done-seq, status, sleeping, barrier epoch,
-                                 reply length
+    header   int64[16 + 8 * n]   sequence number, opcode, payload length, abort flag,
+                                 payload id; per rank: done-seq, status, sleeping,
+                                 barrier epoch, reply length, reply format
     mailbox  bytes[MAILBOX]      the pickled payload of the current command
     replies  bytes[n][REPLY]     each rank's pickled reply (result or failure)
 
@@ -29,6 +29,14 @@ measurements), and it is also when a waiter checks that its peers are alive.
 
 Payloads or replies larger than their slot travel in a one-off segment whose name is
 written in the slot instead; the master unlinks it once read.
+
+Two savings for commands that repeat (a training loop calls one function with the
+same plan thousands of times):
+
+- a payload posted with a ``key`` is pickled once: the master keeps its bytes by key
+  and gives it an id; a worker keeps what it decoded by id and skips the unpickling
+  when the id comes again (ids are never reused, so a hit is always the same payload);
+- a reply of arrays is written raw, not pickled (``wire.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from collections.abc import Callable
 
 import posix_ipc
 
-from . import shmem
+from . import shmem, wire
 from .remote import BarrierAborted
 
 __all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES"]
@@ -48,13 +56,14 @@ __all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES"]
 MAILBOX_BYTES = 1 << 20
 REPLY_BYTES = 1 << 16
 
-_SEQ, _OPCODE, _PAYLOAD_LEN, _ABORT = 0, 1, 2, 3
+_SEQ, _OPCODE, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
-_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN = 0, 1, 2, 3, 4
+_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND = 0, 1, 2, 3, 4, 5
 _EXTERNAL = -1
 _NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
+_MEMO_SIZE = 256  # payloads remembered by key (master) and decoded payloads by id (worker)
 
 STATUS_OK, STATUS_FAILED = 0, 1
 
@@ -89,6 +98,10 @@ class ControlBlock:
             sem.unlink()
             self._semaphores.append(sem)
         self._extra = 0
+        self._memo: dict[object, tuple[int, bytes]] = {}  # master: key -> (id, pickle)
+        self._decoded: dict[int, object] = {}  # worker: id -> payload
+        self._next_id = 0
+        self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
 
     # -- fields -----------------------------------------------------------------------
     def _field(self, rank: int, field: int) -> int:
@@ -102,7 +115,7 @@ class ControlBlock:
         return self.header[self._field(rank, _DONE)]
 
     def failed(self, rank: int) -> bool:
-        return self.header[self._field(rank, _STATUS)] != STATUS_OK
+        return self.header[self._bases[rank] + _STATUS] != STATUS_OK
 
     # -- waking and waiting ------------------------------------------------------------
     def wake(self, rank: int) -> None:
@@ -111,9 +124,10 @@ class ControlBlock:
             self._semaphores[rank].release()
 
     def wake_all(self, except_rank: int) -> None:
-        for rank in range(self.n):
-            if rank != except_rank:
-                self.wake(rank)
+        header = self.header
+        for rank, base in enumerate(self._bases):
+            if header[base + _SLEEPING] and rank != except_rank:
+                self._semaphores[rank].release()
 
     def wait(
         self,
@@ -156,9 +170,30 @@ class ControlBlock:
             self.header[sleeping] = 0
 
     # -- one command ------------------------------------------------------------------
-    def post(self, opcode: int, payload: object, master_rank: int) -> int:
-        """Publish a command to every worker and wake them; return its sequence number."""
-        self._write(payload, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, "payload")
+    def post(self, opcode: int, payload: object, master_rank: int, key=None) -> int:
+        """Publish a command to every worker and wake them; return its sequence number.
+
+        ``key``: a hashable stand-in for ``payload`` (equal keys, equal payloads) that
+        lets a repeated payload skip pickling here and unpickling in the workers.
+        """
+        try:
+            memo = self._memo.get(key) if key is not None else None
+        except TypeError:  # not hashable after all: pickle it every time
+            key = memo = None
+        if memo is not None:
+            payload_id, data = memo
+            self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
+            self.header[_PAYLOAD_LEN] = len(data)
+        else:
+            data = self._write(payload, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, "payload")
+            payload_id = 0
+            if key is not None and data is not None:
+                if len(self._memo) >= _MEMO_SIZE:
+                    self._memo.clear()
+                self._next_id += 1
+                payload_id = self._next_id
+                self._memo[key] = (payload_id, data)
+        self.header[_PAYLOAD_ID] = payload_id
         self.header[_OPCODE] = opcode
         seq = self.header[_SEQ] + 1
         self.header[_SEQ] = seq
@@ -168,18 +203,35 @@ class ControlBlock:
     def read_command(self) -> tuple[int, object]:
         """A worker's view of the current command: (opcode, payload)."""
         opcode = self.header[_OPCODE]
+        payload_id = self.header[_PAYLOAD_ID]
+        if payload_id:
+            payload = self._decoded.get(payload_id)
+            if payload is not None:
+                return opcode, payload
         payload = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN])
+        if payload_id:
+            if len(self._decoded) >= _MEMO_SIZE:
+                self._decoded.clear()
+            self._decoded[payload_id] = payload
         return opcode, payload
 
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int):
         """A worker's end of a command: write the reply, mark done, wake the master."""
+        header, base = self.header, self._bases[rank]
         if reply is None:
-            self.header[self._field(rank, _REPLY_LEN)] = _NONE
+            header[base + _REPLY_LEN] = _NONE
         else:
             at = self._replies_at + REPLY_BYTES * rank
-            self._write(reply, at, REPLY_BYTES, self._field(rank, _REPLY_LEN), f"r{rank}_")
-        self.header[self._field(rank, _STATUS)] = STATUS_FAILED if failed else STATUS_OK
-        self.header[self._field(rank, _DONE)] = seq
+            described = wire.describe(reply)
+            if described is not None and wire.size(described[0], described[2]) <= REPLY_BYTES:
+                wire.write_arrays(self._buffer, at, described[0], described[1])
+                header[base + _REPLY_LEN] = len(described[0])
+                header[base + _REPLY_KIND] = wire.ARRAYS
+            else:
+                self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, f"r{rank}_")
+                header[base + _REPLY_KIND] = wire.PICKLE
+        header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
+        header[base + _DONE] = seq
         self.wake_all(rank)
 
     def mark_failed(self, rank: int, seq: int) -> None:
@@ -190,10 +242,14 @@ class ControlBlock:
 
     def reply(self, rank: int) -> object:
         """The master's read of ``rank``'s reply to the current command."""
-        length = self.header[self._field(rank, _REPLY_LEN)]
+        base = self._bases[rank]
+        length = self.header[base + _REPLY_LEN]
         if length == _NONE:
             return None
-        return self._read(self._replies_at + REPLY_BYTES * rank, length, unlink=True)
+        at = self._replies_at + REPLY_BYTES * rank
+        if self.header[base + _REPLY_KIND] == wire.ARRAYS:
+            return wire.read_arrays(self._buffer, at, length)
+        return self._read(at, length, unlink=True)
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header
@@ -241,11 +297,12 @@ class ControlBlock:
 
     # -- payload and reply slots ------------------------------------------------------------
     def _write(self, obj: object, at: int, capacity: int, length_field: int, tag: str):
+        """Pickle ``obj`` into its slot (or a one-off segment); return the bytes if in the slot."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written yet
         if len(data) <= capacity:
             self._buffer[at : at + len(data)] = data
             self.header[length_field] = len(data)
-            return
+            return data
         self._extra += 1
         name = f"{self.prefix}{tag}x{os.getpid()}_{self._extra}"
         segment = shmem.create_segment(name, len(data))
@@ -266,6 +323,11 @@ class ControlBlock:
             segment.close()
             if unlink:
                 shmem.unlink_segment(name)
+
+    @property
+    def payload_external(self) -> bool:
+        """Whether the current payload travels in a one-off segment."""
+        return self.header[_PAYLOAD_LEN] < 0
 
     def release_external_payload(self) -> None:
         """The master's clean-up of an oversized payload once every worker read it."""

@@ -304,3 +304,57 @@ def test_post_wakes_a_sleeping_waiter(make_block):
     assert returned.wait(5)
     assert time.monotonic() - start < 1.0
     thread.join(5)
+
+
+# ---------------------------------------------------------------- repeated payloads, raw replies
+
+
+def test_keyed_payload_is_decoded_once_per_worker(make_block):
+    block = make_block(2)
+    payload = ("plan", (1, 2, 3))
+    first = block.post(3, ([], payload), 0, key=(3, payload))
+    _, got_first = block.read_command()
+    block.finish(1, first, None, False, 0)
+    block.post(1, ([], "something else"), 0)
+    assert block.read_command() == (1, ([], "something else"))
+    block.post(3, ([], payload), 0, key=(3, payload))
+    _, got_again = block.read_command()
+    assert got_again == ([], payload)
+    assert got_again is got_first  # kept by id, not unpickled again
+    other = ("plan", (1, 2, 4))
+    block.post(3, ([], other), 0, key=(3, other))
+    assert block.read_command() == (3, ([], other))
+
+
+def test_unhashable_key_falls_back_to_pickling(make_block):
+    block = make_block(2)
+    payload = ([], {"a": [1, 2]})
+    block.post(3, payload, 0, key=(3, payload))
+    assert block.read_command() == (3, payload)
+
+
+def test_memo_is_bounded_and_ids_stay_unique(make_block):
+    block = make_block(2)
+    for i in range(C._MEMO_SIZE * 2 + 3):
+        plan = ("p", i % (C._MEMO_SIZE + 7))  # more distinct plans than are kept
+        block.post(3, ([], plan), 0, key=plan)
+        assert block.read_command() == (3, ([], plan))
+        assert len(block._memo) <= C._MEMO_SIZE and len(block._decoded) <= C._MEMO_SIZE
+
+
+def test_reply_of_arrays_round_trips_without_pickle(make_block):
+    import numpy as np
+
+    block = make_block(2)
+    seq = block.post(3, ([], None), 0)
+    reply = (5, [np.arange(6.0).reshape(2, 3), np.asarray(2.5)])
+    block.finish(1, seq, reply, False, 0)
+    got = block.reply(1)
+    assert got[0] == 5
+    np.testing.assert_array_equal(got[1][0], reply[1][0])
+    assert got[1][1].shape == () and got[1][1] == 2.5
+    big = (1, [np.zeros(C.REPLY_BYTES // 8 + 1)])  # too big for the slot: pickled outside
+    seq = block.post(3, ([], None), 0)
+    block.finish(1, seq, big, False, 0)
+    np.testing.assert_array_equal(block.reply(1)[1][0], big[1][0])
+    assert _entries(block.prefix) == []

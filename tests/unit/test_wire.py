@@ -1,0 +1,90 @@
+"""Unit tests for synkhronos._runtime.wire: replies of arrays written raw, read back."""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+
+import numpy as np
+import pytest
+
+from synkhronos._runtime import wire
+
+
+def _round_trip(obj):
+    described = wire.describe(obj)
+    assert described is not None
+    head, arrays, data_bytes = described
+    buffer = memoryview(mmap.mmap(-1, 1 << 16))
+    at = 128  # anywhere in the slot
+    assert wire.size(head, data_bytes) <= len(buffer) - at
+    wire.write_arrays(buffer, at, head, arrays)
+    return wire.read_arrays(buffer, at, len(head)), buffer
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    elif isinstance(want, list):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("dtype", ["f8", "f4", "i8", "i4", "u1", "?", "c16", ">f8", "<i2"])
+def test_arrays_of_every_numeric_dtype_round_trip(dtype):
+    values = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
+    reply = (7, [values, values[0], np.asarray(values[0, 0])])
+    got, _ = _round_trip(reply)
+    assert got[0] == 7
+    for g, w in zip(got[1], reply[1], strict=True):
+        _same(g, w)
+
+
+def test_scalars_arrays_and_empty_arrays_in_one_reply():
+    reply = (3, 2.5, None, True, np.zeros((0, 5)), [np.ones(3), np.empty((2, 0), np.int32)], [])
+    got, _ = _round_trip(reply)
+    for g, w in zip(got, reply, strict=True):
+        _same(g, w)
+
+
+def test_non_contiguous_arrays_are_written_in_order():
+    base = np.arange(40.0).reshape(5, 8)
+    reply = (1, [base[:, ::3], base.T, base[::-1]])
+    got, _ = _round_trip(reply)
+    for g, w in zip(got[1], reply[1], strict=True):
+        _same(g, w)
+        assert g.flags.c_contiguous
+
+
+def test_decoded_arrays_are_copies_of_the_slot():
+    got, buffer = _round_trip((1, [np.ones(4)]))
+    buffer[:] = bytes(len(buffer))  # the next command overwrites the slot
+    np.testing.assert_array_equal(got[1][0], np.ones(4))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [1, np.ones(2)],  # not a tuple
+        (1, (np.ones(2),)),  # a tuple inside
+        (1, [np.ones(2), 3]),  # a list with a non-array
+        (np.array(["a", "b"]),),  # not numeric
+        (np.array([object()]),),
+        (np.float64(1.0),),  # a numpy scalar
+        ({"a": 1},),
+        (np.arange(3).view(np.recarray),),  # an ndarray subclass
+    ],
+)
+def test_other_shapes_are_left_to_pickle(obj):
+    assert wire.describe(obj) is None
+    pickle.dumps(obj)  # the control block's fallback
+
+
+def test_array_data_is_aligned():
+    head, arrays, data_bytes = wire.describe((1, [np.ones(3), np.ones(5, np.float32)]))
+    assert data_bytes % 64 == 0 and data_bytes >= 64 * 2

@@ -239,10 +239,55 @@ def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.nd
     if len(values) != len(weights):
         raise ValueError(f"weights must have one entry per value ({len(values)}); "
                          f"got {len(weights)}")
+    op = parse_op(op)
+    if _uniform(op, values, weights):
+        return _reduce_uniform(op, values, weights)
     acc = Accumulator(op)
     for value, weight in zip(values, weights, strict=True):
         acc.add(value, weight)
     return acc.result()
+
+
+def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
+    """The common case: same-dtype, same-shape numeric arrays, every weight positive."""
+    if op is ReduceOp.GATHER or not values:
+        return False
+    first = values[0]
+    if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
+        return False
+    dtype, shape = first.dtype, first.shape
+    for value, weight in zip(values, weights, strict=True):
+        if type(value) is not np.ndarray or type(weight) is not int or weight <= 0:
+            return False
+        if value.shape != shape or (value.dtype is not dtype and value.dtype != dtype):
+            return False
+    return True
+
+
+def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarray:
+    """What ``Accumulator`` computes for ``_uniform`` values, the same operations in the
+    same order, without its per-value bookkeeping (a call's reply is reduced this way).
+    """
+    first = values[0]
+    if op is not ReduceOp.AVG:
+        out = first.copy()
+        ufunc = _UFUNCS[op]
+        for value in values[1:]:
+            ufunc(out, value, out=out)
+        return out
+    acc_dtype = _avg_dtype(first.dtype)
+    acc = np.array(first, dtype=acc_dtype)  # a copy, 0-d included
+    if weights[0] != 1:
+        acc *= weights[0]
+    native = first.dtype == acc_dtype  # then value * weight is already in acc_dtype
+    for value, weight in zip(values[1:], weights[1:], strict=True):
+        if weight == 1:
+            acc += value
+        else:
+            acc += value * weight if native else np.multiply(value, weight, dtype=acc_dtype)
+    acc /= sum(weights)
+    dtype = first.dtype if first.dtype.kind in "fc" else np.dtype(np.float64)
+    return acc if acc.dtype == dtype else acc.astype(dtype)
 
 
 def reduce_arrays_inplace(op: ReduceOp | str, out: np.ndarray,

@@ -255,3 +255,35 @@ def test_reduce_arrays_inplace_single_source_and_scalar_shape():
 def test_reduce_arrays_inplace_errors(op, out, sources, exc, match):
     with pytest.raises(exc, match=match):
         reduce_arrays_inplace(op, out, sources)
+
+
+# ---------------------------------------------------------------- reduce_values' fast path
+
+
+@pytest.mark.parametrize("dtype", ["f8", "f4", "i4", "i8", "u1", "?", "c16", "c8"])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("weights", [[1, 2, 3], [5, 1, 1], [1, 1, 1], [2, 7, 1], [4]])
+def test_reduce_values_equals_the_accumulator_bit_for_bit(dtype, shape, weights):
+    """Same-dtype arrays with positive weights take a shortcut: it must change nothing."""
+    rng = np.random.default_rng(len(weights) + len(shape))
+    values = [(rng.normal(size=shape) * 9).astype(dtype) for _ in weights]
+    for op in ReduceOp:
+        if op is ReduceOp.GATHER:
+            continue
+        acc = Accumulator(op)
+        for value, weight in zip(values, weights, strict=True):
+            acc.add(value, weight)
+        want = acc.result()
+        got = reduce_values(op, values, weights)
+        assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert all(v is not got for v in values)  # never an input handed back
+
+
+def test_reduce_values_never_changes_its_inputs():
+    values = [np.ones(3), np.full(3, 2.0)]
+    before = [v.copy() for v in values]
+    for op in ("avg", "sum", "prod", "max", "min"):
+        reduce_values(op, values, [3, 4])
+    for v, b in zip(values, before, strict=True):
+        np.testing.assert_array_equal(v, b)

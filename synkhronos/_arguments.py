@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pytensor.tensor.type import TensorType
 
 from ._scatter import Batch, normalize_batch, normalize_batch_s
 from .collectives import get_shapes
@@ -25,7 +26,7 @@ from .data import Data, data
 from .session import Session
 
 __all__ = ["Binder", "Checked", "Staging", "check_inputs", "check_batch_s",
-           "check_subset", "check_num_slices"]
+           "check_subset", "check_num_slices", "trustable"]
 
 _MISSING = object()
 
@@ -82,12 +83,42 @@ class Checked:
 _castable: dict[tuple[Any, np.dtype, Any], bool] = {}
 
 
-def _check_data(var: Any, index: int, value: Any, allow_downcast: Any) -> str | None:
+def trustable(inputs: list, n_scattered: int, n_bcast: int) -> bool:
+    """Whether the master's checks cover everything PyTensor would check per call.
+
+    True when every input is a tensor and every input that is cut into rows (the
+    scattered ones and the sliceable shared variables' stand-ins) has no static length
+    along axis 0: a process's share of rows then always fits the type.
+    """
+    for i, var in enumerate(inputs):
+        if not isinstance(var.type, TensorType):
+            return False
+        cut = i < n_scattered or i >= n_scattered + n_bcast
+        if cut and (var.ndim == 0 or var.type.shape[0] is not None):
+            return False
+    return True
+
+
+def _check_static_shape(var: Any, index: int, shape: tuple, scattered: bool) -> None:
+    static = var.type.shape
+    if static.count(None) == len(static):  # the common case, checked cheaply
+        return
+    for axis, (want, got) in enumerate(zip(static, shape, strict=True)):
+        if want is not None and want != got and not (scattered and axis == 0):
+            raise ValueError(
+                f"{_label(var, index)} has static shape {static}; got a Data of shape "
+                f"{shape} (axis {axis} must be {want})"
+            )
+
+
+def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
+                scattered: bool) -> str | None:
     """Validate a Data input against its variable; return the dtype to cast to, or None."""
     if value.ndim != var.ndim:
         raise TypeError(
             f"{_label(var, index)} expects {var.ndim} dimensions; got a Data with {value.ndim}"
         )
+    _check_static_shape(var, index, value.shape, scattered)
     if value.dtype == var.type.numpy_dtype:
         return None
     label = _label(var, index)
@@ -116,7 +147,7 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
     length = None
     for i, (var, value) in enumerate(zip(signature, values, strict=True)):
         if _is_data(value):
-            casts.append(_check_data(var, i, value, allow_downcast))
+            casts.append(_check_data(var, i, value, allow_downcast, i < n_scattered))
             shape = value.shape
         else:
             try:
@@ -200,6 +231,7 @@ class Staging:
     """Shared-memory buffers a function reuses for its numpy inputs and batch indices."""
 
     buffers: dict = field(default_factory=dict)
+    staged: tuple | None = None  # the repeat key of the call staged last (Function sets it)
 
     def put(self, slot: Any, array: np.ndarray):
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
@@ -209,6 +241,23 @@ class Staging:
         else:
             buffer.set_value(array, oversize=1.25)
         return buffer.ref()
+
+    def refill(self, args: tuple, key: tuple, arrays: list[int]) -> bool:
+        """Copy a repeated call's arrays where the last staged call's went; False if
+        the buffers no longer fit them.
+
+        ``key`` is the call's ``_repeat_key``, ``arrays`` the positions of its numpy
+        arguments. Arrays of the dtypes and shapes of the last staged call's fit the
+        buffers as they are, and PyTensor's ``filter`` would have cast each as
+        ``copyto`` does. A call of Data alone copies nothing.
+        """
+        if not arrays:
+            return True
+        if key != self.staged:
+            return False
+        for i in arrays:
+            np.copyto(self.buffers[i].data, args[i], casting="unsafe")
+        return True
 
     def stage(self, checked: Checked):
         """Refs for every input and the batch indices; numpy values are copied in."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from ._reducers import Accumulator, ReduceOp
 from ._scatter import Batch, block, select_rows, slice_bounds
+from .data import call_view
 from .distribute import registry
 from .session import Opcode, Session, register
 
@@ -45,11 +46,35 @@ class CallPlan(NamedTuple):
     update_uids: tuple[int, ...]  # sliced calls: the shared variable of each update
     update_ops: tuple[ReduceOp, ...]
     run_if_empty: bool  # every process has zero rows: the master runs anyway
+    views_only: bool  # inputs are plain views (row ranges, no casts, no sliceables)
     profile: bool = False  # reply with (gather, function) seconds too
 
 
 def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
     return array if dtype is None else np.asarray(array, dtype=dtype)
+
+
+_VIEWS = "synkhronos.shard.views"  # session.local: CallPlan -> (generation, views, weight)
+_VIEWS_KEPT = 64
+
+
+def _viewed_inputs(session: Session, plan: CallPlan) -> tuple[list, list, int]:
+    """This rank's scattered and broadcast arrays and its weight, kept per plan.
+
+    Only for ``views_only`` plans: their arrays are plain views of shared memory,
+    which see every change written in place; they are dropped when any segment is
+    released (the segment cache's generation moves on).
+    """
+    cache = session.local(_VIEWS, dict)
+    generation = session.segments.generation
+    entry = cache.get(plan)
+    if entry is not None and entry[0] == generation:
+        return entry[1], entry[2], entry[3]
+    scattered, bcast, _, weight = _gather_inputs(session, plan)
+    if len(cache) >= _VIEWS_KEPT:
+        cache.clear()
+    cache[plan] = (generation, scattered, bcast, weight)
+    return scattered, bcast, weight
 
 
 def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, int]:
@@ -60,7 +85,7 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
     weight = 1
     if plan.scattered:
         if plan.batch_indices is not None:
-            indices = plan.batch_indices.view(session)
+            indices = call_view(plan.batch_indices, session)
             lo, hi = block(len(indices), n, rank)
             mine = Batch(indices=indices[lo:hi])
         else:
@@ -70,18 +95,18 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
         weight = hi - lo
         if weight or plan.run_if_empty:
             for i, ref in enumerate(plan.scattered):
-                scattered.append(_cast(select_rows(ref.view(session), mine), casts[i]))
+                scattered.append(_cast(select_rows(call_view(ref, session), mine), casts[i]))
     offset = len(plan.scattered)
-    bcast = [_cast(ref.view(session), casts[offset + i]) for i, ref in enumerate(plan.bcast)]
-    sliceable: list[np.ndarray] = []
+    bcast = [_cast(call_view(ref, session), casts[offset + i]) for i, ref in enumerate(plan.bcast)]
+    rows: list[np.ndarray] = []
     if plan.sliceable:
         reg = registry(session)
         selection = plan.batch_s[rank] if plan.batch_s is not None else None
         for uid in plan.sliceable:
-            sliceable.append(select_rows(reg.shared[uid].get_value(borrow=True), selection))
+            rows.append(select_rows(reg.shared[uid].get_value(borrow=True), selection))
         if not plan.scattered:
-            weight = len(sliceable[0])
-    return scattered, bcast, sliceable, weight
+            weight = len(rows[0])
+    return scattered, bcast, rows, weight
 
 
 def _as_list(outputs: Any) -> list:
@@ -117,7 +142,11 @@ def run_share(session: Session, plan: CallPlan) -> tuple | None:
     """Run this rank's share: ``(weight, outputs[, timings])``, or ``None`` if no rows."""
     if plan.profile:
         start = time.perf_counter()
-    scattered, bcast, sliceable, weight = _gather_inputs(session, plan)
+    if plan.views_only:
+        scattered, bcast, weight = _viewed_inputs(session, plan)
+        sliceable = []
+    else:
+        scattered, bcast, sliceable, weight = _gather_inputs(session, plan)
     runs = weight > 0 or (plan.run_if_empty and session.rank == session.master_rank)
     if not runs:
         return None

@@ -104,6 +104,21 @@ class DataRef(NamedTuple):
         return shmem.array_view(_mapping(self.segment, session), self.dtype, self.shape)
 
 
+def call_view(ref: DataRef, session: synk_session.Session) -> np.ndarray:
+    """``ref.view(session)``, kept per segment: a loop of calls views its inputs once.
+
+    The array is shared by every caller in this process: use its items, never change
+    its shape in place. It goes when the segment is released (``SegmentCache.forget``).
+    """
+    cached = session.segments.views.get(ref.segment)
+    if cached is not None and cached[0] == ref:
+        return cached[1]
+    array = ref.view(session)
+    if ref.segment.startswith(session.prefix):  # only these are ever forgotten
+        session.segments.views[ref.segment] = (ref, array)
+    return array
+
+
 def _mapping(segment: str, session: synk_session.Session | None) -> mmap.mmap:
     """This process's mapping of ``segment``: the owner's own, cached, or a new one."""
     try:

@@ -215,6 +215,10 @@ class SegmentCache:
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
+        # name -> (key, array): the last array viewed on each segment, for callers
+        # that view the same segment the same way call after call (``data.call_view``)
+        self.views: dict[str, tuple] = {}
+        self.generation = 0  # counts ``forget``s: caches of views compare it to stay valid
 
     def get(self, name: str) -> mmap.mmap:
         segment = self._maps.get(name)
@@ -224,6 +228,8 @@ class SegmentCache:
 
     def forget(self, name: str) -> None:
         self._maps.pop(name, None)
+        self.views.pop(name, None)
+        self.generation += 1
 
     def __contains__(self, name: str) -> bool:
         return name in self._maps

@@ -208,3 +208,40 @@ def test_integer_data_is_cast_where_pytensor_casts(model):
     ints = synk.data(np.arange(40, dtype=np.int32).reshape(10, 4))
     got = model.reduce(ints, Y)
     assert_all_close(got, model.reduce.as_pytensor(np.arange(40).reshape(10, 4).astype(float), Y))
+
+
+def test_repeated_data_calls_follow_changes_in_place_and_in_size(model):
+    """A call repeated with the same Data reuses its plan: every change must show."""
+    xd = synk.data(X[:100], oversize=2)
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[:100], Y))
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[:100], Y))
+    xd[:] = X[100:200]  # written in place: the same segment and shape
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[100:200], Y))
+    xd.set_value(X[:37])  # fewer rows in the same allocation
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[:37], Y))
+    xd.set_value(X[:900])  # more rows than allocated: a new segment
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[:900], Y))
+    yd = synk.data(Y)
+    for rows in (X[:900], X[:900], X[:3]):  # a broadcast Data in the mix
+        xd.set_value(rows)
+        assert_all_close(model.reduce(xd, yd), model.reduce.as_pytensor(rows, Y))
+    xd.free_memory()
+    xd.set_value(X[5:10])  # a new allocation after the old one was freed
+    assert_all_close(model.reduce(xd, Y), model.reduce.as_pytensor(X[5:10], Y))
+
+
+def test_repeated_numpy_calls_alternating_shapes_and_dtypes(model):
+    """Numpy inputs reuse a plan only while the staging buffers still fit them."""
+    cases = [X[:50], X[:900], X[:50], X[:50].astype(np.float32), X[:50], X[:900] + 1.0]
+    for rows in cases + cases[::-1]:
+        want = model.reduce.as_pytensor(rows.astype(np.float64), Y)
+        assert_all_close(model.reduce(rows, Y), want)
+        rows_d = synk.data(rows.astype(np.float64))
+        assert_all_close(model.reduce(rows_d, Y), want)  # Data calls in between
+
+
+def test_as_pytensor_still_checks_its_inputs(model):
+    """Parallel calls skip PyTensor's per-call input check; the serial one must not."""
+    with pytest.raises(TypeError):
+        model.reduce.as_pytensor(X[0], Y)
+    assert_all_close(model.reduce(X[:10], Y), model.reduce.as_pytensor(X[:10], Y))

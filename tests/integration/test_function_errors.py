@@ -27,6 +27,8 @@ class Model:
             updates=[(self.W, self.W + y.sum())],
         )
         self.g = synk.function([], (self.rows.sum(), "sum"), sliceable_shareds=[self.rows])
+        fixed = pt.tensor("fixed", shape=(2, 2), dtype="float64")
+        self.h = synk.function([x], (x.sum() * fixed.sum(), "sum"), bcast_inputs=[fixed])
         synk.distribute()
 
 
@@ -66,6 +68,9 @@ def bad_calls(m):
         (ValueError, f"batch_s has 7 selections but there are {synk.n_parallel()} processes",
          lambda: m.g(batch_s=[slice(0, 1)] * 7)),
         (ValueError, "out of range", lambda: m.g(batch_s=[100])),
+        (ValueError, "input 1 \\('fixed'\\) has static shape \\(2, 2\\); got a Data of shape "
+         "\\(3, 2\\)", lambda: m.h(xd, synk.data(np.zeros((3, 2))))),
+        (TypeError, "input 1 \\('fixed'\\)", lambda: m.h(X, np.zeros((3, 2)))),
     ]
 
 
@@ -83,6 +88,22 @@ def test_invalid_calls_change_nothing(model):
     np.testing.assert_allclose(got[0], want[0])
     np.testing.assert_allclose(got[1], want[1])
     assert model.g() == sum(8.0 * (r + 1) for r in range(n))
+    assert model.h(X, np.ones((2, 2))) == model.h.as_pytensor(X, np.ones((2, 2))) == X.sum() * 4
+
+
+def test_invalid_call_after_a_repeated_one_is_still_caught(model):
+    """The shortcut for repeated calls never skips the checks of a different call."""
+    xd = synk.data(X)
+    fixed = synk.data(np.ones((2, 2)))
+    for _ in range(3):
+        assert model.h(xd, fixed) == X.sum() * 4
+    fixed.set_value(np.ones((3, 2)))
+    with pytest.raises(ValueError, match="static shape"):
+        model.h(xd, fixed)
+    with pytest.raises(TypeError, match="dimensions"):
+        model.h(X[0], np.ones((2, 2)))
+    fixed.set_value(np.ones((2, 2)))
+    assert model.h(xd, fixed) == X.sum() * 4
 
 
 def test_unequal_scattered_lengths_name_both_inputs(model):

@@ -147,3 +147,23 @@ def test_casting_rules(master):
         n.set_value([0.5, 1.5])  # floats into ints: not the same kind
     n.set_value([0.5, 1.5], force_cast=True)
     assert n.data.tolist() == [0, 1]
+
+
+def test_trustable_only_when_the_masters_checks_cover_pytensors():
+    """Parallel calls skip PyTensor's input check only where nothing could slip by."""
+    import pytensor.tensor as pt
+    from pytensor.tensor.random.type import RandomGeneratorType
+
+    from synkhronos._arguments import trustable
+
+    rows = pt.dmatrix("rows")
+    fixed_rows = pt.tensor("fixed_rows", shape=(4, 3), dtype="float64")
+    fixed_bcast = pt.tensor("fixed_bcast", shape=(2, 2), dtype="float64")
+    scalar = pt.dscalar("s")
+    rng = RandomGeneratorType()("rng")
+    assert trustable([rows, fixed_bcast, scalar], 1, 2)
+    assert not trustable([fixed_rows], 1, 0)  # a share of rows cannot keep length 4
+    assert not trustable([scalar], 1, 0)  # a scattered scalar
+    assert not trustable([rows, rng], 1, 1)  # not a tensor
+    assert not trustable([rows, fixed_rows], 1, 0)  # a sliceable stand-in with fixed rows
+    assert trustable([rows, scalar, rows], 1, 1)

@@ -161,6 +161,10 @@ class Session:
             value = self._local[key] = factory()
         return value
 
+    def local_or_none(self, key: str) -> Any:
+        """The object ``local(key, ...)`` made, or None (no factory to build per call)."""
+        return self._local.get(key)
+
     @property
     def worker_ranks(self) -> list[int]:
         return [r for r in range(self.n) if r != self.master_rank]
@@ -263,7 +267,8 @@ class Session:
             raise
         self._busy = True
         try:
-            self._started = time.monotonic()
+            if self.timeout is not None:  # only the timeout reads it
+                self._started = time.monotonic()
             if self.profile is not None:
                 self._started_precise = time.perf_counter()
             failure: tuple[BaseException, RemoteFailure] | None = None

@@ -71,7 +71,9 @@ def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]
         require(f"synk.{what}()")  # raises, saying to call synk.fork() first
     if not session.is_master:
         session.check_usable()  # raises: only the master issues commands
-    front = session.local("collectives.api", lambda: _Front(session))
+    front = session.local_or_none("collectives.api")  # the hot path: no closure to build
+    if front is None:
+        front = session.local("collectives.api", lambda: _Front(session))
     if not front.registry.distributed_once:
         raise RuntimeError(
             f"call synk.distribute() before synk.{what}(): collectives act on the shared "

@@ -211,7 +211,10 @@ def register_backend(device: str) -> Callable[[type[Backend]], type[Backend]]:
 
 def backend_for(session: Session) -> Backend:
     """This process's backend for ``session.device`` (one instance per process)."""
-    return session.local("collectives", lambda: _new_backend(session.device))
+    backend = session.local_or_none("collectives")  # the hot path: no closure to build
+    if backend is None:
+        backend = session.local("collectives", lambda: _new_backend(session.device))
+    return backend
 
 
 def _new_backend(device: str) -> Backend:

@@ -304,8 +304,8 @@ class CpuBackend(Backend):
                     view[...] = var.container.storage[0]  # faster than np.copyto when tiny
                     _store(var, view)
         payload = (_ALL_REDUCE, group.key, spec, op._value_)  # _value_: .value is slow
-        if spec is None:
-            replies = session.run(_COMMAND, payload)
+        if spec is None:  # the same few small fields call after call
+            replies = session.run(_COMMAND, payload, repeats=True)
         else:
             replies = self._run(session, payload, group.name)
         if replies.count(None) != len(replies):

@@ -4,10 +4,11 @@ This module owns the three-step training call built on an update rule of
 :mod:`synkhronos.extensions.updates`. One ``train(*data, batch=..., num_slices=...)``:
 
 1. ``grad_function`` (scattered ``inputs``, one broadcast scalar ``total``): each
-   process writes ``grad(loss) * rows / total`` into the flat vector ``grad_shared``,
-   where ``rows`` is the number of rows it ran and ``total`` the minibatch's; with
-   ``num_slices > 1`` the update op ``"sum"`` adds the slices' contributions. It also
-   returns the loss, averaged over processes weighted by rows;
+   process writes ``grad(loss * rows / total)`` into the flat vector ``grad_shared``,
+   where ``rows`` is the number of rows it ran and ``total`` the minibatch's (piece by
+   piece, in place: see ``_weighted_gradient``); with ``num_slices > 1`` the update
+   op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
+   over processes weighted by rows;
 2. ``synk.all_reduce(grad_shared, op="sum")``: every process now holds
    ``sum_p rows_p / total * mean_grad_p``, the mean gradient over the whole minibatch;
 3. ``apply_function`` (no inputs): each process splits ``grad_shared`` and applies the
@@ -34,7 +35,7 @@ from ..collectives import all_reduce, broadcast
 from ..distribute import distribute
 from ..function import Function, function
 from ..session import n_parallel
-from .updates import RULES, UpdateRule
+from .updates import RULES, UpdateRule, flatten_gradients
 
 __all__ = ["TrainFunction", "make_train_function"]
 
@@ -57,6 +58,18 @@ def _length(value: Any, position: int) -> int:
     if len(shape) == 0:
         raise ValueError(f"data argument {position} is scattered along axis 0 but is a scalar")
     return int(shape[0])
+
+
+def _weighted_gradient(loss: Variable, params: list, grad_shared: SharedVariable,
+                       weight: Variable) -> Variable:
+    """``grad_shared``'s new value: ``grad(loss) * weight``, flat, written in place.
+
+    The weight scales the loss before differentiation, so no pass over the gradient
+    multiplies it, and the pieces are set into ``grad_shared``'s own buffer (see
+    ``flatten_gradients``), the all-reduce's exchange slot after the first step.
+    """
+    flat, _ = flatten_gradients(loss * weight, params, grad_shared)
+    return flat
 
 
 class TrainFunction:
@@ -93,8 +106,7 @@ class TrainFunction:
             raise ValueError("inputs must hold at least one variable scattered along axis 0 "
                              "(the minibatch rows); got an empty list")
         self.update_rule = update_rule
-        grad_updates, param_updates, grad_shared = update_rule(loss, params, **hyper)
-        (_, flat), = grad_updates
+        _, param_updates, grad_shared = update_rule(loss, params, **hyper)
         self.params = list(params) if isinstance(params, (list, tuple)) else [params]
         self.param_updates = param_updates
         self.grad_shared = grad_shared
@@ -105,7 +117,8 @@ class TrainFunction:
         name = update_rule.__name__
         self.grad_function: Function = function(
             self.inputs, loss, bcast_inputs=[self._total],
-            updates=[(grad_shared, flat * (rows / self._total), "sum")],
+            updates=[(grad_shared, _weighted_gradient(loss, self.params, grad_shared,
+                                                      rows / self._total), "sum")],
             name=f"train_grad_{name}", **compile_kwargs,
         )
         self.apply_function: Function = function([], updates=param_updates,

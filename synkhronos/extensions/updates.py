@@ -6,7 +6,8 @@ formulas) and the flattening of all gradients into one shared vector. Every rule
 returns ``(grad_updates, param_updates, grad_shared)`` and data moves in three steps:
 
 1. ``grad_updates`` writes ``concatenate([g.ravel() for g in grads])`` into the one
-   flat shared vector ``grad_shared``, in each process, from its own rows;
+   flat shared vector ``grad_shared`` (piece by piece, in place), in each process,
+   from its own rows;
 2. a collective combines ``grad_shared`` over the processes: one exchange per step,
    however many parameters there are;
 3. ``param_updates`` splits ``grad_shared`` back into one piece per parameter by
@@ -102,9 +103,16 @@ def _offsets(params: Sequence[SharedVariable]) -> list[tuple[int, int, tuple[int
     return pieces
 
 
-def flatten_gradients(loss: Variable, params: Sequence[SharedVariable]
+def flatten_gradients(loss: Variable, params: Sequence[SharedVariable],
+                      grad_shared: SharedVariable | None = None
                       ) -> tuple[Variable, SharedVariable]:
     """The gradients of ``loss`` as one flat expression, and the vector to hold it.
+
+    The expression sets each parameter's gradient into its piece of ``grad_shared``
+    (``set_subtensor``) rather than concatenating them into a new vector: as the
+    update of ``grad_shared`` PyTensor then writes every piece in place into the
+    variable's own buffer, which after the first all-reduce is the all-reduce's
+    exchange slot, so the gradient is never copied again on its way there.
 
     Parameters
     ----------
@@ -112,27 +120,41 @@ def flatten_gradients(loss: Variable, params: Sequence[SharedVariable]
         The loss to differentiate.
     params : list of SharedVariable
         The parameters, in the order their pieces take in the flat vector.
+    grad_shared : SharedVariable, optional
+        The vector to write into (from an earlier call); a new one by default.
 
     Returns
     -------
     flat : Variable
-        ``concatenate([grad(loss, p).ravel() for p in params])``.
+        ``grad_shared`` with ``grad(loss, p).ravel()`` set into each piece, in
+        ``params`` order: ``concatenate([grad(loss, p).ravel() for p in params])``.
     grad_shared : SharedVariable
-        A zero vector of ``flat``'s length and dtype, named ``"grad_shared"``.
+        A zero vector of ``flat``'s length and dtype, named ``"grad_shared"``, or the
+        one given.
 
     Raises
     ------
     TypeError
         If ``loss`` is not a variable or a parameter is not a shared variable.
     ValueError
-        If ``loss`` is not 0-d, or ``params`` is empty or repeats a variable.
+        If ``loss`` is not 0-d, or ``params`` is empty or repeats a variable, or
+        ``grad_shared`` does not have the gradients' total size.
     """
     loss = _check_loss(loss)
     params = _check_params(params)
-    grads = pytensor.grad(loss, params)
-    flat = pt.concatenate([pt.as_tensor_variable(g).ravel() for g in grads])
-    size = _offsets(params)[-1][1]
-    grad_shared = pytensor.shared(np.zeros(size, dtype=flat.dtype), name="grad_shared")
+    grads = [pt.as_tensor_variable(g).ravel() for g in pytensor.grad(loss, params)]
+    pieces = _offsets(params)
+    size = pieces[-1][1]
+    if grad_shared is None:
+        dtype = pt.concatenate(grads).dtype  # the dtype concatenation would give
+        grad_shared = pytensor.shared(np.zeros(size, dtype=dtype), name="grad_shared")
+    elif np.shape(grad_shared.get_value(borrow=True)) != (size,):
+        raise ValueError(f"grad_shared must be a vector of {size} items; got shape "
+                         f"{np.shape(grad_shared.get_value(borrow=True))}")
+    flat = grad_shared
+    for grad, (start, stop, _) in zip(grads, pieces, strict=True):
+        piece = grad if grad.dtype == grad_shared.dtype else pt.cast(grad, grad_shared.dtype)
+        flat = pt.set_subtensor(flat[start:stop], piece)
     return flat, grad_shared
 
 

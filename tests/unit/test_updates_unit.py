@@ -213,6 +213,26 @@ def test_flatten_then_split_gives_back_each_gradient():
         np.testing.assert_array_equal(got, np.asarray(expected).astype(param.dtype))
 
 
+def test_flat_gradient_is_written_in_place_into_grad_shared():
+    """As grad_shared's update, the flat gradient fills its own buffer (the all-reduce
+    slot, once there is one): no new vector per call, nothing to copy in."""
+    W = pytensor.shared(np.arange(6.0).reshape(2, 3) / 10, name="W")
+    b = pytensor.shared(np.array([0.5, -0.2]), name="b")
+    x = pt.dmatrix("x")
+    loss = (pt.tanh(x.dot(W.T) + b) ** 2).mean()
+    flat, grad_shared = updates.flatten_gradients(loss, [W, b])
+    f = pytensor.function([x], pytensor.grad(loss, [W, b]), updates=[(grad_shared, flat)])
+    buffer = grad_shared.get_value(borrow=True)
+    for seed in range(3):
+        want = f(np.random.default_rng(seed).normal(size=(5, 3)))
+        assert grad_shared.get_value(borrow=True) is buffer
+        np.testing.assert_allclose(buffer, np.concatenate([np.ravel(g) for g in want]))
+    again, same = updates.flatten_gradients(loss * 2, [W, b], grad_shared)
+    assert same is grad_shared
+    with pytest.raises(ValueError, match="vector of 6 items; got shape \\(8,\\)"):
+        updates.flatten_gradients(loss, [W], grad_shared)
+
+
 @pytest.mark.parametrize("name", RULE_NAMES)
 def test_hyper_parameter_defaults_follow_lasagne(name):
     signature = inspect.signature(updates.RULES[name])

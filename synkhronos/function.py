@@ -247,6 +247,7 @@ class Function:
             A process died or did not finish in time (the session is broken).
         """
         session = self._session
+        session.check_usable()  # first: a call from the wrong thread must not touch staging
         plain = (not kwargs and batch is None and batch_s is None and num_slices == 1
                  and output_subset is None and session.profile is None)
         key = _repeat_key(args) if plain else None
@@ -258,7 +259,6 @@ class Function:
             plan = repeat[0]
             return self._returned(session.run(Opcode.CALL, plan, repeats=True), plan.output_ops,
                                   None)
-        session.check_usable()
         if session.profile is not None:
             start = time.perf_counter()
         values = self._binder.bind(args, kwargs)

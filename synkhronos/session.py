@@ -385,7 +385,7 @@ class Session:
             shmem.sweep_prefix(self.prefix)
             self._lock.close()
             if self._thread_limit is not None:
-                signals.blocked(self._thread_limit.restore_original_limits)
+                self._thread_limit.restore()
             signals.restore(self._old_handlers)
             self._old_handlers = {}
             if _current is self:

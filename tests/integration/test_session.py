@@ -68,6 +68,21 @@ def _blas_threads() -> list[int]:
     return [pool["num_threads"] for pool in threadpool_info()]
 
 
+def _numba_threads() -> int:
+    """The threads Numba's parallel kernels would use here (launches its pool: workers only)."""
+    import numba
+
+    return numba.get_num_threads()
+
+
+def _numba_pool_size() -> int:
+    """The size of the pool Numba will launch, or the threads in use if it has launched."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    return numba.get_num_threads() if parallel._is_initialized else parallel.NUM_THREADS
+
+
 def _faulthandler_enabled() -> bool:
     return faulthandler.is_enabled()
 
@@ -227,6 +242,7 @@ def test_fork_close_cycles_release_fds_and_threads():
     synk.close()
     fds = len(os.listdir("/proc/self/fd"))
     blas = _blas_threads()
+    numba_pool = _numba_pool_size()
     handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
     for _ in range(10):
         synk.fork(3)
@@ -234,6 +250,7 @@ def test_fork_close_cycles_release_fds_and_threads():
         synk.close()
     assert len(os.listdir("/proc/self/fd")) == fds
     assert _blas_threads() == blas
+    assert _numba_pool_size() == numba_pool
     assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers
 
 
@@ -495,6 +512,13 @@ def test_every_process_limits_blas_to_one_thread(forked):
     for rank, counts in enumerate(per_rank):
         assert counts, f"rank {rank} sees no BLAS pool"
         assert all(c == 1 for c in counts), (rank, counts)
+
+
+def test_every_process_limits_numba_to_one_thread(forked):
+    session = _session()
+    assert _numba_pool_size() == 1  # the master's, without launching a pool here
+    per_rank = session.run(S.Opcode.CALLABLE, (_numba_threads, (), session.worker_ranks))
+    assert all(per_rank[r] == 1 for r in session.worker_ranks), per_rank
 
 
 def test_workers_enable_faulthandler(forked):

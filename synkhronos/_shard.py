@@ -119,8 +119,10 @@ def _run_sliced(fn, plan: CallPlan, scattered, bcast, sliceable, session: Sessio
     outputs = [Accumulator(op) for op in plan.output_ops]
     updates = [Accumulator(op) for op in plan.update_ops]
     sliced = scattered + sliceable
-    bounds = [slice_bounds(len(a), plan.num_slices) for a in sliced]
-    for k in range(plan.num_slices):
+    # Nothing cut into rows (only broadcast inputs): one run is the whole call.
+    slices = plan.num_slices if sliced else 1
+    bounds = [slice_bounds(len(a), slices) for a in sliced]
+    for k in range(slices):
         parts = [a[b[k][0] : b[k][1]] for a, b in zip(sliced, bounds, strict=True)]
         weight = len(parts[0]) if parts else 1
         if weight == 0 and not plan.run_if_empty:

@@ -76,6 +76,12 @@ class Model:
             [], [(self.data.sum(axis=0), "sum"), (self.data.sum(axis=1), "gather")],
             sliceable_shareds=[self.data],
         )
+        b = pt.dvector("b")
+        self.count = pytensor.shared(np.float64(0.0), name="count")
+        self.bcast_only = synk.function(
+            [], [(b.sum(), "sum"), (b * 2, "gather")], bcast_inputs=[b],
+            updates=[(self.count, self.count + 1, "sum")],
+        )
         synk.distribute()
 
 
@@ -245,3 +251,14 @@ def test_as_pytensor_still_checks_its_inputs(model):
     with pytest.raises(TypeError):
         model.reduce.as_pytensor(X[0], Y)
     assert_all_close(model.reduce(X[:10], Y), model.reduce.as_pytensor(X[:10], Y))
+
+
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_slices_of_a_function_with_nothing_to_slice(model, num_slices):
+    """Only broadcast inputs: every process runs once, whatever num_slices says."""
+    n = synk.n_parallel()
+    set_rank_values(model.count, [np.float64(0.0)] * n)
+    total, gathered = model.bcast_only(Y[0], num_slices=num_slices)
+    np.testing.assert_allclose(total, Y[0].sum() * n, rtol=RTOL)
+    np.testing.assert_allclose(gathered, np.concatenate([Y[0] * 2] * n), rtol=RTOL)
+    assert rank_values(model.count) == [1.0] * n

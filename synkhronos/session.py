@@ -275,6 +275,9 @@ class Session:
             try:
                 reply = handler(self, payload)
             except Exception as exc:
+                interrupt = signals.interruption(exc)
+                if interrupt is not None:  # Ctrl-C inside compiled code: still Ctrl-C
+                    raise interrupt from exc
                 failure, reply = (exc, RemoteFailure.from_exception(exc)), None
                 control.mark_failed(self.master_rank, self._seq)
             workers = self._worker_ranks
@@ -324,6 +327,9 @@ class Session:
                 return reply
             return handler(self, payload)
         except Exception as exc:
+            interrupt = signals.interruption(exc)
+            if interrupt is not None:
+                raise interrupt from exc
             info = RemoteFailure.from_exception(exc)
             raise WorkerError(self.rank, info.exc_type, str(exc), info.traceback) from exc
         finally:

@@ -14,6 +14,9 @@ Two traps make this more than ``signal.signal``:
   the kernel chose the main thread. Pools started by the library (OpenBLAS rebuilds
   its threads when their count changes) are started inside ``blocked()``, so they
   inherit a mask that leaves these signals to the main thread.
+- A handler that raises while the master runs its own share in a Numba kernel leaves
+  its exception as the context of a ``SystemError``; ``interruption`` finds it, so
+  Ctrl-C there also closes the session instead of turning into a ``WorkerError``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "restore", "reraise_lost", "forget", "blocked"]
+__all__ = ["install", "restore", "reraise_lost", "forget", "blocked", "interruption"]
 
 _TERMINATING = {signal.SIGINT, signal.SIGTERM}
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
@@ -62,6 +65,23 @@ def restore(old: dict[int, Any]) -> None:
 def forget() -> None:
     """Drop signals noted earlier: only one that arrives from now on is re-raised."""
     _lost.clear()
+
+
+def interruption(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt`` or ``SystemExit`` hidden behind ``exc``, if any.
+
+    A signal handler that raises while compiled code (a Numba kernel) runs can leave
+    its exception as the context of another one: the caller then sees
+    ``SystemError: ... returned a result with an exception set``.
+    """
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, (KeyboardInterrupt, SystemExit)):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
 
 
 def reraise_lost() -> None:

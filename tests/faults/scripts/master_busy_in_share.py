@@ -1,0 +1,44 @@
+"""A synkhronos master that spends its time in its own share of each call.
+
+Usage: ``python master_busy_in_share.py``
+
+Forks 2 processes, then calls a function whose every call sorts a million rows per
+process in a Numba kernel, again and again for up to 60 s. Before the loop it prints
+``{"master", "workers", "prefix"}`` as one JSON line on stdout. The test sends SIGINT
+to the master alone: it nearly always lands while the master runs its share inside
+the kernel, where Python's handler can only leave its ``KeyboardInterrupt`` behind a
+``SystemError``. The program must still end by ``KeyboardInterrupt`` with the session
+closed, not by a ``WorkerError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytensor.tensor as pt
+
+import synkhronos as synk
+from synkhronos import session as S
+
+
+def main() -> None:
+    synk.fork(2)
+    x = pt.dvector("x")
+    f = synk.function([x], (pt.sort(x).sum(), "sum"))
+    synk.distribute()
+    rows = synk.data(np.random.default_rng(0).random(2_000_000))
+    f(rows)  # compiled and warm
+    session = S.current()
+    info = {"master": os.getpid(), "workers": [w.pid for w in session.workers],
+            "prefix": session.prefix}
+    print(json.dumps(info), flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        f(rows)
+
+
+if __name__ == "__main__":
+    main()

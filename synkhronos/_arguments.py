@@ -86,15 +86,19 @@ _castable: dict[tuple[Any, np.dtype, Any], bool] = {}
 def trustable(inputs: list, n_scattered: int, n_bcast: int) -> bool:
     """Whether the master's checks cover everything PyTensor would check per call.
 
-    True when every input is a tensor and every input that is cut into rows (the
-    scattered ones and the sliceable shared variables' stand-ins) has no static length
-    along axis 0: a process's share of rows then always fits the type.
+    True when every input is a dense tensor, every scattered input has no static
+    length along axis 0 (a process's share of rows then always fits the type; the
+    master checks the rest of its shape), and the sliceable shared variables'
+    stand-ins have no static shape at all (their values are never checked by the
+    master: collectives may have put rows of any shape there).
     """
     for i, var in enumerate(inputs):
-        if not isinstance(var.type, TensorType):
+        if type(var.type) is not TensorType:  # sparse and other subclasses filter
             return False
-        cut = i < n_scattered or i >= n_scattered + n_bcast
-        if cut and (var.ndim == 0 or var.type.shape[0] is not None):
+        if i >= n_scattered + n_bcast:  # a sliceable shared variable's rows: unchecked
+            if var.ndim == 0 or var.type.shape.count(None) != var.ndim:
+                return False
+        elif i < n_scattered and (var.ndim == 0 or var.type.shape[0] is not None):
             return False
     return True
 
@@ -231,7 +235,6 @@ class Staging:
     """Shared-memory buffers a function reuses for its numpy inputs and batch indices."""
 
     buffers: dict = field(default_factory=dict)
-    staged: tuple | None = None  # the repeat key of the call staged last (Function sets it)
 
     def put(self, slot: Any, array: np.ndarray):
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
@@ -242,19 +245,21 @@ class Staging:
             buffer.set_value(array, oversize=1.25)
         return buffer.ref()
 
-    def refill(self, args: tuple, key: tuple, arrays: list[int]) -> bool:
-        """Copy a repeated call's arrays where the last staged call's went; False if
-        the buffers no longer fit them.
+    def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
+        """Copy a repeated call's arrays where an earlier call's went; False if that
+        memory is not where the earlier call's plan reads any more.
 
-        ``key`` is the call's ``_repeat_key``, ``arrays`` the positions of its numpy
-        arguments. Arrays of the dtypes and shapes of the last staged call's fit the
-        buffers as they are, and PyTensor's ``filter`` would have cast each as
-        ``copyto`` does. A call of Data alone copies nothing.
+        ``refs`` are the earlier plan's DataRefs of every input, ``arrays`` the
+        positions of numpy arguments (of the same dtypes and shapes as then: the
+        caller's key says so). Any call in between may have regrown or moved a buffer;
+        a buffer still on the same segment with the same shape is where the plan reads,
+        and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
         """
-        if not arrays:
-            return True
-        if key != self.staged:
-            return False
+        for i in arrays:
+            buffer, ref = self.buffers.get(i), refs[i]
+            # what buffer.ref() would say, without its checks (this is the hot path)
+            if buffer is None or buffer._segment != ref.segment or buffer._shape != ref.shape:
+                return False
         for i in arrays:
             np.copyto(self.buffers[i].data, args[i], casting="unsafe")
         return True

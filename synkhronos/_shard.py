@@ -46,7 +46,8 @@ class CallPlan(NamedTuple):
     update_uids: tuple[int, ...]  # sliced calls: the shared variable of each update
     update_ops: tuple[ReduceOp, ...]
     run_if_empty: bool  # every process has zero rows: the master runs anyway
-    views_only: bool  # inputs are plain views (row ranges, no casts, no sliceables)
+    views_only: bool  # plain views of this session's segments: row ranges, no casts,
+    # no sliceable shared variables
     profile: bool = False  # reply with (gather, function) seconds too
 
 
@@ -54,27 +55,31 @@ def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
     return array if dtype is None else np.asarray(array, dtype=dtype)
 
 
-_VIEWS = "synkhronos.shard.views"  # session.local: CallPlan -> (generation, views, weight)
+_VIEWS = "synkhronos.shard.views"  # session.local: [generation, CallPlan -> (views, weight)]
 _VIEWS_KEPT = 64
 
 
 def _viewed_inputs(session: Session, plan: CallPlan) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays and its weight, kept per plan.
 
-    Only for ``views_only`` plans: their arrays are plain views of shared memory,
-    which see every change written in place; they are dropped when any segment is
-    released (the segment cache's generation moves on).
+    Only for ``views_only`` plans: their arrays are plain views of this session's
+    shared memory, which see every change written in place; all of them are dropped
+    as soon as any segment is released (the segment cache's generation moves on), so
+    no view keeps freed memory mapped.
     """
-    cache = session.local(_VIEWS, dict)
-    generation = session.segments.generation
+    kept = session.local(_VIEWS, lambda: [-1, {}])  # [generation, plan -> views]
+    generation, cache = session.segments.generation, kept[1]
+    if kept[0] != generation:  # a segment was released: let go of every view
+        cache.clear()
+        kept[0] = generation
     entry = cache.get(plan)
-    if entry is not None and entry[0] == generation:
-        return entry[1], entry[2], entry[3]
+    if entry is not None:
+        return entry
     scattered, bcast, _, weight = _gather_inputs(session, plan)
     if len(cache) >= _VIEWS_KEPT:
         cache.clear()
-    cache[plan] = (generation, scattered, bcast, weight)
-    return scattered, bcast, weight
+    entry = cache[plan] = (scattered, bcast, weight)
+    return entry
 
 
 def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, int]:

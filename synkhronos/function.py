@@ -24,6 +24,7 @@ instead of applying them.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -144,6 +145,7 @@ class Function:
         self._static: dict[int, tuple] = {}
         self._slice_names = [str(var) for var in self.sliceable_shareds]
         self._staging = _arguments.Staging()
+        self._untrusted = threading.Lock()  # as_pytensor's checked calls, one at a time
         self._trusted = _arguments.trustable(
             self._signature + self._slice_inputs, len(self.inputs), len(self.bcast_inputs)
         )
@@ -252,7 +254,9 @@ class Function:
                  and output_subset is None and session.profile is None)
         key = _repeat_key(args) if plain else None
         repeat = self._repeats.get(key) if key is not None else None
-        if repeat is not None and self._staging.refill(args, key, repeat[1]):
+        if repeat is not None and self._staging.refill(
+            args, repeat[0].scattered + repeat[0].bcast, repeat[1]
+        ):
             # Inputs like an earlier call's (the same Data, or arrays of the same dtype
             # and shape) and nothing else asked: what that call validated still holds,
             # and so does its plan, the arrays copied where that call's went.
@@ -283,7 +287,8 @@ class Function:
             fn_id, tuple(refs[:n_scattered]), tuple(refs[n_scattered:]), checked.casts,
             span, indices, sliceable, selections, num_slices, ops, update_uids, update_ops,
             checked.total_rows == 0 and n_scattered > 0,
-            indices is None and not sliceable and not any(checked.casts),
+            indices is None and not sliceable and not any(checked.casts)
+            and all(ref.segment.startswith(session.prefix) for ref in refs),
             session.profile is not None,
         )
         if session.profile is not None:
@@ -293,7 +298,6 @@ class Function:
             if len(self._repeats) >= _REPEATS_KEPT:
                 self._repeats.clear()
             self._repeats[key] = (plan, [i for i, item in enumerate(key) if item[0] is None])
-            self._staging.staged = key
         return self._returned(replies, ops, subset)
 
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
@@ -326,11 +330,12 @@ class Function:
         values = self._binder.bind(args, kwargs)
         values = [v.data if hasattr(v, "ref") else v for v in values]
         whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
-        self._local.trust_input = False  # these values are the caller's, unchecked
-        try:
-            outputs = self._local(*values, *whole)
-        finally:
-            self._local.trust_input = self._trusted
+        with self._untrusted:  # these values are the caller's: let PyTensor check them
+            self._local.trust_input = False
+            try:
+                outputs = self._local(*values, *whole)
+            finally:
+                self._local.trust_input = self._trusted
         return outputs[0] if self._single else outputs
 
     as_theano = as_pytensor

@@ -262,3 +262,39 @@ def test_slices_of_a_function_with_nothing_to_slice(model, num_slices):
     np.testing.assert_allclose(total, Y[0].sum() * n, rtol=RTOL)
     np.testing.assert_allclose(gathered, np.concatenate([Y[0] * 2] * n), rtol=RTOL)
     assert rank_values(model.count) == [1.0] * n
+
+
+def test_repeated_numpy_calls_after_other_calls_moved_the_staging(model):
+    """Keyword, batch, sliced and profiled calls restage the same buffers in between:
+    a repeated plain call must notice its buffer moved or changed shape."""
+    small, big = X[:2], X[:800] * 2
+    want_small = model.reduce.as_pytensor(small, Y)
+    assert_all_close(model.reduce(small, Y), want_small)
+    assert_all_close(model.reduce(x=big, y=Y), model.reduce.as_pytensor(big, Y))
+    assert_all_close(model.reduce(small, Y), want_small)
+    assert_all_close(model.reduce(big, Y, batch=5), model.reduce.as_pytensor(big[:5], Y))
+    assert_all_close(model.reduce(small + 1, Y), model.reduce.as_pytensor(small + 1, Y))
+    assert_all_close(model.reduce(big, Y, num_slices=3), model.reduce.as_pytensor(big, Y))
+    with synk.profile():
+        assert_all_close(model.reduce(X[:3], Y), model.reduce.as_pytensor(X[:3], Y))
+    assert_all_close(model.reduce(small, Y), want_small)
+
+
+def _mapped(name):
+    with open("/proc/self/maps") as f:
+        return sum(name in line for line in f)
+
+
+def test_freed_data_is_unmapped_everywhere_after_repeated_calls(model):
+    """Views kept for repeated calls never hold a freed Data's memory."""
+    big = synk.data(X)
+    segment = big.ref().segment
+    for _ in range(3):
+        assert_all_close(model.reduce(big, Y), model.reduce.as_pytensor(X, Y))
+    big.free_memory()
+    small = synk.data(X[:4])
+    for _ in range(2):  # the release reaches the workers with the next command
+        model.reduce(small, Y)
+    session = synk_session.current()
+    mapped = session.run(synk_session.Opcode.CALLABLE, (_mapped, (segment,), None))
+    assert mapped == [0] * synk.n_parallel()

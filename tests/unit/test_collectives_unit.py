@@ -76,6 +76,9 @@ class _FakeSession:
             self._local[key] = factory()
         return self._local[key]
 
+    def local_or_none(self, key):
+        return self._local.get(key)
+
 
 def test_backend_for_a_device_without_backend_names_it():
     with pytest.raises(RuntimeError, match="not implemented for device 'gpu'.*cpu"):

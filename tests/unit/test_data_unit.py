@@ -167,3 +167,9 @@ def test_trustable_only_when_the_masters_checks_cover_pytensors():
     assert not trustable([rows, rng], 1, 1)  # not a tensor
     assert not trustable([rows, fixed_rows], 1, 0)  # a sliceable stand-in with fixed rows
     assert trustable([rows, scalar, rows], 1, 1)
+    wide = pt.tensor("wide", shape=(None, 3), dtype="float64")
+    assert trustable([wide], 1, 0)  # the master checks a scattered input's other axes
+    assert not trustable([rows, wide], 1, 0)  # nobody checks a sliceable variable's rows
+    import pytensor.sparse as ps
+
+    assert not trustable([ps.csr_matrix("sparse", dtype="float64")], 1, 0)  # filter converts

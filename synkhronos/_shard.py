@@ -23,7 +23,7 @@ import numpy as np
 
 from ._reducers import Accumulator, ReduceOp
 from ._scatter import Batch, block, select_rows, slice_bounds
-from .data import call_view
+from ._dataref import call_view
 from .distribute import registry
 from .session import Opcode, Session, register
 

@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._dataref import call_view
 from ._reducers import Accumulator, ReduceOp
 from ._scatter import Batch, block, select_rows, slice_bounds
-from ._dataref import call_view
 from .distribute import registry
 from .session import Opcode, Session, register
 

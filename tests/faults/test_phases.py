@@ -204,17 +204,41 @@ def _arm_step(step: int, action: str) -> None:
     backend._steps[step] = faulty
 
 
-def _limit_memory(headroom: int) -> int:
-    """In a worker: cap its address space at its current size plus ``headroom`` bytes."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+_HELD: list = []  # a worker's blocks taken out of its free heap while capped
+
+
+def _address_space() -> int:
     with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (size + headroom, hard))
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _limit_memory(headroom: int) -> int:
+    """In a worker: cap its address space at its current size plus ``headroom`` bytes.
+
+    A cap only stops allocations that need new address space; a free chunk of the heap
+    (inherited from the master, whose history depends on the tests before, or kept
+    from an earlier call) would serve the same allocation under it. So large blocks
+    are made to come from fresh mappings (a fixed glibc mmap threshold of 1 MiB) and
+    the free chunks of 4 MiB or more are taken first and held until the cap is lifted.
+    """
+    ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    for size in (256 << 20, 64 << 20, 16 << 20, 4 << 20):
+        while True:
+            before = _address_space()
+            block = np.empty(size, dtype=np.uint8)
+            if _address_space() > before:  # a fresh mapping: no free chunk this big left
+                del block
+                break
+            _HELD.append(block)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + headroom, hard))
     return soft
 
 
 def _restore_memory(soft: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    _HELD.clear()
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,0 +1,198 @@
+"""What a collective call is checked against in the master, before any process moves.
+
+The public functions of ``api.py`` all start here (steps 1-3 of its path):
+
+1. ``_begin``: the session (forked, usable, distributed at least once) and the
+   targets: the shared variables, resolved once per list to their ids in every
+   process (``_resolve``; a variable no distributed function uses is a ``ValueError``
+   naming it) and cached by the ids of the variables;
+2. ``_reduce_op``, ``_check_rank``: the op (``avg`` only for floating variables) and
+   the rank;
+3. ``_values``, ``_rows_batch``, ``_check_fixed_length``: values filtered by each
+   variable's own type (cast only where PyTensor would cast; a ``synk.Data`` kept as
+   it is where it already fits), a ``batch`` of rows, and lengths that must agree.
+
+Nothing here moves data: the backend does that afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.tensor.type import TensorType
+
+from .._reducers import ReduceOp, parse_op
+from .._scatter import Batch, normalize_batch
+from ..distribute import registry
+from ..session import Session, current, require
+from .backend import Targets, backend_for
+
+_OPS = {op.value: op for op in ReduceOp if op is not ReduceOp.GATHER}
+_CACHE_LIMIT = 256
+
+
+# -- steps 1-3 ---------------------------------------------------------------------------
+class _Front:
+    """The master's per-session state of the collectives' front end: the registry, the
+    backend, and the validated targets of recent calls, keyed by their variables' ids."""
+
+    def __init__(self, session: Session) -> None:
+        self.registry = registry(session)
+        self.backend = backend_for(session)
+        self.targets: dict[Any, Targets] = {}
+
+
+def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]:
+    """The session, its front, the validated targets, and whether one variable came."""
+    session = current()
+    if session is None:
+        require(f"synk.{what}()")  # raises, saying to call synk.fork() first
+    if not session.is_master:
+        session.check_usable()  # raises: only the master issues commands
+    front = session.local_or_none("collectives.api")  # the hot path: no closure to build
+    if front is None:
+        front = session.local("collectives.api", lambda: _Front(session))
+    if not front.registry.distributed_once:
+        raise RuntimeError(
+            f"call synk.distribute() before synk.{what}(): collectives act on the shared "
+            "variables of distributed functions"
+        )
+    single = not isinstance(shared_vars, (list, tuple))
+    key = id(shared_vars) if single else tuple(map(id, shared_vars))
+    targets = front.targets.get(key)  # it holds the variables, so their ids stay theirs
+    if targets is None:
+        variables = (shared_vars,) if single else tuple(shared_vars)
+        targets = _resolve(front.registry, variables, single)
+        if len(front.targets) >= _CACHE_LIMIT:
+            front.targets.clear()
+        front.targets[key] = targets
+    return session, front, targets, single
+
+
+def _label(var: Any, index: int, single: bool) -> str:
+    where = "" if single else f" (shared_vars[{index}])"
+    name = getattr(var, "name", None)
+    return f"shared variable {name!r}{where}" if name else f"unnamed shared variable{where}"
+
+
+def _resolve(reg: Any, variables: tuple, single: bool) -> Targets:
+    if not variables:
+        raise ValueError("shared_vars is empty; give a shared variable or a list of them")
+    uids, labels = [], []
+    for i, var in enumerate(variables):
+        label = _label(var, i, single)
+        if not isinstance(var, SharedVariable) or not isinstance(var.type, TensorType):
+            raise TypeError(
+                f"{label} must be a PyTensor tensor shared variable; got {type(var).__name__}"
+            )
+        uid = reg.uid(var)
+        if uid is None:
+            raise ValueError(
+                f"{label} is not used by any distributed function; build a synk.function "
+                "that uses it and call synk.distribute() first"
+            )
+        if uid in uids:
+            raise ValueError(f"{label} appears more than once in shared_vars")
+        uids.append(uid)
+        labels.append(label)
+    dtypes = tuple(np.dtype(var.type.dtype) for var in variables)
+    return Targets(
+        variables=variables,
+        uids=tuple(uids),
+        labels=tuple(labels),
+        dtypes=dtypes,
+        ndims=tuple(var.type.ndim for var in variables),
+        inexact=all(dtype.kind in "fc" for dtype in dtypes),
+    )
+
+
+def _reduce_op(op: Any, targets: Targets) -> ReduceOp:
+    parsed = _OPS.get(op) if isinstance(op, str) else None
+    if parsed is None:
+        parsed = parse_op(op, allow_gather=False)
+    if parsed is ReduceOp.AVG and not targets.inexact:
+        for label, dtype in zip(targets.labels, targets.dtypes, strict=True):
+            if dtype.kind not in "fc":
+                raise TypeError(
+                    f"op 'avg' needs floating-point variables; {label} has dtype {dtype} "
+                    "(use op='sum' and divide, or a float variable)"
+                )
+    return parsed
+
+
+def _check_rank(session: Session, rank: Any) -> int:
+    if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
+        raise TypeError(f"rank must be an integer; got {type(rank).__name__}")
+    if not 0 <= rank < session.n:
+        raise ValueError(f"rank must be in 0..{session.n - 1} for {session.n} processes; "
+                         f"got {rank}")
+    return int(rank)
+
+
+def _is_data(value: Any) -> bool:
+    return hasattr(value, "ref") and hasattr(value, "alloc_size")
+
+
+def _values(targets: Targets, values: Any, single: bool, keep_data: bool) -> list:
+    """One value per variable, filtered by the variable's type.
+
+    A ``synk.Data`` of the variable's dtype and ndim is kept as is when ``keep_data``
+    (the ranks read it in place); any other value becomes a numpy array the variable
+    could hold.
+    """
+    if single:
+        values = [values]
+    elif not isinstance(values, (list, tuple)):
+        raise TypeError(f"values must be a list with one value per shared variable "
+                        f"({len(targets.uids)}); got {type(values).__name__}")
+    elif len(values) != len(targets.uids):
+        raise ValueError(f"values must hold one value per shared variable "
+                         f"({len(targets.uids)}); got {len(values)}")
+    result = []
+    for var, label, dtype, ndim, value in zip(
+        targets.variables, targets.labels, targets.dtypes, targets.ndims, values, strict=True
+    ):
+        if _is_data(value):
+            if keep_data and value.dtype == dtype and value.ndim == ndim:
+                result.append(value)
+                continue
+            value = value.data
+        try:
+            result.append(np.asarray(var.type.filter(value, strict=False)))
+        except (TypeError, ValueError) as exc:
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"value for {label} does not fit it: {exc}") from exc
+    return result
+
+
+def _rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
+    """The one row selection of ``values``, which must agree in length (axis 0)."""
+    lengths = []
+    for label, value in zip(targets.labels, values, strict=True):
+        if value.ndim == 0:
+            raise ValueError(f"{what} splits values along axis 0, but the value for "
+                             f"{label} is 0-d")
+        lengths.append(value.shape[0])
+    if len(set(lengths)) > 1:
+        pairs = zip(lengths, targets.labels, strict=True)
+        got = ", ".join(f"{n} for {label}" for n, label in pairs)
+        raise ValueError(f"{what} values must share their length along axis 0; got {got}")
+    return normalize_batch(batch, lengths[0])
+
+
+def _check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -> None:
+    """Refuse new lengths that a variable's static shape forbids (``lengths[var]``)."""
+    for var, label, per_rank in zip(targets.variables, targets.labels, lengths, strict=True):
+        fixed = var.type.shape[0] if var.type.ndim else None
+        if fixed is not None and any(length != fixed for length in per_rank):
+            raise ValueError(f"{what} would give {label} lengths {per_rank}, but its type "
+                             f"fixes its length to {fixed}")
+
+
+def _one_or_list(results: list, single: bool) -> Any:
+    return results[0] if single else results
+
+
+# -- the collectives ---------------------------------------------------------------------

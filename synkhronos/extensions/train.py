@@ -6,7 +6,7 @@ This module owns the three-step training call built on an update rule of
 1. ``grad_function`` (scattered ``inputs``, one broadcast scalar ``total``): each
    process writes ``grad(loss * rows / total)`` into the flat vector ``grad_shared``,
    where ``rows`` is the number of rows it ran and ``total`` the minibatch's (piece by
-   piece, in place: see ``_weighted_gradient``); with ``num_slices > 1`` the update
+   piece, in place: see ``flatten_gradients``); with ``num_slices > 1`` the update
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows;
 2. ``synk.all_reduce(grad_shared, op="sum")``: every process now holds
@@ -35,7 +35,7 @@ from ..collectives import all_reduce, broadcast
 from ..distribute import distribute
 from ..function import Function, function
 from ..session import n_parallel
-from .updates import RULES, UpdateRule, flatten_gradients
+from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function"]
 
@@ -58,18 +58,6 @@ def _length(value: Any, position: int) -> int:
     if len(shape) == 0:
         raise ValueError(f"data argument {position} is scattered along axis 0 but is a scalar")
     return int(shape[0])
-
-
-def _weighted_gradient(loss: Variable, params: list, grad_shared: SharedVariable,
-                       weight: Variable) -> Variable:
-    """``grad_shared``'s new value: ``grad(loss) * weight``, flat, written in place.
-
-    The weight scales the loss before differentiation, so no pass over the gradient
-    multiplies it, and the pieces are set into ``grad_shared``'s own buffer (see
-    ``flatten_gradients``), the all-reduce's exchange slot after the first step.
-    """
-    flat, _ = flatten_gradients(loss * weight, params, grad_shared)
-    return flat
 
 
 class TrainFunction:
@@ -106,19 +94,24 @@ class TrainFunction:
             raise ValueError("inputs must hold at least one variable scattered along axis 0 "
                              "(the minibatch rows); got an empty list")
         self.update_rule = update_rule
-        _, param_updates, grad_shared = update_rule(loss, params, **hyper)
-        self.params = list(params) if isinstance(params, (list, tuple)) else [params]
-        self.param_updates = param_updates
-        self.grad_shared = grad_shared
+        loss, self.params = _check_loss(loss), _check_params(params)
         self.inputs = list(inputs)
-        dtype = grad_shared.dtype
+        dtype = _flat_dtype(self.params)
         self._total = pt.scalar("total_rows", dtype=dtype)
         rows = pt.cast(self.inputs[0].shape[0], dtype)
+        # The rule differentiates the loss weighted by this process's share of the
+        # minibatch: the weight scales the gradient's seed, with no pass over the
+        # gradient itself.
+        grad_updates, param_updates, grad_shared = update_rule(
+            loss * (rows / self._total), self.params, **hyper
+        )
+        (_, flat), = grad_updates
+        self.param_updates = param_updates
+        self.grad_shared = grad_shared
         name = update_rule.__name__
         self.grad_function: Function = function(
             self.inputs, loss, bcast_inputs=[self._total],
-            updates=[(grad_shared, _weighted_gradient(loss, self.params, grad_shared,
-                                                      rows / self._total), "sum")],
+            updates=[(grad_shared, flat, "sum")],
             name=f"train_grad_{name}", **compile_kwargs,
         )
         self.apply_function: Function = function([], updates=param_updates,

@@ -46,6 +46,7 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
+from pytensor.scalar import upcast
 
 __all__ = [
     "RULES",
@@ -103,8 +104,13 @@ def _offsets(params: Sequence[SharedVariable]) -> list[tuple[int, int, tuple[int
     return pieces
 
 
-def flatten_gradients(loss: Variable, params: Sequence[SharedVariable],
-                      grad_shared: SharedVariable | None = None
+def _flat_dtype(params: Sequence[SharedVariable]) -> str:
+    """The flat vector's dtype: what concatenating the gradients gives (a gradient has
+    its parameter's dtype)."""
+    return upcast(*(param.dtype for param in params))
+
+
+def flatten_gradients(loss: Variable, params: Sequence[SharedVariable]
                       ) -> tuple[Variable, SharedVariable]:
     """The gradients of ``loss`` as one flat expression, and the vector to hold it.
 
@@ -120,8 +126,6 @@ def flatten_gradients(loss: Variable, params: Sequence[SharedVariable],
         The loss to differentiate.
     params : list of SharedVariable
         The parameters, in the order their pieces take in the flat vector.
-    grad_shared : SharedVariable, optional
-        The vector to write into (from an earlier call); a new one by default.
 
     Returns
     -------
@@ -129,32 +133,25 @@ def flatten_gradients(loss: Variable, params: Sequence[SharedVariable],
         ``grad_shared`` with ``grad(loss, p).ravel()`` set into each piece, in
         ``params`` order: ``concatenate([grad(loss, p).ravel() for p in params])``.
     grad_shared : SharedVariable
-        A zero vector of ``flat``'s length and dtype, named ``"grad_shared"``, or the
-        one given.
+        A zero vector of ``flat``'s length and dtype, named ``"grad_shared"``.
 
     Raises
     ------
     TypeError
         If ``loss`` is not a variable or a parameter is not a shared variable.
     ValueError
-        If ``loss`` is not 0-d, or ``params`` is empty or repeats a variable, or
-        ``grad_shared`` does not have the gradients' total size.
+        If ``loss`` is not 0-d, or ``params`` is empty or repeats a variable.
     """
     loss = _check_loss(loss)
     params = _check_params(params)
-    grads = [pt.as_tensor_variable(g).ravel() for g in pytensor.grad(loss, params)]
     pieces = _offsets(params)
-    size = pieces[-1][1]
-    if grad_shared is None:
-        dtype = pt.concatenate(grads).dtype  # the dtype concatenation would give
-        grad_shared = pytensor.shared(np.zeros(size, dtype=dtype), name="grad_shared")
-    elif np.shape(grad_shared.get_value(borrow=True)) != (size,):
-        raise ValueError(f"grad_shared must be a vector of {size} items; got shape "
-                         f"{np.shape(grad_shared.get_value(borrow=True))}")
+    dtype = _flat_dtype(params)
+    grad_shared = pytensor.shared(np.zeros(pieces[-1][1], dtype=dtype), name="grad_shared")
     flat = grad_shared
-    for grad, (start, stop, _) in zip(grads, pieces, strict=True):
-        piece = grad if grad.dtype == grad_shared.dtype else pt.cast(grad, grad_shared.dtype)
-        flat = pt.set_subtensor(flat[start:stop], piece)
+    for grad, (start, stop, _) in zip(pytensor.grad(loss, params), pieces, strict=True):
+        piece = pt.as_tensor_variable(grad).ravel()
+        flat = pt.set_subtensor(flat[start:stop], piece if piece.dtype == dtype
+                                else pt.cast(piece, dtype))
     return flat, grad_shared
 
 

@@ -227,10 +227,6 @@ def test_flat_gradient_is_written_in_place_into_grad_shared():
         want = f(np.random.default_rng(seed).normal(size=(5, 3)))
         assert grad_shared.get_value(borrow=True) is buffer
         np.testing.assert_allclose(buffer, np.concatenate([np.ravel(g) for g in want]))
-    again, same = updates.flatten_gradients(loss * 2, [W, b], grad_shared)
-    assert same is grad_shared
-    with pytest.raises(ValueError, match="vector of 6 items; got shape \\(8,\\)"):
-        updates.flatten_gradients(loss, [W], grad_shared)
 
 
 @pytest.mark.parametrize("name", RULE_NAMES)

@@ -298,8 +298,7 @@ class Session:
                         first_remote = (rank, value)
                 else:
                     replies[rank] = value
-            if control.payload_external:
-                control.release_external_payload()
+            control.release_external_payload()
         except BaseException as exc:
             self._fail(exc)
             raise

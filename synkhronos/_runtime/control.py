@@ -105,7 +105,7 @@ class ControlBlock:
 
     # -- fields -----------------------------------------------------------------------
     def _field(self, rank: int, field: int) -> int:
-        return _HEAD + _PER_RANK * rank + field
+        return self._bases[rank] + field
 
     @property
     def seq(self) -> int:
@@ -118,11 +118,6 @@ class ControlBlock:
         return self.header[self._bases[rank] + _STATUS] != STATUS_OK
 
     # -- waking and waiting ------------------------------------------------------------
-    def wake(self, rank: int) -> None:
-        """Release ``rank``'s semaphore if it announced that it sleeps."""
-        if self.header[self._field(rank, _SLEEPING)]:
-            self._semaphores[rank].release()
-
     def wake_all(self, except_rank: int) -> None:
         header = self.header
         for rank, base in enumerate(self._bases):
@@ -323,11 +318,6 @@ class ControlBlock:
             segment.close()
             if unlink:
                 shmem.unlink_segment(name)
-
-    @property
-    def payload_external(self) -> bool:
-        """Whether the current payload travels in a one-off segment."""
-        return self.header[_PAYLOAD_LEN] < 0
 
     def release_external_payload(self) -> None:
         """The master's clean-up of an oversized payload once every worker read it."""

@@ -85,6 +85,15 @@ def _holders(entry: str) -> list[str]:
     return found
 
 
+def _kill(*pids: int) -> None:
+    """SIGKILL whichever of ``pids`` still exist (clean-up after a test, pass or fail)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -375,11 +384,7 @@ class Master:
 
     def cleanup(self) -> None:
         """Whatever the test found: kill what is left and remove the program's segments."""
-        for pid in [self.pid, *self.workers]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(self.pid, *self.workers)
         if self.proc.poll() is None:
             self.proc.wait(10)
         self.proc.stdout.close()
@@ -539,11 +544,7 @@ def test_program_ends_without_close(mode, code, message):
         assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
         assert _entries(info["prefix"]) == []
     finally:
-        for pid in info["workers"]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(*info["workers"])
         shmem.sweep_prefix(info["prefix"])
 
 
@@ -563,11 +564,7 @@ def test_ctrl_c_while_the_master_runs_its_own_share_closes_the_session():
         assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
         assert _entries(info["prefix"]) == []
     finally:
-        for pid in [proc.pid, *info["workers"]]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(proc.pid, *info["workers"])
         proc.communicate()
         shmem.sweep_prefix(info["prefix"])
 

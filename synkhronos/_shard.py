@@ -59,6 +59,10 @@ _VIEWS = "synkhronos.shard.views"  # session.local: [generation, CallPlan -> (vi
 _VIEWS_KEPT = 64
 
 
+def _no_views() -> list:
+    return [-1, {}]
+
+
 def _viewed_inputs(session: Session, plan: CallPlan) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays and its weight, kept per plan.
 
@@ -67,7 +71,7 @@ def _viewed_inputs(session: Session, plan: CallPlan) -> tuple[list, list, int]:
     as soon as any segment is released (the segment cache's generation moves on), so
     no view keeps freed memory mapped.
     """
-    kept = session.local(_VIEWS, lambda: [-1, {}])  # [generation, plan -> views]
+    kept = session.local(_VIEWS, _no_views)  # [generation, plan -> views]
     generation, cache = session.segments.generation, kept[1]
     if kept[0] != generation:  # a segment was released: let go of every view
         cache.clear()

@@ -216,7 +216,7 @@ class SegmentCache:
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
         # name -> (key, array): the last array viewed on each segment, for callers
-        # that view the same segment the same way call after call (``data.call_view``)
+        # that view the same segment the same way call after call (``_dataref.call_view``)
         self.views: dict[str, tuple] = {}
         self.generation = 0  # counts ``forget``s: caches of views compare it to stay valid
 

@@ -275,9 +275,7 @@ class Session:
             try:
                 reply = handler(self, payload)
             except Exception as exc:
-                interrupt = signals.interruption(exc)
-                if interrupt is not None:  # Ctrl-C inside compiled code: still Ctrl-C
-                    raise interrupt from exc
+                signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
                 failure, reply = (exc, RemoteFailure.from_exception(exc)), None
                 control.mark_failed(self.master_rank, self._seq)
             workers = self._worker_ranks
@@ -326,9 +324,7 @@ class Session:
                 return reply
             return handler(self, payload)
         except Exception as exc:
-            interrupt = signals.interruption(exc)
-            if interrupt is not None:
-                raise interrupt from exc
+            signals.reraise_interruption(exc)
             info = RemoteFailure.from_exception(exc)
             raise WorkerError(self.rank, info.exc_type, str(exc), info.traceback) from exc
         finally:

@@ -15,7 +15,7 @@ Two traps make this more than ``signal.signal``:
   its threads when their count changes) are started inside ``blocked()``, so they
   inherit a mask that leaves these signals to the main thread.
 - A handler that raises while the master runs its own share in a Numba kernel leaves
-  its exception as the context of a ``SystemError``; ``interruption`` finds it, so
+  its exception as the context of a ``SystemError``; ``reraise_interruption`` finds it, so
   Ctrl-C there also closes the session instead of turning into a ``WorkerError``.
 """
 
@@ -26,7 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "restore", "reraise_lost", "forget", "blocked", "interruption"]
+__all__ = ["install", "restore", "reraise_lost", "forget", "blocked",
+           "reraise_interruption"]
 
 _TERMINATING = {signal.SIGINT, signal.SIGTERM}
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
@@ -67,8 +68,8 @@ def forget() -> None:
     _lost.clear()
 
 
-def interruption(exc: BaseException) -> BaseException | None:
-    """The ``KeyboardInterrupt`` or ``SystemExit`` hidden behind ``exc``, if any.
+def reraise_interruption(exc: BaseException) -> None:
+    """Raise the ``KeyboardInterrupt`` or ``SystemExit`` hidden behind ``exc``, if any.
 
     A signal handler that raises while compiled code (a Numba kernel) runs can leave
     its exception as the context of another one: the caller then sees
@@ -78,10 +79,9 @@ def interruption(exc: BaseException) -> BaseException | None:
     current: BaseException | None = exc
     while current is not None and seen < 8:
         if isinstance(current, (KeyboardInterrupt, SystemExit)):
-            return current
+            raise current from exc
         current = current.__cause__ or current.__context__
         seen += 1
-    return None
 
 
 def reraise_lost() -> None:

@@ -17,7 +17,7 @@ from .distribute import distribute
 from .errors import SynkhronosError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from .function import Function, function
 from .profile import Profile, profile
-from .session import close, device, fork, master_rank, n_parallel
+from .session import close, device, fork, get_n_gpu, master_rank, n_parallel
 
 __all__ = [
     "fork",
@@ -25,6 +25,7 @@ __all__ = [
     "n_parallel",
     "device",
     "master_rank",
+    "get_n_gpu",
     "function",
     "Function",
     "distribute",

@@ -76,6 +76,7 @@ class Checked:
     length: int  # rows of the scattered inputs (0 if none)
     batch: Batch | None
     total_rows: int
+    minibatch: tuple[bool, ...] | None = None  # per scattered input, if any is a buffer
 
 
 # (input type, Data dtype, allow_downcast) -> whether PyTensor would cast; types hash
@@ -146,9 +147,17 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
 
 def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
                  allow_downcast: Any = None) -> Checked:
-    """Validate every input value and ``batch``; nothing is written anywhere."""
-    checked, casts = [], []
-    length = None
+    """Validate every input value and ``batch``; nothing is written anywhere.
+
+    Scattered inputs that are not minibatch Data must agree in length; ``batch``
+    selects among their rows. A minibatch ``Data`` is not indexed: it supplies its
+    first ``len(selection)`` rows, so it must hold at least that many (with only
+    minibatch inputs and no ``batch``, they must agree in length; with ``batch``, it
+    is checked against the shortest).
+    """
+    checked, casts, minibatch = [], [], []
+    lengths: list[tuple[int, int]] = []  # (input index, length) of indexed inputs
+    buffers: list[tuple[int, int]] = []  # the same, of minibatch Data
     for i, (var, value) in enumerate(zip(signature, values, strict=True)):
         if _is_data(value):
             casts.append(_check_data(var, i, value, allow_downcast, i < n_scattered))
@@ -166,24 +175,44 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
         if i < n_scattered:
             if len(shape) == 0:
                 raise ValueError(f"{_label(var, i)} is scattered along axis 0 but is a scalar")
-            if length is None:
-                length, first = shape[0], i
-            elif shape[0] != length:
+            is_buffer = _is_data(value) and value.minibatch
+            minibatch.append(is_buffer)
+            (buffers if is_buffer else lengths).append((i, shape[0]))
+    for group in (lengths, buffers if not lengths and batch is None else []):
+        for i, length in group[1:]:
+            if length != group[0][1]:
+                first = group[0][0]
                 raise ValueError(
                     "scattered inputs must share their length along axis 0; got "
-                    f"{length} for {_label(signature[first], first)} and {shape[0]} for "
-                    f"{_label(var, i)}"
+                    f"{group[0][1]} for {_label(signature[first], first)} and {length} for "
+                    f"{_label(signature[i], i)}"
                 )
     if batch is not None and n_scattered == 0:
         raise ValueError("batch selects rows of scattered inputs, but this function has none")
+    if lengths:
+        length = lengths[0][1]
+    elif buffers:
+        length = min(n for _, n in buffers)
+    else:
+        length = 0
     if not n_scattered:
         selection = None
     elif batch is None:
         selection = Batch(0, length)
+    elif not lengths and isinstance(batch, (list, tuple, np.ndarray)):
+        # only minibatch buffers, which are never indexed: the indices only count rows
+        selection = Batch(0, normalize_batch(batch, np.iinfo(np.int64).max).length)
     else:
         selection = normalize_batch(batch, length)
     total = selection.length if selection is not None else 0
-    return Checked(checked, tuple(casts), length or 0, selection, total)
+    for i, rows in buffers:
+        if rows < total:
+            raise ValueError(
+                f"{_label(signature[i], i)} is a minibatch Data of {rows} rows, fewer than "
+                f"the {total} rows the call selects (it supplies its first {total} rows)"
+            )
+    return Checked(checked, tuple(casts), length, selection, total,
+                   tuple(minibatch) if buffers else None)
 
 
 def check_batch_s(session: Session, variables: list, names: list[str], batch_s: Any):

@@ -27,6 +27,7 @@ class ReduceOp(enum.Enum):
     MAX = "max"
     MIN = "min"
     GATHER = "gather"
+    NONE = "none"  # no reduction: the master's own result (the user writes ``None``)
 
 
 _UFUNCS = {
@@ -38,6 +39,9 @@ _UFUNCS = {
 }
 
 
+_PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
+
+
 def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     """Turn the user's ``op`` argument into a :class:`ReduceOp`.
 
@@ -45,9 +49,11 @@ def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     ----------
     op : str, ReduceOp or None
         One of ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``
-        (case-insensitive), a :class:`ReduceOp`, or None meaning gather.
+        (case-insensitive), the original Synkhronos' host-side spellings ``"c_avg"``,
+        ``"c_sum"``, ... (aliases of the plain ops), a :class:`ReduceOp`, or None: no
+        reduction (the master keeps its own result).
     allow_gather : bool, optional
-        Whether gather (and so None) is acceptable here.
+        Whether the function-output-only ops (gather, and None) are acceptable here.
 
     Returns
     -------
@@ -58,25 +64,32 @@ def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     TypeError
         If ``op`` is not a string, a ReduceOp or None.
     ValueError
-        If ``op`` names no known operation, or is gather where that is not allowed.
+        If ``op`` names no known operation, or is gather / None where that is not
+        allowed.
     """
-    if isinstance(op, ReduceOp) and (allow_gather or op is not ReduceOp.GATHER):
+    if isinstance(op, ReduceOp) and (allow_gather or op not in _PER_PROCESS):
         return op  # the hot path: already parsed
-    valid = [o.value for o in ReduceOp if allow_gather or o is not ReduceOp.GATHER]
+    valid = [o.value for o in ReduceOp
+             if o is not ReduceOp.NONE and (allow_gather or o not in _PER_PROCESS)]
     if op is None:
-        parsed = ReduceOp.GATHER
+        parsed = ReduceOp.NONE
     elif isinstance(op, ReduceOp):
         parsed = op
     elif isinstance(op, str):
+        name = op.lower()
+        if name.startswith("c_"):
+            name = name[2:]
         try:
-            parsed = ReduceOp(op.lower())
+            parsed = ReduceOp(name)
         except ValueError:
-            raise ValueError(f"op must be one of {', '.join(valid)}; got {op!r}") from None
+            raise ValueError(f"op must be one of {', '.join(valid)}"
+                             f"{' or None' if allow_gather else ''}; got {op!r}") from None
     else:
         raise TypeError(f"op must be a string, a ReduceOp or None; got {type(op).__name__}")
-    if parsed is ReduceOp.GATHER and not allow_gather:
-        raise ValueError(f"op must be one of {', '.join(valid)} here (gather is not "
-                         f"allowed); got {op!r}")
+    if parsed in _PER_PROCESS and not allow_gather:
+        shown = "None" if parsed is ReduceOp.NONE else repr(op)
+        raise ValueError(f"op must be one of {', '.join(valid)} here (gather and None "
+                         f"are for function outputs); got {shown}")
     return parsed
 
 
@@ -96,6 +109,8 @@ class Accumulator:
     inexact, else float64. ``sum``, ``prod``, ``max`` and ``min`` are elementwise
     in the first value's dtype, computed in place in a private copy. ``gather``
     concatenates along axis 0 in arrival order (0-d values are stacked into 1-d).
+    ``none`` keeps the last value (the original Synkhronos' rule for the slices of
+    an output that is not reduced).
 
     Parameters
     ----------
@@ -143,6 +158,9 @@ class Accumulator:
         arr = np.asarray(value)
         if self._op is ReduceOp.GATHER:
             self._add_gather(arr)
+        elif self._op is ReduceOp.NONE:  # no reduction: the last value stands
+            self._acc = np.array(arr, copy=True)
+            self._handed_out = False
         elif self._acc is None:
             self._first_dtype, self._shape = arr.dtype, arr.shape
             if self._op is ReduceOp.AVG:
@@ -250,7 +268,7 @@ def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.nd
 
 def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
     """The common case: same-dtype, same-shape numeric arrays, every weight positive."""
-    if op is ReduceOp.GATHER or not values:
+    if op in _PER_PROCESS or not values:
         return False
     first = values[0]
     if type(first) is not np.ndarray or first.dtype.kind not in "biufc":

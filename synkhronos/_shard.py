@@ -11,7 +11,8 @@ included) then runs ``run_share`` on it independently:
    accumulated in place, the updates computed from the original values and applied
    once at the end;
 4. the reply ``(weight, outputs)``: the row count that weights its ``avg`` outputs in
-   the master's reduction, or ``None`` when it had no rows (it then ran nothing).
+   the master's reduction, or ``None`` when it had no rows (it then ran nothing). A
+   worker leaves out the outputs whose op is None: the master returns its own.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class CallPlan(NamedTuple):
     views_only: bool  # plain views of this session's segments: row ranges, no casts,
     # no sliceable shared variables
     profile: bool = False  # reply with (gather, function) seconds too
+    minibatch: tuple[bool, ...] | None = None  # per scattered input: a minibatch buffer,
+    # which supplies the rank's block of positions instead of its block of rows
 
 
 def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
@@ -103,8 +106,11 @@ def _gather_inputs(session: Session, plan: CallPlan) -> tuple[list, list, list, 
             mine = Batch(start=start + lo, stop=start + hi)
         weight = hi - lo
         if weight or plan.run_if_empty:
+            buffers = plan.minibatch or (False,) * len(plan.scattered)
+            positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
             for i, ref in enumerate(plan.scattered):
-                scattered.append(_cast(select_rows(call_view(ref, session), mine), casts[i]))
+                rows = positions if buffers[i] else mine
+                scattered.append(_cast(select_rows(call_view(ref, session), rows), casts[i]))
     offset = len(plan.scattered)
     bcast = [_cast(call_view(ref, session), casts[offset + i]) for i, ref in enumerate(plan.bcast)]
     rows: list[np.ndarray] = []
@@ -168,6 +174,10 @@ def run_share(session: Session, plan: CallPlan) -> tuple | None:
         outputs = _as_list(fn(*scattered, *bcast, *sliceable))
     else:
         outputs = _run_sliced(fn, plan, scattered, bcast, sliceable, session)
+    if ReduceOp.NONE in plan.output_ops and session.rank != session.master_rank:
+        # not reduced: the master keeps its own, a worker sends nothing of it
+        outputs = [out for out, op in zip(outputs, plan.output_ops, strict=True)
+                   if op is not ReduceOp.NONE]
     if plan.profile:
         return weight, outputs, (gathered - start, time.perf_counter() - gathered)
     return weight, outputs

@@ -124,8 +124,8 @@ class Data:
         Number of items allocated (``>= size``); 0 when no memory is held.
     name : str or None
     minibatch : bool
-        A flag for the function layer: True marks a data set drawn from with ``batch``
-        indices rather than passed whole. ``Data`` only stores it.
+        True marks a minibatch buffer: with ``batch``, a function call takes its first
+        ``len(batch)`` rows instead of indexing it (the original Synkhronos' meaning).
 
     Notes
     -----
@@ -278,8 +278,10 @@ class Data:
         ----------
         value
             An array or array-like with this Data's ndim. An array (anything with a
-            ``dtype``) must have this Data's dtype; a list or Python scalar is accepted
-            when numpy can cast it within its kind (ints to floats, for example).
+            ``dtype``) must have this Data's dtype or one that casts to it safely
+            (uint8 into int32, float32 into float64), as function calls accept; a list
+            or Python scalar is accepted when numpy can cast it within its kind (ints
+            to floats, for example).
         force_cast
             Cast a value of another dtype (numpy's unsafe casting).
         oversize
@@ -289,7 +291,7 @@ class Data:
         Raises
         ------
         TypeError
-            The value's dtype differs and ``force_cast`` is False.
+            The value's dtype does not cast safely and ``force_cast`` is False.
         ValueError
             The value's ndim differs, or ``oversize`` is outside [1, 2].
         RuntimeError
@@ -356,10 +358,14 @@ class Data:
     def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float):
         """Validate ``array`` against dtype and ndim, make room, and copy it in."""
         if array.dtype != self._dtype and not force_cast:
-            if not (implicit and np.can_cast(array.dtype, self._dtype, "same_kind")):
+            # A safe cast (uint8 -> int32, float32 -> float64) loses nothing: taken as a
+            # call takes it. A list or scalar may also cast within its kind.
+            if not (np.can_cast(array.dtype, self._dtype, "safe") or (
+                implicit and np.can_cast(array.dtype, self._dtype, "same_kind")
+            )):
                 raise TypeError(
-                    f"{self._label} holds {self._dtype}; got a value of dtype {array.dtype} "
-                    "(pass force_cast=True to cast it)"
+                    f"{self._label} holds {self._dtype}; got a value of dtype {array.dtype}, "
+                    "which does not cast to it safely (pass force_cast=True to cast it)"
                 )
         if array.ndim != self._ndim:
             raise ValueError(
@@ -546,9 +552,13 @@ def data(
         value must have this shape. Without either, the Data starts empty (all
         dimensions 0, no memory).
     minibatch
-        Stored as ``x.minibatch`` for the function layer.
+        Mark the Data as a minibatch buffer: a call with ``batch`` does not index it
+        but takes its first ``len(batch)`` rows, in order (split across processes as
+        the batch is). Use it for a minibatch prepared ahead of each call, beside whole
+        data sets indexed by ``batch``.
     force_cast
-        Cast a ``value`` whose dtype differs from ``var``'s or ``dtype``.
+        Cast a ``value`` whose dtype differs from ``var``'s or ``dtype``; a safe cast
+        (uint8 into int32, float32 into float64) needs no flag.
     oversize
         In [1, 2]: allocate this many times the initial size, leaving room to grow.
     name

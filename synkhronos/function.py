@@ -33,7 +33,7 @@ import pytensor
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from . import _arguments
+from . import _arguments, _pytensor
 from ._reducers import ReduceOp, parse_op, reduce_values
 from ._shard import CallPlan
 from .data import Data
@@ -100,6 +100,23 @@ def _variables(value: Any, what: str) -> list:
     return items
 
 
+def _check_used(sliceable: list, outputs: list, updates: list, givens: list) -> None:
+    """Refuse a sliceable shared variable that nothing the function computes reads."""
+    if not sliceable:
+        return
+    roots = list(outputs) + [value for _, value in updates]
+    replaced = [var for var, _ in givens]
+    roots += [value for _, value in givens if isinstance(value, Variable)]
+    used = set(_pytensor.ancestors(roots))
+    for i, var in enumerate(sliceable):
+        if var not in used or var in replaced:
+            name = f" {var.name!r}" if var.name else ""
+            raise ValueError(
+                f"sliceable_shareds[{i}]{name} is not used by the function's outputs, "
+                "updates or givens; remove it from sliceable_shareds"
+            )
+
+
 class Function:
     """A PyTensor function that runs on every process; built by ``synk.function``.
 
@@ -113,9 +130,9 @@ class Function:
         Inputs every process uses whole.
     sliceable_shareds : list of SharedVariable
         Shared variables holding data rows, subject to ``batch_s`` and slicing.
-    output_modes : list of str
+    output_modes : list of str or None
         The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
-        ``"min"`` or ``"gather"``.
+        ``"min"``, ``"gather"``, or None (the master's own result).
     update_modes : list of str
         How each update is accumulated across slices.
     """
@@ -134,8 +151,15 @@ class Function:
             if not isinstance(var, SharedVariable):
                 raise TypeError(f"sliceable_shareds[{i}] must be a shared variable; got {var!r}")
         self._slice_inputs = [var.type(name=var.name) for var in self.sliceable_shareds]
+        stand_ins = dict(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
-        self._givens = given + list(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
+        _check_used(self.sliceable_shareds, self._outputs, self._updates, given)
+        # The original's pattern givens=[(x, s_x)], sliceable_shareds=[s_x]: each
+        # process passes its selected rows of s_x in place of s_x, so the stand-in goes
+        # into the user's replacement values (PyTensor refuses chained givens).
+        given = [(var, _pytensor.substitute(value, stand_ins) if isinstance(value, Variable)
+                  else value) for var, value in given]
+        self._givens = given + list(stand_ins.items())
         self._kwargs = dict(kwargs)
         self._signature = self.inputs + self.bcast_inputs
         self._binder = _arguments.Binder(self._signature, len(self.inputs))
@@ -159,7 +183,7 @@ class Function:
     @property
     def output_modes(self) -> list[str]:
         """The reduction of each output, as strings."""
-        return [op.value for op in self._output_ops]
+        return [None if op is ReduceOp.NONE else op.value for op in self._output_ops]
 
     @property
     def update_modes(self) -> list[str]:
@@ -290,6 +314,7 @@ class Function:
             indices is None and not sliceable and not any(checked.casts)
             and all(ref.segment.startswith(session.prefix) for ref in refs),
             session.profile is not None,
+            checked.minibatch,
         )
         if session.profile is not None:
             return self._profiled_run(session, plan, subset, start)
@@ -302,7 +327,7 @@ class Function:
 
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
-        results = _combine(ops, replies)
+        results = _combine(ops, replies, self._session.master_rank)
         if self._single and (subset is None or len(subset) == 1):
             return results[0]
         return results
@@ -321,12 +346,15 @@ class Function:
         ))
         return results
 
-    def as_pytensor(self, *args, **kwargs):
+    def as_pytensor(self, *args, output_subset=None, **kwargs):
         """Run the plain PyTensor function in the master alone, on the whole inputs.
 
         Shared variables (updates included) change in the master only: this is the
-        serial program the parallel calls must match.
+        serial program the parallel calls must match. ``output_subset`` selects
+        outputs as in a parallel call (and in PyTensor 2's call keyword; PyTensor 3
+        dropped it, so the subset is taken from the full outputs here).
         """
+        subset = _arguments.check_subset(output_subset, len(self._outputs))
         values = self._binder.bind(args, kwargs)
         values = [v.data if hasattr(v, "ref") else v for v in values]
         whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
@@ -336,35 +364,55 @@ class Function:
                 outputs = self._local(*values, *whole)
             finally:
                 self._local.trust_input = self._trusted
+        if subset is not None:
+            outputs = [outputs[i] for i in subset]
+            return outputs[0] if self._single and len(subset) == 1 else outputs
         return outputs[0] if self._single else outputs
 
     as_theano = as_pytensor
 
-    def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False):
-        """``synk.Data`` objects holding ``args`` for this function's inputs, in order.
+    def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):
+        """``synk.Data`` objects holding the values for this function's inputs.
 
         Parameters
         ----------
-        *args
-            One value per input (``inputs + bcast_inputs``).
+        *args, **kwargs
+            One value per input (``inputs + bcast_inputs``), positionally or by the
+            input variable's name.
         force_cast : bool, default False
-            Cast values whose dtype differs from the input's.
+            Cast values whose dtype differs from the input's (a safe cast needs no flag).
         oversize : float in [1, 2], default 1
             Room to grow, as a multiple of each value's size.
-        minibatch : bool, default False
-            Stored on each ``Data`` as its ``minibatch`` attribute.
+        minibatch : bool or sequence of bool, default False
+            Mark the Data as minibatch buffers (see :func:`synk.data <synkhronos.data>`):
+            one flag for all, or one per input.
 
         Returns
         -------
-        list of synkhronos.Data
+        synkhronos.Data or tuple of synkhronos.Data
+            One Data for a function of one input, else a tuple in input order.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A missing or unknown input, a ``minibatch`` list of the wrong length, or a
+            value that does not fit its input (as ``synk.data`` raises).
         """
         from .data import data
 
-        values = self._binder.bind(args, {})
-        return [
-            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=minibatch)
-            for v, var in zip(values, self._signature, strict=True)
-        ]
+        values = self._binder.bind(args, kwargs)
+        if isinstance(minibatch, (list, tuple)):
+            if len(minibatch) != len(values):
+                raise ValueError(f"minibatch must be one flag or one flag per input "
+                                 f"({len(values)}); got {len(minibatch)} flags")
+            flags = [bool(flag) for flag in minibatch]
+        else:
+            flags = [bool(minibatch)] * len(values)
+        built = tuple(
+            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=flag)
+            for v, var, flag in zip(values, self._signature, flags, strict=True)
+        )
+        return built[0] if len(built) == 1 else built
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
@@ -390,14 +438,30 @@ def _repeat_key(args: tuple) -> tuple | None:
     return tuple(key)
 
 
-def _combine(ops: list[ReduceOp], replies: list) -> list:
-    """Reduce each output over the ranks that ran, in rank (= row) order."""
+def _combine(ops: list[ReduceOp], replies: list, master: int) -> list:
+    """Reduce each output over the ranks that ran, in rank (= row) order.
+
+    An output whose op is None is the master's own (None if the master ran nothing);
+    the workers' replies leave such outputs out.
+    """
     ran = [reply for reply in replies if reply is not None]
     weights = [reply[0] for reply in ran]
-    return [
-        reduce_values(op, [reply[1][i] for reply in ran], weights)
-        for i, op in enumerate(ops)
-    ]
+    if ReduceOp.NONE not in ops:
+        return [
+            reduce_values(op, [reply[1][i] for reply in ran], weights)
+            for i, op in enumerate(ops)
+        ]
+    own = replies[master]
+    results, sent = [], 0
+    for i, op in enumerate(ops):
+        if op is ReduceOp.NONE:
+            results.append(None if own is None else own[1][i])
+            continue
+        values = [reply[1][i if rank == master else sent]
+                  for rank, reply in enumerate(replies) if reply is not None]
+        results.append(reduce_values(op, values, weights))
+        sent += 1
+    return results
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
@@ -410,7 +474,9 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         Scattered along axis 0 across processes.
     outputs : Variable, (Variable, op) or list of these
         ``op`` is ``"avg"`` (default, weighted by rows), ``"sum"``, ``"prod"``,
-        ``"max"``, ``"min"``, or ``None`` / ``"gather"`` (concatenate in row order).
+        ``"max"``, ``"min"``, ``"gather"`` (concatenate in row order), or ``None``: no
+        reduction, the master returns its own result and the workers send nothing.
+        ``"c_avg"``, ``"c_sum"``, ... (the original's host-side ops) are aliases.
     bcast_inputs : list of Variable
         Used whole by every process.
     updates : dict or list of (shared, new_value[, op])

@@ -30,8 +30,11 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Literal
+
+import numpy as np
 
 from ._runtime import devices, processes, shmem, signals
 from ._runtime.control import ControlBlock
@@ -47,6 +50,7 @@ __all__ = [
     "n_parallel",
     "device",
     "master_rank",
+    "get_n_gpu",
     "current",
     "require",
 ]
@@ -414,12 +418,16 @@ def require(what: str = "this") -> Session:
 
 def fork(
     n_parallel: int | None = None,
-    device: Literal["cpu", "gpu"] = "cpu",
+    device: Literal["cpu", "gpu"] | bool = "cpu",
     master_rank: int = 0,
     *,
     spin: float | None = None,
     timeout: float | None = None,
     pin: bool = False,
+    use_gpu: bool | None = None,
+    profile_workers: Any = None,
+    max_n_var: Any = None,
+    max_dim: Any = None,
 ) -> int:
     """Fork the worker processes; the caller becomes the master and rank ``master_rank``.
 
@@ -446,6 +454,14 @@ def fork(
         ``SYNK_TIMEOUT`` in the environment sets the default.
     pin : bool, default False
         Pin rank ``r`` to the ``r``-th usable core.
+    use_gpu : bool, optional
+        The original Synkhronos' way to choose the device: ``True`` means
+        ``device="gpu"``, ``False`` ``device="cpu"``. A bool passed second,
+        positionally (``synk.fork(2, False)``), means the same.
+    profile_workers, max_n_var, max_dim
+        The original's options, no longer needed (there is no fixed-size variable
+        table, and profiling is :func:`synk.profile <synkhronos.profile>`): accepted
+        with a ``DeprecationWarning`` and ignored.
 
     Returns
     -------
@@ -463,6 +479,14 @@ def fork(
     global _current, _atexit_registered
     if _current is not None:
         raise RuntimeError("synk.fork() was already called; call synk.close() first")
+    for option, value in (("profile_workers", profile_workers), ("max_n_var", max_n_var),
+                          ("max_dim", max_dim)):
+        if value is not None:
+            warnings.warn(
+                f"synk.fork({option}=...) is no longer needed and is ignored (it was an "
+                "option of the original Synkhronos)", DeprecationWarning, stacklevel=2,
+            )
+    device = _device_of(device, use_gpu)
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu'; got {device!r}")
     if device == "gpu":
@@ -507,6 +531,30 @@ def fork(
         _atexit_registered = True
     log.info("synkhronos forked %d processes (%s)", n_parallel, device)
     return n_parallel
+
+
+def _device_of(device: Any, use_gpu: Any) -> Any:
+    """The device named by ``device`` or the original's ``use_gpu`` flag."""
+    if isinstance(device, (bool, np.bool_)):  # fork(n, use_gpu) positionally
+        if use_gpu is not None:
+            raise TypeError("synk.fork() got use_gpu twice (second positionally and by name)")
+        use_gpu, device = device, "cpu"
+    if use_gpu is None:
+        return device
+    if not isinstance(use_gpu, (bool, np.bool_)):
+        raise TypeError(f"use_gpu must be a bool; got {use_gpu!r}")
+    if device != "cpu":
+        raise TypeError("synk.fork() takes device or use_gpu, not both")
+    return "gpu" if use_gpu else "cpu"
+
+
+def get_n_gpu() -> int:
+    """The number of NVIDIA GPUs this process may use, without initialising CUDA.
+
+    Counts the driver's GPUs (``/proc/driver/nvidia/gpus``), limited by
+    ``CUDA_VISIBLE_DEVICES``; 0 on a machine without NVIDIA's driver.
+    """
+    return devices.visible_gpus()
 
 
 def _preimport_backend() -> None:

@@ -62,9 +62,11 @@ def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]
     single = not isinstance(shared_vars, (list, tuple))
     key = id(shared_vars) if single else tuple(map(id, shared_vars))
     targets = front.targets.get(key)  # it holds the variables, so their ids stay theirs
-    if targets is None:
-        variables = (shared_vars,) if single else tuple(shared_vars)
-        targets = _resolve(front.registry, variables, single)
+    if targets is None or targets.by_name:
+        items = (shared_vars,) if single else tuple(shared_vars)
+        variables = tuple(_by_name(front.registry, item, i, single) if isinstance(item, str)
+                          else item for i, item in enumerate(items))
+        targets = _resolve(front.registry, variables, single, variables != items)
         if len(front.targets) >= _CACHE_LIMIT:
             front.targets.clear()
         front.targets[key] = targets
@@ -77,7 +79,24 @@ def _label(var: Any, index: int, single: bool) -> str:
     return f"shared variable {name!r}{where}" if name else f"unnamed shared variable{where}"
 
 
-def _resolve(reg: Any, variables: tuple, single: bool) -> Targets:
+def _by_name(reg: Any, name: str, index: int, single: bool) -> Any:
+    """The one distributed shared variable called ``name`` (the original's lookup)."""
+    found = [var for var in reg.shared.values() if var.name == name]
+    where = "" if single else f" (shared_vars[{index}])"
+    if not found:
+        raise ValueError(
+            f"no shared variable named {name!r}{where} is used by a distributed function; "
+            "pass the variable itself, or build and distribute a function that uses it"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{len(found)} shared variables of distributed functions are named "
+            f"{name!r}{where}; pass the variable itself"
+        )
+    return found[0]
+
+
+def _resolve(reg: Any, variables: tuple, single: bool, by_name: bool = False) -> Targets:
     if not variables:
         raise ValueError("shared_vars is empty; give a shared variable or a list of them")
     uids, labels = [], []
@@ -105,6 +124,7 @@ def _resolve(reg: Any, variables: tuple, single: bool) -> Targets:
         dtypes=dtypes,
         ndims=tuple(var.type.ndim for var in variables),
         inexact=all(dtype.kind in "fc" for dtype in dtypes),
+        by_name=by_name,
     )
 
 
@@ -180,6 +200,20 @@ def _rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
         got = ", ".join(f"{n} for {label}" for n, label in pairs)
         raise ValueError(f"{what} values must share their length along axis 0; got {got}")
     return normalize_batch(batch, lengths[0])
+
+
+def _each_rows_batch(targets: Targets, values: list, batch: Any, what: str) -> tuple:
+    """One row selection per value, each against that value's own length (axis 0)."""
+    selections = []
+    for label, value in zip(targets.labels, values, strict=True):
+        if value.ndim == 0:
+            raise ValueError(f"{what} splits values along axis 0, but the value for "
+                             f"{label} is 0-d")
+        try:
+            selections.append(normalize_batch(batch, value.shape[0]))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{what} of {label}: {exc}") from exc
+    return tuple(selections)
 
 
 def _check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -> None:

@@ -17,6 +17,12 @@ Steps 1-3 live in ``_checks.py``; every error of theirs is raised before any pro
 moves. A list of variables travels as one fused buffer, and a single variable returns
 a single value where a list returns a list.
 
+``shared_vars`` may name a variable by its name (a string), as in the original
+Synkhronos, when exactly one shared variable of the distributed functions has it.
+The original's ``nccl=`` keyword is accepted everywhere it was (``broadcast``,
+``gather``, ``all_gather``, ``reduce``, ``all_reduce``): it chose GPU (NCCL) or host
+communication there; on CPU processes it changes nothing.
+
 Per-rank examples below use two processes, with ``w`` a float32 vector holding
 ``[1, 2]`` in rank 0 (the master) and ``[3, 4]`` in rank 1.
 """
@@ -31,6 +37,7 @@ from ._checks import (
     _begin,
     _check_fixed_length,
     _check_rank,
+    _each_rows_batch,
     _one_or_list,
     _reduce_op,
     _rows_batch,
@@ -54,18 +61,20 @@ Op = Literal["avg", "sum", "prod", "max", "min"]
 
 
 # -- step 4: the exchanges (steps 1-3 are in _checks.py) ------------------------------
-def broadcast(shared_vars: Any, values: Any = None) -> None:
+def broadcast(shared_vars: Any, values: Any = None, nccl: bool = True) -> None:
     """Copy the master's values (or ``values``) into every process's variables.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them, optional
         New values, one per variable (a single value for a single variable); cast
         only where PyTensor would. The master's variables take them too.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -97,20 +106,21 @@ def scatter(shared_vars: Any, values: Any, batch: Any = None) -> None:
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them
-        One per variable, all of the same length along axis 0. A ``synk.Data`` of
-        the variable's dtype is read in place by every process.
+        One per variable, each split on its own (their lengths may differ). A
+        ``synk.Data`` of the variable's dtype is read in place by every process.
     batch : int, slice, or 1-d sequence of int, optional
-        Rows of ``values`` to scatter (as ``batch`` of a function call).
+        Rows of each value to scatter (as ``batch`` of a function call); it must be
+        valid for every value.
 
     Raises
     ------
     RuntimeError
         Before ``synk.fork()`` or before the first ``synk.distribute()``.
     ValueError, TypeError
-        Values that do not fit, differ in length, or are 0-d; a bad ``batch``.
+        Values that do not fit or are 0-d; a bad ``batch``.
 
     Examples
     --------
@@ -119,24 +129,27 @@ def scatter(shared_vars: Any, values: Any, batch: Any = None) -> None:
     """
     session, front, targets, single = _begin("scatter", shared_vars)
     values = _values(targets, values, single, keep_data=True)
-    selection = _rows_batch(targets, values, batch, "scatter")
-    counts = [selection.part(session.n, r).length for r in range(session.n)]
-    _check_fixed_length(targets, [counts] * len(values), "scatter")
-    front.backend.scatter(session, targets, values, selection)
+    selections = _each_rows_batch(targets, values, batch, "scatter")
+    counts = [[selection.part(session.n, r).length for r in range(session.n)]
+              for selection in selections]
+    _check_fixed_length(targets, counts, "scatter")
+    front.backend.scatter(session, targets, values, selections)
 
 
-def gather(shared_vars: Any, nd_up: int = 1) -> Any:
+def gather(shared_vars: Any, nd_up: int = 1, nccl: bool = True) -> Any:
     """Every process's values, collected in the master; no value changes.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     nd_up : {1, 0}
         1: stack on a new leading axis (shapes must agree across processes);
         0: concatenate along axis 0 (lengths may differ; 0-d values are stacked).
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Returns
     -------
@@ -179,7 +192,7 @@ def gather(shared_vars: Any, nd_up: int = 1) -> Any:
     return _one_or_list(results, single)
 
 
-def all_gather(shared_vars: Any) -> None:
+def all_gather(shared_vars: Any, nccl: bool = True) -> None:
     """Every process's variables become the concatenation of all processes' values.
 
     Values are joined along axis 0 in rank order; lengths may differ across
@@ -189,8 +202,10 @@ def all_gather(shared_vars: Any) -> None:
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, at least 1-d.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -221,20 +236,22 @@ def all_gather(shared_vars: Any) -> None:
     backend.all_gather(session, targets, shapes)
 
 
-def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True) -> Any:
+def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True, nccl: bool = True) -> Any:
     """Combine every process's values elementwise into the master.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, of the same shape in every process.
     op : {"avg", "sum", "prod", "max", "min"}
         ``"avg"`` is the plain mean over processes (floating variables only).
     in_place : bool
         True: the result goes into the master's variables and None is returned.
         False: the result is returned as new arrays; no process's value changes.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Returns
     -------
@@ -262,19 +279,21 @@ def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True) -> Any:
     return None if in_place else _one_or_list(results, single)
 
 
-def all_reduce(shared_vars: Any, op: Op = "avg") -> None:
+def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     """Combine every process's values elementwise; the result goes into every process.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, of the same shape in every process.
         A list travels as one fused buffer: prefer one call on a list (or one
         flattened variable) to many calls.
     op : {"avg", "sum", "prod", "max", "min"}
         ``"avg"`` is the plain mean over processes (floating variables only).
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -306,7 +325,7 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
     ----------
     rank : int
         The process whose variables change.
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them
         One per variable; cast only where PyTensor would.
@@ -346,7 +365,7 @@ def get_value(rank: int, shared_vars: Any) -> Any:
     ----------
     rank : int
         The process to read.
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
 
     Returns

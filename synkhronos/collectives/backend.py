@@ -67,6 +67,7 @@ class Targets:
     dtypes: tuple[np.dtype, ...]
     ndims: tuple[int, ...]
     inexact: bool  # every dtype floating or complex (what op "avg" needs)
+    by_name: bool = False  # some variable was given by name: resolved again every call
 
 
 def _aligned(nbytes: int, alignment: int = ALIGN) -> int:
@@ -158,8 +159,9 @@ class Backend(abc.ABC):
         """The master's values (or ``values``) into every process's variables."""
 
     @abc.abstractmethod
-    def scatter(self, session: Session, targets: Targets, values: list, batch: Batch) -> None:
-        """Rank ``r`` gets its block of the ``batch`` rows of each value."""
+    def scatter(self, session: Session, targets: Targets, values: list,
+                batches: tuple[Batch, ...]) -> None:
+        """Rank ``r`` gets its block of each value's selected rows (one ``Batch`` each)."""
 
     @abc.abstractmethod
     def gather(self, session: Session, targets: Targets,

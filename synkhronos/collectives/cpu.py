@@ -256,13 +256,14 @@ class CpuBackend(Backend):
             _store(var, out)
         return None
 
-    def scatter(self, session: Session, targets: Targets, values: list, batch: Batch) -> None:
-        self._place_all(session, targets, values, batch, None)
+    def scatter(self, session: Session, targets: Targets, values: list,
+                batches: tuple[Batch, ...]) -> None:
+        self._place_all(session, targets, values, batches, None)
 
     def set_value(self, session: Session, rank: int, targets: Targets, values: list,
                   batch: Batch | None) -> None:
         if rank != session.master_rank:
-            self._place_all(session, targets, values, batch, rank)
+            self._place_all(session, targets, values, (batch,) * len(values), rank)
             return
         session.check_usable()  # no command: the master alone changes
         for var, value in zip(targets.variables, values, strict=True):
@@ -270,8 +271,9 @@ class CpuBackend(Backend):
             _store(var, np.array(select_rows(whole, batch)))
 
     def _place_all(self, session: Session, targets: Targets, values: list,
-                   batch: Batch | None, rank: int | None) -> None:
-        """Stage ``values`` (arrays, or Data used in place) and let the ranks copy out."""
+                   batches: tuple, rank: int | None) -> None:
+        """Stage ``values`` (arrays, or Data used in place) and let the ranks copy out
+        the ``batches`` rows of each (one selection per value, None for all rows)."""
         staged = [i for i, v in enumerate(values) if isinstance(v, np.ndarray)]
         layout = FusedLayout([values[i].dtype for i in staged],
                              [values[i].shape for i in staged])
@@ -281,7 +283,7 @@ class CpuBackend(Backend):
             np.copyto(view, values[i])
             sources[i] = (layout.offsets[j], view.dtype.str, view.shape)
         step = _SCATTER if rank is None else _SET_VALUE
-        payload = (step, self._scratch, targets.uids, tuple(sources), batch, rank)
+        payload = (step, self._scratch, targets.uids, tuple(sources), batches, rank)
         self._run(session, payload, new)
 
     def gather(self, session: Session, targets: Targets,
@@ -439,14 +441,14 @@ class CpuBackend(Backend):
         return None
 
     def _place(self, session: Session, scratch: str, uids: tuple, sources: tuple,
-               batch: Batch | None, rank: int | None) -> None:
+               batches: tuple, rank: int | None) -> None:
         """Scatter (``rank`` None: every rank takes its block) or set one rank's values."""
         buffer = self._mapping(session, scratch)  # every rank maps what a command names
         if rank is not None and rank != session.rank:
             return
-        mine = batch if rank is not None else batch.part(session.n, session.rank)
         shared = registry(session).shared
-        for uid, source in zip(uids, sources, strict=True):
+        for uid, source, batch in zip(uids, sources, batches, strict=True):
+            mine = batch if rank is not None else batch.part(session.n, session.rank)
             if hasattr(source, "view"):  # a synk.Data reference: read in place
                 whole = source.view(session)
             else:  # (offset, dtype, shape) in the scratch buffer

@@ -22,10 +22,11 @@ so its ``grad_shared`` is zeroed by a broadcast first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
@@ -37,7 +38,8 @@ from ..function import Function, function
 from ..session import n_parallel
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
-__all__ = ["TrainFunction", "make_train_function"]
+__all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
+           "make_train_function_theano"]
 
 
 def _resolve_rule(update_rule: Any) -> UpdateRule:
@@ -47,10 +49,10 @@ def _resolve_rule(update_rule: Any) -> UpdateRule:
             raise ValueError(f"update_rule must name one of {', '.join(RULES)}; "
                              f"got {update_rule!r}")
         return rule
-    if update_rule in RULES.values():
+    if callable(update_rule):  # a rule of updates, or the user's with the same contract
         return update_rule
-    raise TypeError(f"update_rule must be a rule of synkhronos.extensions.updates or its "
-                    f"name; got {update_rule!r}")
+    raise TypeError(f"update_rule must be a rule of synkhronos.extensions.updates (or a "
+                    f"callable with its contract) or a rule's name; got {update_rule!r}")
 
 
 def _length(value: Any, position: int) -> int:
@@ -83,7 +85,8 @@ class TrainFunction:
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
-                 hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None) -> None:
+                 hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
+                 rule_args: Sequence[Any] = ()) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if isinstance(inputs, Variable):
             inputs = [inputs]
@@ -102,9 +105,20 @@ class TrainFunction:
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the
         # gradient itself.
-        grad_updates, param_updates, grad_shared = update_rule(
-            loss * (rows / self._total), self.params, **hyper
-        )
+        result = update_rule(loss * (rows / self._total), self.params, *rule_args, **hyper)
+        try:
+            grad_updates, param_updates, grad_shared = result
+            ok = (len(grad_updates) == 1 and grad_updates[0][0] is grad_shared
+                  and isinstance(grad_shared, SharedVariable))
+        except (TypeError, ValueError, IndexError):
+            ok = False
+        if not ok:
+            raise TypeError(
+                f"update_rule {getattr(update_rule, '__name__', update_rule)!r} must return "
+                "one gradient update into one flat shared vector, (grad_updates, "
+                "param_updates, grad_shared), as the rules of synkhronos.extensions.updates "
+                "do (sgd_nonflat does not: build that step by hand)"
+            )
         (_, flat), = grad_updates
         self.param_updates = param_updates
         self.grad_shared = grad_shared
@@ -171,11 +185,33 @@ class TrainFunction:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
 
 
+def _forms(inputs: Any, rest: tuple, what: str) -> tuple[list, Any, tuple]:
+    """``(inputs, update_rule, rule_args)`` from today's form or the original's.
+
+    Today's: ``(loss, params, inputs, update_rule, ...)``. The original Synkhronos':
+    ``(loss, params, x, y, update_rule, *rule_args)``, told apart by a variable where
+    today's form has its rule.
+    """
+    if rest and isinstance(rest[0], Variable):  # the original's x, y
+        if len(rest) < 2:
+            raise TypeError(f"{what}(loss, params, x, y, update_rule, ...) is missing "
+                            "update_rule")
+        return [inputs, rest[0]], rest[1], tuple(rest[2:])
+    if not rest:
+        raise TypeError(f"{what}() is missing update_rule")
+    return inputs, rest[0], tuple(rest[1:])
+
+
 def make_train_function(loss: Variable, params: Sequence[SharedVariable],
-                        inputs: Sequence[Variable], update_rule: UpdateRule | str,
+                        inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
                         compile_kwargs: dict[str, Any] | None = None,
                         **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
+
+    Two call forms: today's ``make_train_function(loss, params, inputs, update_rule,
+    **hyper)``, and the original Synkhronos' ``make_train_function(loss, params, x, y,
+    update_rule, *args, **kwargs)`` (``args``/``kwargs`` go to the rule). Both give
+    the same exact training step.
 
     Parameters
     ----------
@@ -187,27 +223,29 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     inputs : list of Variable
         Scattered along axis 0 across processes; ``train`` takes one value for each.
     update_rule : callable or str
-        A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``) or its name
-        (``"adam"``).
+        A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``), its name
+        (``"adam"``), or a callable with the same contract.
     compile_kwargs : dict, optional
         Passed to both underlying ``synk.function`` calls and so to
         ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
     **hyper
-        The rule's hyper-parameters (``learning_rate=...``, ...).
+        The rule's hyper-parameters (``learning_rate=...`` or the original's
+        ``lr=...``, ...); positional ones may follow ``update_rule``.
 
     Returns
     -------
     TrainFunction
         ``train(*data, batch=None, num_slices=1) -> loss``. Numerically equal to the
         same rule run in one PyTensor process on the same minibatches, for any split
-        of the rows and any ``num_slices``. It is distributed on its first call (or by
-        ``synk.distribute()``).
+        of the rows and any ``num_slices`` (the original averaged the processes'
+        gradients equally, exact only on even splits). It is distributed on its first
+        call (or by ``synk.distribute()``).
 
     Raises
     ------
     TypeError
-        If ``update_rule`` is neither a rule nor a rule's name, or a hyper-parameter
-        is unknown to the rule.
+        If ``update_rule`` is missing, neither a rule nor a rule's name, or a
+        hyper-parameter is unknown to the rule.
     ValueError
         If ``update_rule`` names no rule, or ``inputs`` is empty.
     RuntimeError
@@ -220,4 +258,36 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     >>> for idx in np.array_split(np.random.permutation(len(X)), 100):
     ...     train(xd, yd, batch=idx)
     """
-    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper, compile_kwargs)
+    inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
+    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
+                         compile_kwargs, rule_args)
+
+
+def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],
+                                 inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
+                                 compile_kwargs: dict[str, Any] | None = None,
+                                 **hyper: Any) -> Callable[..., np.ndarray]:
+    """The same training step as plain PyTensor functions in this process alone.
+
+    The serial program :func:`make_train_function` must match (the original's
+    ``make_train_function_theano``; that name is an alias). Same call forms; returns
+    ``train(*data) -> loss`` over whole arrays (slice the minibatch yourself).
+    """
+    inputs, update_rule, rule_args = _forms(inputs, rule_and_args,
+                                            "make_train_function_pytensor")
+    rule = _resolve_rule(update_rule)
+    inputs = [inputs] if isinstance(inputs, Variable) else list(inputs)
+    grad_updates, param_updates, _ = rule(loss, params, *rule_args, **hyper)
+    kwargs = dict(compile_kwargs or {})
+    grad_step = pytensor.function(inputs, loss, updates=grad_updates, **kwargs)
+    apply_step = pytensor.function([], [], updates=param_updates, **kwargs)
+
+    def train(*data: Any) -> np.ndarray:
+        loss_value = grad_step(*data)
+        apply_step()
+        return loss_value
+
+    return train
+
+
+make_train_function_theano = make_train_function_pytensor

@@ -367,7 +367,7 @@ class TestCollectives:
     def test_unknown_and_bad_ops(self, env):
         with pytest.raises(ValueError, match="op must be one of avg, sum, prod, max, min"):
             synk.all_reduce(env.f32m, op="mean")
-        with pytest.raises(ValueError, match="gather is not allowed"):
+        with pytest.raises(ValueError, match="gather and None are for function outputs"):
             synk.reduce(env.f32m, op="gather")
         with pytest.raises(TypeError, match="op must be a string"):
             synk.all_reduce(env.f32m, op=3)
@@ -408,7 +408,11 @@ class TestCollectives:
         with pytest.raises(TypeError, match="values must be a list"):
             synk.scatter([env.f32m], np.zeros((1, 1), "float32"))
         with pytest.raises(ValueError, match="share their length along axis 0"):
-            synk.scatter([env.rows, env.i32v], [np.zeros((4, 2), "float32"), np.zeros(5, "int32")])
+            synk.set_value(0, [env.rows, env.i32v],
+                           [np.zeros((4, 2), "float32"), np.zeros(5, "int32")], batch=[0])
+        with pytest.raises(ValueError, match="scatter of shared variable 'rows'.*out of range"):
+            synk.scatter([env.rows, env.i32v], [np.zeros((4, 2), "float32"),
+                                                np.zeros(5, "int32")], batch=[4])
         with pytest.raises(ValueError, match="is 0-d"):
             synk.scatter(env.f64s, 1.0)
         with pytest.raises(ValueError, match="out of range"):

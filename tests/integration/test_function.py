@@ -57,7 +57,7 @@ class Model:
                 (z.max(axis=0), "max"),
                 (z.min(axis=0), "min"),
                 ((1 + 0.01 * z).prod(axis=0), "prod"),
-                (z.sum(axis=1), None),
+                (z.sum(axis=1), "gather"),
             ],
             name="reduce",
         )

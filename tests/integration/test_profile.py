@@ -16,7 +16,7 @@ def test_profile_records_every_phase(n):
     synk.fork(n)
     try:
         x = pt.dmatrix("x")
-        f = synk.function([x], [(x.sum(axis=0), "sum"), (x.sum(axis=1), None)], name="sums")
+        f = synk.function([x], [(x.sum(axis=0), "sum"), (x.sum(axis=1), "gather")], name="sums")
         synk.distribute()
         data = synk.data(np.arange(60.0).reshape(20, 3))
         f(data)

@@ -29,18 +29,19 @@ def test_parse_op_strings_and_members(op):
     assert parse_op(op.value.upper()) is op
 
 
-def test_parse_op_none_is_gather():
-    assert parse_op(None) is ReduceOp.GATHER
+def test_parse_op_none_is_no_reduction():
+    assert parse_op(None) is ReduceOp.NONE
+    assert parse_op("c_avg") is ReduceOp.AVG
 
 
 @pytest.mark.parametrize(
     ("op", "kwargs", "exc", "match"),
     [
-        ("mean", {}, ValueError, r"op must be one of avg, sum, prod, max, min, gather; got 'mean'"),
+        ("mean", {}, ValueError, r"one of avg, sum, prod, max, min, gather or None; got 'mean'"),
         ("mean", {"allow_gather": False}, ValueError, r"one of avg, sum, prod, max, min; got"),
-        ("gather", {"allow_gather": False}, ValueError, r"gather is not allowed.*got 'gather'"),
-        (ReduceOp.GATHER, {"allow_gather": False}, ValueError, r"gather is not allowed"),
-        (None, {"allow_gather": False}, ValueError, r"gather is not allowed.*got None"),
+        ("gather", {"allow_gather": False}, ValueError, r"function outputs\); got 'gather'"),
+        (ReduceOp.GATHER, {"allow_gather": False}, ValueError, r"are for function outputs"),
+        (None, {"allow_gather": False}, ValueError, r"gather and None are for function.*got None"),
         (3, {}, TypeError, r"op must be a string, a ReduceOp or None; got int"),
         (np.add, {}, TypeError, r"got ufunc"),
     ],
@@ -161,7 +162,7 @@ def test_gather_scalars_and_rows():
     assert out.shape == (3,)
     np.testing.assert_array_equal(out, [1.5, 2.5, 3.5])
     a = np.arange(6).reshape(3, 2)
-    out = reduce_values(None, [a, a[:1]], [3, 1])
+    out = reduce_values("gather", [a, a[:1]], [3, 1])
     assert out.shape == (4, 2)
     a[0, 0] = 99  # gathered values are copies
     assert out[0, 0] == 0 and out[3, 0] == 0
@@ -244,7 +245,7 @@ def test_reduce_arrays_inplace_single_source_and_scalar_shape():
     [
         ("avg", np.zeros(2, np.int32), [np.zeros(2, np.int32)], TypeError,
          r"^op 'avg' needs a floating dtype; got int32$"),
-        ("gather", np.zeros(2), [np.zeros(2)], ValueError, r"gather is not allowed"),
+        ("gather", np.zeros(2), [np.zeros(2)], ValueError, r"are for function outputs"),
         ("sum", np.zeros(2), [], ValueError, r"sources must hold at least one array; got 0"),
         ("sum", np.zeros(2), [np.zeros(2), np.zeros(3)], ValueError,
          r"source shape \(3,\) does not match out shape \(2,\)"),

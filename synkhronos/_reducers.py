@@ -1,11 +1,15 @@
-"""Reduction kernels: how outputs from several processes are combined into one.
+"""Reduction kernels: the one module where values of several processes are combined.
 
-This module owns the set of reduce operations (:class:`ReduceOp`), parsing the
-user's ``op`` argument, the weighted :class:`Accumulator` used to combine function
-outputs that arrive one process at a time (weights are row counts, so ``avg`` of
-per-process means is the mean over all rows), and :func:`reduce_arrays_inplace`,
-the fast elementwise kernel behind the collectives (where every process counts
-once). Numpy only.
+It owns the set of reduce operations (:class:`ReduceOp`) and the parsing of the
+user's ``op`` argument, and two families of kernels:
+
+- weighted, for function outputs: :class:`Accumulator` combines values that arrive one
+  at a time (a process's slices), and :func:`reduce_values` the processes' replies;
+  weights are row counts, so ``avg`` of per-process means is the mean over all rows;
+- equal, for the collectives (every process counts once): :func:`combine_into` into a
+  given buffer (a piece of an exchange slot), :func:`combined` into a new array.
+
+Numpy only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Accumulator", "ReduceOp", "parse_op", "reduce_arrays_inplace", "reduce_values"]
+__all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
+           "reduce_values", "ufunc_of"]
 
 
 class ReduceOp(enum.Enum):
@@ -288,11 +293,7 @@ def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarra
     """
     first = values[0]
     if op is not ReduceOp.AVG:
-        out = first.copy()
-        ufunc = _UFUNCS[op]
-        for value in values[1:]:
-            ufunc(out, value, out=out)
-        return out
+        return combined(values, op)
     acc_dtype = _avg_dtype(first.dtype)
     acc = np.array(first, dtype=acc_dtype)  # a copy, 0-d included
     if weights[0] != 1:
@@ -308,48 +309,38 @@ def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarra
     return acc if acc.dtype == dtype else acc.astype(dtype)
 
 
-def reduce_arrays_inplace(op: ReduceOp | str, out: np.ndarray,
-                          sources: list[np.ndarray]) -> None:
-    """Reduce same-shape ``sources`` elementwise into ``out``.
+# -- the collectives' kernels: every process counts once ---------------------------------
+_KERNELS = {op: (ufunc, op is ReduceOp.AVG) for op, ufunc in _UFUNCS.items()}
 
-    ``avg`` is the plain mean over sources. ``out`` may be ``sources[0]`` itself
-    (then it is not copied) but must not overlap any other source.
 
-    Parameters
-    ----------
-    op : ReduceOp or str
-        Any operation but gather.
-    out : np.ndarray
-        Destination, same shape as every source; floating or complex for ``avg``.
-    sources : list of np.ndarray
-        At least one array.
+def ufunc_of(op: ReduceOp) -> tuple[np.ufunc, bool]:
+    """The ufunc that combines two values by ``op``, and whether to divide by the count
+    after (``avg`` is the sum divided by the number of values)."""
+    return _KERNELS[op]
+
+
+def combine_into(out: np.ndarray, first: np.ndarray, others: list[np.ndarray],
+                 op: ReduceOp) -> None:
+    """``out = op(first, *others)`` elementwise; ``avg`` is the plain mean.
+
+    ``first`` may be ``out`` itself; no other value may overlap ``out``. No checks:
+    the collectives call this on buffers they laid out (same shape and dtype).
     """
-    op = parse_op(op, allow_gather=False)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array; got {type(out).__name__}")
-    if not sources:
-        raise ValueError("sources must hold at least one array; got 0")
-    if op is ReduceOp.AVG and out.dtype.kind not in "fc":
-        raise TypeError(f"op 'avg' needs a floating dtype; got {out.dtype}")
-    for src in sources:
-        if np.shape(src) != out.shape:
-            raise ValueError(f"source shape {np.shape(src)} does not match out shape "
-                             f"{out.shape}")
-    first = sources[0]
-    if not _same_memory(out, first):
-        np.copyto(out, first, casting="same_kind")
-    ufunc = _UFUNCS[op]
-    for src in sources[1:]:
-        ufunc(out, src, out=out)
-    if op is ReduceOp.AVG and len(sources) > 1:
-        np.divide(out, len(sources), out=out)
+    if not others:
+        if first is not out:
+            np.copyto(out, first)
+        return
+    ufunc, mean = _KERNELS[op]
+    ufunc(first, others[0], out=out)
+    for other in others[1:]:
+        ufunc(out, other, out=out)
+    if mean:
+        np.true_divide(out, len(others) + 1, out=out)
 
 
-def _same_memory(a: np.ndarray, b: Any) -> bool:
-    """True when ``b`` is an array viewing exactly the same elements as ``a``."""
-    return (
-        isinstance(b, np.ndarray)
-        and a.dtype == b.dtype
-        and a.strides == b.strides
-        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    )
+def combined(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
+    """A new array: ``op`` over ``values`` (same shape and dtype) elementwise."""
+    first = values[0]
+    out = np.empty(first.shape, first.dtype)
+    combine_into(out, first, values[1:], op)
+    return out

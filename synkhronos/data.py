@@ -9,19 +9,18 @@ How data moves::
 
     master                                   every process (master included)
     ------                                   -------------------------------
-    1. synk.data(value): create segment
-       <prefix>d<id>_<generation>, map it,
-       copy value in; x.data views it
+    1. synk.data(value): the arena creates a
+       segment, the master maps it and
+       copies value in; x.data views it
     2. a command sends x.ref() -- a DataRef
-       (segment, dtype, shape), a few bytes  3. ref.view(session): map the segment by
-                                                name once (session.segments caches it)
-                                                and view it as an array, no copy
-    4. growth past alloc_size: a new segment
-       (next generation), leading values
-       copied over, old name unlinked and
-       session.release_later(old name)       5. with the next command, workers drop
-                                                their mapping of the old name; the next
-                                                ref names the new segment
+       (segment, dtype, shape), a few bytes  3. ref.view(ctx): the process's arena
+                                                maps the segment by name once and views
+                                                it as an array, no copy
+    4. growth past alloc_size: a new segment,
+       leading values copied over, the old
+       one released (unlinked and logged)    5. before the next command, workers drop
+                                                their mapping of the old segment; the
+                                                next ref names the new one
 
 A name is never resized: each allocation gets a fresh name, so a name always maps one
 fixed size, and a worker holding a mapping can never read past its end. Shrinking, or
@@ -42,7 +41,6 @@ unlinks, and cannot resize or free.
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import numbers
 import operator
@@ -53,13 +51,14 @@ from typing import Any
 
 import numpy as np
 
-from . import session as synk_session
-from ._dataref import _OWNED, DataRef, _mapping, _release_segment
+from ._core import context
+from ._core.session import Session, State, require
+from ._dataref import DataRef, mapping, release_segment
 from ._runtime import shmem
+from ._runtime.arena import Segment
 
 __all__ = ["Data", "DataRef", "data"]
 
-_IDS = "synkhronos.data.ids"  # session.local: counter that numbers a session's Data
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
 
@@ -152,9 +151,8 @@ class Data:
         oversize: float = 1,
         name: str | None = None,
     ):
-        session = synk_session.require("synk.data()")
-        if not session.is_master:
-            raise RuntimeError("synk.data() can only be called in the master process")
+        session = require("synk.data()")
+        session.check_usable()  # the master process only, and an open session
         if name is None and var is not None:
             name = getattr(var, "name", None)
         if name is not None and not isinstance(name, str):
@@ -166,10 +164,8 @@ class Data:
         self._ndim = dims
         self._name = name
         self._minibatch = bool(minibatch)
-        self._session: synk_session.Session | None = session
+        self._session: Session | None = session
         self._pid = os.getpid()
-        self._id = next(session.local(_IDS, itertools.count))
-        self._generation = 0
         self._segment = ""
         self._map: mmap.mmap | None = None
         self._alloc_size = 0
@@ -258,7 +254,7 @@ class Data:
     def ref(self) -> DataRef:
         """The picklable descriptor a command carries: ``(segment, dtype, shape)``.
 
-        Any process views the data with ``ref.view(session)``, without copies. A ref
+        Any process views the data with ``ref.view(ctx)``, without copies. A ref
         stays valid until the next reallocation or ``free_memory()``.
 
         Raises
@@ -269,6 +265,18 @@ class Data:
         if self.is_owner:
             self._check_session("ref()")
         return DataRef(self._segment, self._dtype.str, self._shape)
+
+    def holds(self, ref: DataRef) -> bool:
+        """Whether ``ref`` still describes this Data's memory (same segment and shape).
+
+        The function layer's check that a call prepared earlier still reads here.
+        """
+        return self._segment == ref.segment and self._shape == ref.shape
+
+    def memory_key(self) -> tuple:
+        """``(segment, shape, dtype)``: equal keys, the same memory viewed the same way
+        (a reallocation renames the segment)."""
+        return (self._segment, self._shape, self._dtype)
 
     # -- writing and resizing ----------------------------------------------------------------
     def set_value(self, value: Any, force_cast: bool = False, oversize: float = 1) -> None:
@@ -401,16 +409,14 @@ class Data:
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""
         session = self._check_session("growing the allocation")
-        self._generation += 1
-        segment = f"{session.prefix}d{self._id}_{self._generation}"
-        buffer = shmem.create_segment(segment, items * self._dtype.itemsize)
-        finalizer = weakref.finalize(self, _release_segment, session, segment, self._pid)
-        session.local(_OWNED, dict)[segment] = buffer
+        segment: Segment = session.ctx.arena.create(items * self._dtype.itemsize)
+        finalizer = weakref.finalize(self, release_segment, session.ctx, segment.id, self._pid,
+                                     session.is_closed)
         if keep:
-            new = shmem.array_view(buffer, self._dtype, (keep,))
+            new = shmem.array_view(segment.buffer, self._dtype, (keep,))
             new[:] = self._view.reshape(-1)[:keep]
         self._release()
-        self._segment, self._map, self._alloc_size = segment, buffer, items
+        self._segment, self._map, self._alloc_size = segment.name, segment.buffer, items
         self._finalizer = finalizer
 
     def _release(self) -> None:
@@ -426,14 +432,14 @@ class Data:
                 "process, which owns its memory; resize or free it there"
             )
 
-    def _check_session(self, what: str) -> synk_session.Session:
+    def _check_session(self, what: str) -> Session:
         session = self._session
         if session is None:
             raise RuntimeError(
                 f"{what} is not allowed on {self._label}: it was unpickled from another "
                 "process, which owns its memory"
             )
-        if session.state is synk_session.State.CLOSED:
+        if session.state is State.CLOSED:
             raise RuntimeError(
                 f"{what} is not possible: the session of {self._label} was closed by "
                 "synk.close(); make a new synk.data() after synk.fork()"
@@ -469,10 +475,8 @@ def _attach(
     self._minibatch = minibatch
     self._session = None
     self._pid = os.getpid()
-    self._id = 0
-    self._generation = 0
     self._segment = segment
-    self._map = _mapping(segment, synk_session.current()) if segment else None
+    self._map = mapping(segment, context.current()) if segment else None
     self._alloc_size = alloc_size
     self._finalizer = None
     if self._map is not None and len(self._map) < alloc_size * self._dtype.itemsize:

@@ -14,10 +14,13 @@ This module owns the three-step training call built on an update rule of
 3. ``apply_function`` (no inputs): each process splits ``grad_shared`` and applies the
    rule to identical values, so parameters and rule state stay identical everywhere.
 
+The three run as one command (:mod:`synkhronos.steps`): the workers go from the
+gradient to the exchange to the update without a round trip to the master.
+
 The result equals the rule run in one plain PyTensor process on the same minibatches
 (to round-off) however the rows split, provided ``loss`` is a mean over rows. A
 process given no rows (a minibatch shorter than ``n_parallel``) does not run step 1,
-so its ``grad_shared`` is zeroed by a broadcast first.
+so a step that zeroes ``grad_shared`` in every process comes first then.
 """
 
 from __future__ import annotations
@@ -31,11 +34,8 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .._scatter import normalize_batch
-from ..collectives import all_reduce, broadcast
-from ..distribute import distribute
-from ..function import Function, function
-from ..session import n_parallel
+from .. import Function, distribute, function, n_parallel
+from .. import steps as synk_steps
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -55,11 +55,20 @@ def _resolve_rule(update_rule: Any) -> UpdateRule:
                     f"callable with its contract) or a rule's name; got {update_rule!r}")
 
 
-def _length(value: Any, position: int) -> int:
-    shape = value.shape if hasattr(value, "shape") else np.shape(value)
-    if len(shape) == 0:
-        raise ValueError(f"data argument {position} is scattered along axis 0 but is a scalar")
-    return int(shape[0])
+def _selected(data: Any, batch: Any) -> int | None:
+    """The number of rows ``batch`` selects from ``data`` (None if it cannot tell: the
+    gradient call then raises the right error before anything moves)."""
+    try:
+        length = len(data)
+        if batch is None:
+            return length
+        if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool):
+            return int(batch)
+        if isinstance(batch, slice):
+            return len(range(*batch.indices(length)))
+        return len(batch)
+    except TypeError:
+        return None
 
 
 class TrainFunction:
@@ -130,8 +139,12 @@ class TrainFunction:
         )
         self.apply_function: Function = function([], updates=param_updates,
                                                  name=f"train_apply_{name}", **compile_kwargs)
-        self._zeros: np.ndarray | None = None
+        self._zero_function: Function = function(
+            [], updates=[(grad_shared, pt.zeros_like(grad_shared))],
+            name=f"train_zero_{name}", **compile_kwargs,
+        )
         self._distributed = False
+        self._all_reduce_step: synk_steps.Step | None = None
 
     def __call__(self, *data: Any, batch: Any = None, num_slices: int = 1) -> np.ndarray:
         """Take one step on the selected rows; return their mean loss.
@@ -162,24 +175,32 @@ class TrainFunction:
         if len(data) != len(self.inputs):
             raise TypeError(f"train takes one data argument per input ({len(self.inputs)}); "
                             f"got {len(data)}")
-        total = normalize_batch(batch, _length(data[0], 0)).length
+        total = _selected(data[0], batch)
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")
-        if not self._distributed:  # the broadcast below needs grad_shared distributed
+        if not self._distributed:  # the all-reduce step needs grad_shared distributed
             distribute()
             self._distributed = True
         n = n_parallel()
-        if total < n:  # some process runs nothing in step 1: its old gradient must not count
-            if self._zeros is None:
-                self._zeros = np.zeros(self.grad_shared.get_value(borrow=True).shape,
-                                       dtype=self.grad_shared.dtype)
-            broadcast([self.grad_shared], [self._zeros])
-        loss = self.grad_function(*data, np.asarray(total, dtype=self.grad_shared.dtype),
-                                  batch=batch, num_slices=num_slices)
+        steps = []
+        if total is not None and total < n:
+            # some process runs nothing in the gradient call: its old gradient must not count
+            steps.append(synk_steps.call(self._zero_function))
+        steps.append(synk_steps.call(
+            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.dtype),
+            batch=batch, num_slices=num_slices,
+        ))
         if n > 1:
-            all_reduce(self.grad_shared, op="sum")
-        self.apply_function()
-        return loss
+            steps.append(self._all_reduce)
+        steps.append(synk_steps.call(self.apply_function))
+        results = synk_steps.run(steps)  # one command: every process goes straight through
+        return results[len(steps) - (3 if n > 1 else 2)]
+
+    @property
+    def _all_reduce(self) -> synk_steps.Step:
+        if self._all_reduce_step is None:
+            self._all_reduce_step = synk_steps.all_reduce(self.grad_shared, op="sum")
+        return self._all_reduce_step
 
     def __repr__(self) -> str:
         return f"<synk TrainFunction {self.update_rule.__name__}>"

@@ -16,7 +16,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._scatter import split_bounds
+from synkhronos.testing import split_bounds
 from synkhronos.extensions import train as synk_train
 from synkhronos.extensions import updates
 

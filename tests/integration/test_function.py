@@ -13,33 +13,12 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as synk_session
-from synkhronos._scatter import split_bounds
-from synkhronos.distribute import registry
+from synkhronos.testing import split_bounds
+from synkhronos.testing import rank_values, run_on_ranks, set_rank_values
 
 from ..conftest import session_fixture
 
 RTOL = 1e-10
-
-
-def _rank_value(uid):
-    return registry(synk_session.current()).shared[uid].get_value()
-
-
-def _set_rank_value(uid, values):
-    session = synk_session.current()
-    registry(session).shared[uid].set_value(values[session.rank])
-
-
-def rank_values(var):
-    """Every process's value of a distributed shared variable, by rank."""
-    uid = registry(synk_session.current()).uid(var)
-    return synk_session.current().run(synk_session.Opcode.CALLABLE, (_rank_value, (uid,), None))
-
-
-def set_rank_values(var, values):
-    uid = registry(synk_session.current()).uid(var)
-    synk_session.current().run(synk_session.Opcode.CALLABLE, (_set_rank_value, (uid, values), None))
 
 
 class Model:
@@ -295,6 +274,5 @@ def test_freed_data_is_unmapped_everywhere_after_repeated_calls(model):
     small = synk.data(X[:4])
     for _ in range(2):  # the release reaches the workers with the next command
         model.reduce(small, Y)
-    session = synk_session.current()
-    mapped = session.run(synk_session.Opcode.CALLABLE, (_mapped, (segment,), None))
+    mapped = run_on_ranks(_mapped, segment)
     assert mapped == [0] * synk.n_parallel()

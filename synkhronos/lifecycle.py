@@ -31,6 +31,7 @@ from ._core.session import Session
 from ._runtime import devices, processes, shmem, signals
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
+from ._threads import limit_threads
 
 __all__ = ["fork", "close", "n_parallel", "device", "master_rank", "get_n_gpu"]
 
@@ -185,11 +186,12 @@ def _start(session: Session, cores: list[int] | None) -> None:
         executor = session.executor
         ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
         session.workers = processes.fork_workers(
-            ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores
+            ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores,
+            setup=limit_threads,
         )
     if cores is not None:
         os.sched_setaffinity(0, {cores[ctx.master_rank]})
-    session.on_close(processes.limit_threads().restore)
+    session.on_close(limit_threads().restore)
     old_handlers = signals.install()
     session.on_close(lambda: signals.restore(old_handlers))
 

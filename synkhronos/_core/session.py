@@ -94,6 +94,7 @@ class Session:
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
         self._seq = 0
+        self.commands = 0  # commands run so far (a test counts round trips with it)
         self._started = 0.0
         self._cleanups: list[Callable[[], None]] = []
         self._worker_ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
@@ -176,6 +177,7 @@ class Session:
         """
         took = self.enter()
         self._running = True
+        self.commands += 1
         try:
             if self.observer is not None:
                 return self._observed(message, repeats)
@@ -340,6 +342,12 @@ def require(what: str = "this") -> Session:
     """The live session, or a RuntimeError saying to call fork() first."""
     session = _current
     if session is None:
+        ctx = context.current()
+        if ctx is not None and not ctx.is_master:
+            raise RuntimeError(
+                f"{what} can only be called in the master process, not in a worker "
+                f"(rank {ctx.rank}): commands come from the master"
+            )
         raise RuntimeError(f"synk.fork() must be called before {what}")
     return session
 

@@ -16,9 +16,9 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos.testing import split_bounds
 from synkhronos.extensions import train as synk_train
 from synkhronos.extensions import updates
+from synkhronos.testing import split_bounds
 
 from ..conftest import session_fixture
 
@@ -123,16 +123,6 @@ def test_op_none_with_slices_keeps_the_last_slice(model):
     last_lo, last_hi = split_bounds(hi - lo, 2)[1]
     own_last = model.f.as_pytensor(data[lo:hi][last_lo:last_hi], y)
     np.testing.assert_allclose(model.f(data, y, num_slices=2)[2], own_last[2], rtol=RTOL)
-
-
-def test_c_ops_are_aliases_of_the_plain_ops():
-    from synkhronos._reducers import ReduceOp, parse_op
-
-    for name in ("avg", "sum", "prod", "max", "min", "gather"):
-        assert parse_op("c_" + name) is ReduceOp(name)
-    assert parse_op(None) is ReduceOp.NONE
-    with pytest.raises(ValueError, match="gather and None are for function outputs"):
-        parse_op(None, allow_gather=False)
 
 
 # -- build_inputs ------------------------------------------------------------------------------

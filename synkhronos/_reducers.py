@@ -127,10 +127,10 @@ class Accumulator:
         self._op = parse_op(op)
         self._count = 0
         self._total_weight = 0
-        self._first_dtype: np.dtype | None = None
-        self._shape: tuple[int, ...] | None = None
-        self._acc: np.ndarray | None = None
-        self._scratch: np.ndarray | None = None
+        self._first_dtype: Any = None
+        self._shape: Any = None
+        self._acc: Any = None  # the running result (an ndarray once a value came)
+        self._scratch: Any = None
         self._pieces: list[np.ndarray] = []
         self._handed_out = False  # result() returned self._acc; copy before changing it
 

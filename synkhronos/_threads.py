@@ -13,6 +13,7 @@ runtime is the standard library, numpy and posix_ipc only).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ._runtime import signals
 
@@ -33,7 +34,7 @@ class ThreadLimit:
     """
 
     def __init__(self) -> None:
-        self._blas = None
+        self._blas: Any = None
         self._numba_count: int | None = None
         try:
             from threadpoolctl import threadpool_limits

@@ -27,6 +27,7 @@ import io
 import logging
 import pickle
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ class Registry:
         self.compile_seconds = 0.0  # the master's, for the last distribute
         self.distributed_once = False
 
-    def add_function(self, fn: Any, extra_shared: list[Any] = ()) -> int:
+    def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
         fn_id = self.next_function
         self.next_function += 1

@@ -18,7 +18,7 @@ from ._core import faults
 from ._core import session as core_session
 from ._core.context import RankContext, install
 from ._core.execute import Executor, Outcome
-from ._core.protocol import Exit
+from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
@@ -83,6 +83,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
             continue
         if isinstance(message, Exit):
             return
+        assert isinstance(message, Message)
         outcome = executor.run(ctx, message, keep_exception=True)
         if faults.ARMED:
             try:

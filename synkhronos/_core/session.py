@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._runtime import processes, shmem, signals
-from .._runtime.remote import Refusal, RemoteTraceback
+from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .context import RankContext
@@ -239,7 +239,8 @@ class Session:
             for rank in workers:
                 value = control.reply(rank, ctx.arena)
                 if control.failed(rank):
-                    if first is None or (first[1].failure.secondary and not value.secondary):
+                    assert isinstance(value, RemoteFailure)
+                    if first is None or (_secondary(first[1]) and not value.secondary):
                         first = (rank, Outcome(None, value))
                 else:
                     replies[rank] = value
@@ -315,6 +316,10 @@ class Session:
                     self._command_lock.release()
                 if _current is self:
                     install(None)
+
+
+def _secondary(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.secondary
 
 
 def _raise_failure(rank: int, outcome: Outcome) -> None:

@@ -181,6 +181,7 @@ class ControlBlock:
             memo = self._memo.get(key) if key is not None else None
         except TypeError:  # not hashable after all: pickle it every time
             key = memo = None
+        data: bytes | None
         if memo is not None:
             message_id, data = memo
             self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data

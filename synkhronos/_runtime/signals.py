@@ -49,7 +49,7 @@ def install() -> dict[int, Any]:
     """Take over SIGINT/SIGTERM where they have Python's defaults; return the old ones."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    old = {}
+    old: dict[int, Any] = {}
     for signum, default in _DEFAULTS.items():
         if signal.getsignal(signum) is default:
             old[signum] = signal.signal(signum, _on_signal)

@@ -238,7 +238,8 @@ def reduce_step(session: Session, backend: Backend, targets: Targets, op: Reduce
     ctx = session.ctx
     group, spec, _ = _group_for(ctx, backend, targets)
     shapes = group.layout.shapes
-    scratch, new = None, ()
+    scratch: str | None = None
+    new: tuple[str, ...] = ()
     if not in_place and not group.small:
         buffer, name = backend.regions(ctx, group.layout.total)
         scratch = backend.scratch_name

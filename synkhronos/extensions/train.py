@@ -187,7 +187,7 @@ class TrainFunction:
             # some process runs nothing in the gradient call: its old gradient must not count
             steps.append(synk_steps.call(self._zero_function))
         steps.append(synk_steps.call(
-            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.dtype),
+            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.type.dtype),
             batch=batch, num_slices=num_slices,
         ))
         if n > 1:

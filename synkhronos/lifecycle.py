@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import handlers, worker
+from ._core import context as core_context
 from ._core import session as core_session
 from ._core.context import RankContext
 from ._core.execute import Executor
@@ -104,6 +105,12 @@ def fork(
     global _atexit_registered
     if core_session.current() is not None:
         raise RuntimeError("synk.fork() was already called; call synk.close() first")
+    ctx = core_context.current()
+    if ctx is not None:
+        raise RuntimeError(
+            f"synk.fork() cannot be called inside a worker (rank {ctx.rank}): only the "
+            "master process forks"
+        )
     for option, value in (("profile_workers", profile_workers), ("max_n_var", max_n_var),
                           ("max_dim", max_dim)):
         if value is not None:

@@ -312,6 +312,9 @@ class Session:
             finally:
                 shmem.sweep_prefix(self.ctx.prefix)
                 self._program_lock.close()
+                if self.ctx.control is not None and not self._running:
+                    self.ctx.control.close()
+                self.ctx.watch = context.no_watch  # no cycle back to the session
                 if owned:
                     self._command_lock.release()
                 if _current is self:

@@ -8,7 +8,9 @@
   another PID namespace (a container sharing ``/dev/shm``), one as another user.
 - Every segment and semaphore of a session is mode 0600, owned by the current user,
   named with a random 64-bit token, and created exclusively: a squatter on a name
-  gets neither attached to nor removed.
+  gets neither attached to nor removed (for the names ``fork()`` makes, whose random
+  token a test can only predict by patching the generator, see
+  ``tests/unit/test_squatted_names.py``).
 - No process of a session listens on a socket, or opens one.
 - A small program works with the package copied to a read-only directory, and writes
   nothing into its working directory, HOME, TMPDIR or the package
@@ -36,15 +38,14 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import control, shmem
-
-from ..conftest import child_pids
+from synkhronos.testing import leftover_segments, program_prefix, run_on_ranks
 
 pytestmark = pytest.mark.timeout(60)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PACKAGE = Path(synk.__file__).parent
+SHM = "/dev/shm"
+BALLAST = 2 << 20  # a message larger than the control block's 1 MiB mailbox
 GONE_S = 10.0  # workers of a killed master must be gone within this
 PREFIX_FORM = re.compile(r"^synk_(\d+)_([0-9a-f]{16,})_$")  # 64 random bits at least
 ROOT = os.getuid() == 0
@@ -55,7 +56,16 @@ ROOT = os.getuid() == 0
 
 def _entries(prefix: str) -> list[str]:
     """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
-    return sorted(e for e in os.listdir(shmem.SHM_DIR) if e.startswith((prefix, "sem." + prefix)))
+    return sorted(e for e in os.listdir(SHM) if e.startswith((prefix, "sem." + prefix)))
+
+
+def _sweep(prefix: str) -> None:
+    """Remove whatever a killed test program left under ``prefix`` (clean-up only)."""
+    for entry in _entries(prefix):
+        try:
+            os.unlink(os.path.join(SHM, entry))
+        except FileNotFoundError:
+            pass
 
 
 def _alive(pid: int) -> bool:
@@ -116,7 +126,7 @@ class Program:
         for stream in (self.proc.stdin, self.proc.stdout, self._stderr):
             stream.close()
         if self.prefix is not None:
-            shmem.sweep_prefix(self.prefix)
+            _sweep(self.prefix)
 
 
 @pytest.fixture
@@ -232,15 +242,15 @@ def _shm_files(prefix: str, ballast: bytes) -> dict:
     control block, the semaphores, collective buffers).
     """
     named = {}
-    for entry in os.listdir(shmem.SHM_DIR):
+    for entry in os.listdir(SHM):
         if entry.startswith((prefix, "sem." + prefix)):
-            st = os.stat(os.path.join(shmem.SHM_DIR, entry))
+            st = os.stat(os.path.join(SHM, entry))
             named[entry] = (st.st_mode, st.st_uid)
     mapped = {}
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith(shmem.SHM_DIR + "/"):
+            if len(fields) == 6 and fields[5].startswith(SHM + "/"):
                 st = os.stat(f"/proc/self/map_files/{fields[0]}")
                 mapped[fields[5].strip()] = (st.st_mode, st.st_uid)
     return {"named": named, "mapped": mapped}
@@ -248,20 +258,21 @@ def _shm_files(prefix: str, ballast: bytes) -> dict:
 
 def test_every_segment_and_semaphore_is_private():
     synk.fork(3)
-    session = S.current()
     try:
-        assert PREFIX_FORM.match(session.prefix)
+        prefix = program_prefix()
+        assert PREFIX_FORM.match(prefix)
         x = pt.dmatrix("x")
         w = pytensor.shared(np.zeros(10_000), name="w")
-        f = synk.function([x], [(x, None), (x.sum() + w.sum(), "sum")], mode="FAST_COMPILE")
+        f = synk.function([x], [(x, "gather"), (x.sum() + w.sum(), "sum")],
+                          mode="FAST_COMPILE")
         synk.distribute()
         rows = np.arange(12.0).reshape(6, 2)
         xd = synk.data(rows)
         assert f(xd, batch=[5, 1, 3])[0].tolist() == rows[[5, 1, 3]].tolist()
         f(rows, batch=[0, 2])  # numpy inputs and indices: staging segments
-        synk.all_reduce(w)  # a resident collective buffer, unlinked after the command
-        ballast = b"b" * (control.MAILBOX_BYTES + 1)  # a payload segment during the command
-        seen = session.run(S.Opcode.CALLABLE, (_shm_files, (session.prefix, ballast), None))
+        synk.all_reduce(w)  # collective buffers
+        ballast = b"b" * BALLAST  # a payload segment during the command
+        seen = run_on_ranks(_shm_files, prefix, ballast)
         names = set()
         for rank, files in enumerate(seen):
             for name, (mode, uid) in {**files["named"], **files["mapped"]}.items():
@@ -272,12 +283,16 @@ def test_every_segment_and_semaphore_is_private():
             # glibc names a semaphore's file at random until it links it; earlier
             # sessions of this test process may still be mapped, hence ">="
             semaphores = [n for n in files["mapped"] if os.path.basename(n).startswith("sem.")]
-            assert len(semaphores) >= session.n, files["mapped"]
-            assert f"{shmem.SHM_DIR}/{session.prefix}control (deleted)" in files["mapped"]
+            assert len(semaphores) >= 3, files["mapped"]
+            # the control block: mapped by every process, its name unlinked at once
+            unlinked = [n for n in files["mapped"]
+                        if n.startswith(f"{SHM}/{prefix}") and n.endswith(" (deleted)")]
+            assert unlinked, files["mapped"]
         named = {n for files in seen for n in files["named"]}
-        assert any(n.startswith(session.prefix + "d") for n in named)  # Data segments
-        assert any("payload" in n for n in named)
-        assert any("coll_g" in n for n in names)
+        assert xd.ref().segment in named  # the Data's segment
+        # the one-off payload segment of that command: named during it, gone after it
+        assert named - set(leftover_segments()), named
+        assert len([n for n in names if n.startswith(f"{SHM}/{prefix}")]) >= 2, names
     finally:
         synk.close()
 
@@ -286,7 +301,7 @@ def test_two_sessions_get_different_random_prefixes():
     prefixes = []
     for _ in range(2):
         synk.fork(2)
-        prefixes.append(S.current().prefix)
+        prefixes.append(program_prefix())
         synk.close()
     matches = [PREFIX_FORM.match(p) for p in prefixes]
     assert all(matches)
@@ -318,56 +333,19 @@ def _squatter_intact(name: str) -> bool:
         shm.close_fd()
 
 
-@pytest.mark.parametrize("entry", ["control", "sem.wake1"])
-def test_fork_never_takes_over_a_squatted_name(entry, monkeypatch):
-    """Someone created a name fork() is about to use: fork fails cleanly or picks another.
-
-    The random token makes the prefix unpredictable; this test predicts it by taking
-    over the token generator for the first prefix.
-    """
-    squatted_prefix = shmem.new_session_prefix()
-    fresh = shmem.new_session_prefix
-    given: list[str] = []
-
-    def prefix(pid=None):
-        given.append(squatted_prefix if not given else fresh(pid))
-        return given[-1]
-
-    monkeypatch.setattr(shmem, "new_session_prefix", prefix)
-    squatted = (f"sem.{squatted_prefix}{entry[4:]}" if entry.startswith("sem.")
-                else squatted_prefix + entry)
-    _squat(squatted)
-    try:
-        try:
-            synk.fork(3)
-        except Exception as exc:  # a clean failure: nothing of the session is left
-            assert "exist" in str(exc).lower(), exc
-            assert S.current() is None
-            assert child_pids() == []
-        else:
-            session = S.current()
-            assert session.prefix != squatted_prefix
-            assert session.run(S.Opcode.CALLABLE, (os.getpid, (), None))[0] == os.getpid()
-            synk.close()
-        assert _squatter_intact(squatted)
-        assert _entries(squatted_prefix) == [squatted]
-    finally:
-        shmem.sweep_prefix(squatted_prefix)
-        synk.close()
-
-
 def test_data_never_takes_over_a_squatted_name():
-    """A Data's segment name is predictable once the prefix shows in /dev/shm."""
+    """A Data's segment name is predictable once the prefix shows in /dev/shm: the
+    arena numbers its segments ``<prefix>s<id in hex>``, one after the other."""
     synk.fork(2)
-    session = S.current()
     try:
+        prefix = program_prefix()
         x = pt.dvector("x")
         f = synk.function([x], (x.sum(), "sum"), mode="FAST_COMPILE")
         synk.distribute()
         probe = synk.data(np.ones(3))  # its name shows how the next ones are made
-        match = re.fullmatch(re.escape(session.prefix) + r"d(\d+)_(\d+)", probe.ref().segment)
+        match = re.fullmatch(re.escape(prefix) + r"s([0-9a-f]+)", probe.ref().segment)
         assert match, probe.ref().segment
-        squatted = f"{session.prefix}d{int(match.group(1)) + 1}_{match.group(2)}"
+        squatted = f"{prefix}s{int(match.group(1), 16) + 1:x}"
         _squat(squatted)
         try:
             xd = synk.data(np.arange(4.0))
@@ -428,7 +406,6 @@ def _sockets_now() -> tuple[int, list[int], list[int]]:
 def test_no_process_listens_on_or_opens_a_socket():
     before = _socket_inodes()  # whatever the test process itself holds
     synk.fork(3)
-    session = S.current()
     try:
         x = pt.dmatrix("x")
         w = pytensor.shared(np.zeros(4), name="w")
@@ -436,8 +413,9 @@ def test_no_process_listens_on_or_opens_a_socket():
         synk.distribute()
         assert f(np.ones((5, 2))) == 10.0
         synk.all_reduce(w)
-        during = session.run(S.Opcode.CALLABLE, (_sockets_now, (), None))
-        pids = [os.getpid()] + [w.pid for w in session.workers]
+        during = run_on_ranks(_sockets_now)
+        pids = run_on_ranks(os.getpid)
+        assert pids[0] == os.getpid()
         assert [pid for pid, _, _ in during] == pids
         for pid, sockets, listening in during:
             assert listening == [], f"pid {pid} listens on sockets {listening}"

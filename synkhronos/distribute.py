@@ -23,6 +23,7 @@ So each process keeps a ``Registry``:
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import pickle
@@ -30,6 +31,7 @@ import time
 from typing import Any
 
 import numpy as np
+from pytensor.compile.builders import OpFromGraph
 
 from .session import Opcode, Session, register, require
 
@@ -93,6 +95,17 @@ class _ReferencePickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         return self._known.get(id(obj))
+
+    def reducer_override(self, obj):
+        # An OpFromGraph that was differentiated caches its gradient as a local closure,
+        # which pickle refuses (PyTensor 3.3 keeps e.g. LogSumExp reachable from the
+        # compiled function). Workers never differentiate, and the cache is rebuilt on
+        # demand: ship the Op without it.
+        if isinstance(obj, OpFromGraph) and (obj._lop_op_cache or obj._rop_op_cache):
+            bare = copy.copy(obj)
+            bare._lop_op_cache, bare._rop_op_cache = {}, None
+            return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return NotImplemented
 
 
 class _ReferenceUnpickler(pickle.Unpickler):

@@ -107,12 +107,12 @@ def mcse(draws: np.ndarray) -> np.ndarray:
     return means.std(axis=0, ddof=1) / np.sqrt(chains * batches)
 
 
-def assert_within_3_mcse(got, want, names):
+def assert_within_mcse(got, want, names, limit=3.0):
     for name in names:
         a, b = got.posterior[name].values, want.posterior[name].values
         error = np.sqrt(mcse(a) ** 2 + mcse(b) ** 2)
         gap = np.abs(a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))).ravel()
-        assert np.all(gap <= 3 * error), (name, gap, error)
+        assert np.all(gap <= limit * error), (name, gap, error)
 
 
 @pytest.mark.timeout(900)
@@ -122,9 +122,11 @@ def test_sample_matches_pm_sample(two, build):
     names = [rv.name for rv in model.free_RVs]
     got = synk_pymc.sample(model, random_seed=5, **SAMPLE)
     want = pm.sample(model=model, random_seed=5, nuts_sampler="pymc", cores=1, **SAMPLE)
-    assert_within_3_mcse(got, want, names)
+    assert_within_mcse(got, want, names)
+    # Another seed: independent chains. With ten components (the hierarchical model) a
+    # 3-MCSE bound fails one run in about thirty by chance alone; 4 MCSE, one in 1,500.
     other = pm.sample(model=model, random_seed=6, nuts_sampler="pymc", cores=1, **SAMPLE)
-    assert_within_3_mcse(got, other, names)
+    assert_within_mcse(got, other, names, limit=4.0)
     if build is logistic_model:
         # The same seed, the same draws: the sums differ from PyMC's only by rounding.
         # (Where the trees are long, as in the hierarchical model, NUTS amplifies that
@@ -306,7 +308,7 @@ def test_nutpie_posterior_matches_pm_sample(two):
     got = synk_pymc.sample(model, nuts_sampler="nutpie", random_seed=5, draws=300, tune=300,
                            chains=2, progressbar=False)
     want = pm.sample(model=model, random_seed=6, nuts_sampler="pymc", cores=1, **SAMPLE)
-    assert_within_3_mcse(got, want, [rv.name for rv in model.free_RVs])
+    assert_within_mcse(got, want, [rv.name for rv in model.free_RVs], limit=4.0)
 
 
 # -- the demo --------------------------------------------------------------------------------

@@ -44,24 +44,27 @@ import copy
 import dataclasses
 import inspect
 import logging
-import os
 import pickle
 import warnings
 from collections.abc import Iterable
 
 import numpy as np
 
-from . import session as synk_session
-from .data import Data, data
-from .distribute import distribute
-from .errors import WorkerError
-from .function import Function, function
+from . import Data, Function, WorkerError, close, data, distribute, fork, function, n_parallel
 
 __all__ = ["sample", "logp_dlogp_function"]
 
 log = logging.getLogger("synkhronos")
 
 _CHECK_RTOL = 1e-7  # split sum vs whole data: far above rounding, far below a wrong split
+
+
+def _session_size() -> int | None:
+    """The session's number of processes, or None before ``synk.fork()``."""
+    try:
+        return n_parallel()
+    except RuntimeError:
+        return None
 
 
 def _import_pymc():
@@ -323,7 +326,6 @@ def _row_sum_op(pm, fn: Function, row_data: list[Data], sources: list, values: l
 
     sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
     total = sum(sizes)
-    master_pid = os.getpid()
 
     class RowSum(Op):
         """The split observed log-likelihood and its gradient (one synk call)."""
@@ -334,12 +336,8 @@ def _row_sum_op(pm, fn: Function, row_data: list[Data], sources: list, values: l
             return Apply(self, inputs, outputs)
 
         def perform(self, node, inputs, output_storage):
-            if os.getpid() != master_pid:
-                raise RuntimeError(
-                    "a process forked from the synkhronos master (a PyMC chain process, "
-                    "cores > 1) cannot evaluate a synkhronos likelihood: run the chains in "
-                    "the master (synkhronos.pymc.sample does; with pm.sample, pass cores=1)"
-                )
+            # (A process forked from the master, such as a PyMC chain process with
+            # cores > 1, gets the session's RuntimeError from this call.)
             for var, value in sources:
                 if var.get_value(borrow=True) is not value:
                     raise RuntimeError(
@@ -392,7 +390,10 @@ def _build(pm, model, split):
     from pytensor.compile.sharedvalue import SharedVariable
     from pytensor.graph.traversal import ancestors, graph_inputs
 
-    session = synk_session.require("synkhronos.pymc.logp_dlogp_function()")
+    size = _session_size()
+    if size is None:
+        raise RuntimeError("synk.fork() must be called before "
+                           "synkhronos.pymc.logp_dlogp_function()")
     discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
     if discrete:
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
@@ -413,7 +414,7 @@ def _build(pm, model, split):
                       name="pymc_loglik")
         distribute()
         row_data = [data(_data_value(var), name=plan.roots[var]) for var in rows]
-        _check_rows(fn, row_data, values, model, plan, session.n)
+        _check_rows(fn, row_data, values, model, plan, size)
         read = [*graph_inputs([loglik]), *rows]  # the data it reads whole, and by rows
         sources = [(var, var.get_value(borrow=True)) for var in read
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
@@ -423,7 +424,7 @@ def _build(pm, model, split):
         vgf = pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
                                          initial_point=point, ravel_inputs=True)
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes", plan.rows,
-             ", ".join(sorted(plan.roots.values())), session.n)
+             ", ".join(sorted(plan.roots.values())), size)
     return vgf, op
 
 
@@ -527,9 +528,9 @@ def sample(model=None, *, split=None, **pm_sample_kwargs):
         raise ValueError(f"nuts_sampler must be 'pymc' or 'nutpie' with synkhronos.pymc; "
                          f"got {sampler!r}")
     cores = kwargs.pop("cores", None)
-    own_session = synk_session.current() is None
+    own_session = _session_size() is None
     if own_session:
-        synk_session.fork()
+        fork()
     try:
         vgf, op = _build(pm, model, split)
         try:
@@ -540,7 +541,7 @@ def sample(model=None, *, split=None, **pm_sample_kwargs):
             op.release()
     finally:
         if own_session:
-            synk_session.close()
+            close()
 
 
 def _chains_and_seeds(random_seed, chains: int | None, cores: int | None):

@@ -145,19 +145,13 @@ def _choose_split(model, split) -> _Split:
     if not observed:
         raise ValueError("the model has no observed variables: there is no likelihood to "
                          "divide by rows")
+    lengths = {rv: _observed_rows(model, rv) for rv in observed}
+    named: list = []
     if split is None:
-        lengths = {rv: _observed_rows(model, rv) for rv in observed}
         chosen = [rv for rv in observed if lengths[rv] is not None]
         if not chosen:
             raise ValueError("no observed variable of the model has rows of data to divide "
                              "(every observed value is a scalar)")
-        distinct = {lengths[rv] for rv in chosen}
-        if len(distinct) > 1:
-            listed = ", ".join(f"{rv.name!r}: {lengths[rv]}" for rv in chosen)
-            raise ValueError(f"the observed variables have different numbers of rows ({listed});"
-                             " pass split=[...] naming the ones to divide")
-        rows = distinct.pop()
-        named: list = []
     else:
         names = [split] if isinstance(split, str) else split
         if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
@@ -167,7 +161,7 @@ def _choose_split(model, split) -> _Split:
         if not names:
             raise ValueError("split must name at least one pm.Data container or observed "
                              "variable")
-        chosen, named = [], []
+        chosen = []
         for name in names:
             var = model.named_vars.get(name)
             if var is None:
@@ -189,11 +183,16 @@ def _choose_split(model, split) -> _Split:
                        for rv in chosen):
                 raise ValueError(f"split names {var.name!r}, which no observed variable's "
                                  "likelihood reads")
-        unsplittable = [rv.name for rv in chosen if _observed_rows(model, rv) is None]
+        unsplittable = [rv.name for rv in chosen if lengths[rv] is None]
         if unsplittable:
             raise ValueError(f"split names observed variable {unsplittable[0]!r}, whose data "
                              "have no rows to divide")
-        rows = _observed_rows(model, chosen[0])
+    counts = {n for n in (lengths[rv] for rv in chosen) if n is not None}
+    if len(counts) > 1:
+        listed = ", ".join(f"{rv.name!r}: {lengths[rv]}" for rv in chosen)
+        raise ValueError(f"the observed variables have different numbers of rows ({listed});"
+                         " pass split=[...] naming the ones to divide")
+    rows = counts.pop()
     roots: dict = {}
     for rv in chosen:
         value = model.rvs_to_values[rv]

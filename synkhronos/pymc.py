@@ -315,7 +315,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, plan: _
 
 
 # -- 5. the Op PyMC's function calls ---------------------------------------------------------
-def _row_sum_op(pm, fn: Function, row_data: list[Data], sources: list, values: list,
+def _row_sum_op(fn: Function, row_data: list[Data], sources: list, values: list,
                 shapes: list[tuple[int, ...]], dtype: str):
     """An Op: value variables -> (log-likelihood, flat gradient), summed over processes."""
     import pytensor.tensor as pt
@@ -347,22 +347,25 @@ def _row_sum_op(pm, fn: Function, row_data: list[Data], sources: list, values: l
             output_storage[0][0] = np.array(loglik, dtype=dtype)  # copies: PyMC keeps them
             output_storage[1][0] = np.array(grad, dtype=dtype)
 
-        def grad(self, inputs, output_grads):
-            g_loglik, g_flat = output_grads
+        def pullback(self, inputs, outputs, cotangents):
+            """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
+            g_loglik, g_flat = cotangents
             if not isinstance(g_flat.type, DisconnectedType) or isinstance(
                 g_loglik.type, DisconnectedType
             ):
                 return [grad_not_implemented(self, i, x, "second derivatives of a "
                                              "synkhronos likelihood are not available")
                         for i, x in enumerate(inputs)]
-            _, flat = self(*inputs)  # the same node as the value: one call computes both
+            flat = outputs[1]  # the same node as the value: one call computes both
             pieces, begin = [], 0
             for x, size in zip(inputs, sizes, strict=True):
                 pieces.append(g_loglik * flat[begin:begin + size].reshape(x.shape))
                 begin += size
             return pieces
 
-        def infer_shape(self, fgraph, node, input_shapes):
+        L_op = pullback  # PyTensor < 3.3 asks for the same thing under this name
+
+        def infer_shape(self, *args):  # (fgraph, node, shapes) before PyTensor 3.3
             return [(), (total,)]
 
         def __deepcopy__(self, memo):
@@ -417,11 +420,17 @@ def _build(pm, model, split):
         read = [*graph_inputs([loglik]), *rows]  # the data it reads whole, and by rows
         sources = [(var, var.get_value(borrow=True)) for var in read
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
-        op = _row_sum_op(pm, fn, row_data, sources, values, shapes, loglik.dtype)
+        op = _row_sum_op(fn, row_data, sources, values, shapes, loglik.dtype)
         rest = [*model.free_RVs, *model.potentials, *plan.master_observed]
         cost = model.logp(vars=rest, jacobian=True) + op(*values)[0]
-        vgf = pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
-                                         initial_point=point, ravel_inputs=True)
+        with warnings.catch_warnings():
+            # PyTensor's Numba backend runs a Python Op in object mode, as intended here
+            # (one call per evaluation); it says so in a warning at every compile.
+            warnings.filterwarnings("ignore", message="Numba will use object mode to run "
+                                    "RowSum", category=UserWarning)
+            vgf = pm.model.ValueGradFunction([cost], model.continuous_value_vars, {},
+                                             model=model, initial_point=point,
+                                             ravel_inputs=True)
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes", plan.rows,
              ", ".join(sorted(plan.roots.values())), size)
     return vgf, op

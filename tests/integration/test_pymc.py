@@ -197,6 +197,19 @@ def test_forked_chain_process_gets_a_clear_error(two):
     assert "was forked from it" in text
 
 
+@pytest.mark.timeout(900)
+def test_spawned_chain_processes_fall_back_to_the_master(two):
+    # spawn and forkserver pickle the step: the likelihood refuses (PicklingError), and
+    # PyMC then samples its chains in the master, through the session
+    model = logistic_model(rows=101)
+    fn = synk_pymc.logp_dlogp_function(model)
+    with model:
+        step = pm.NUTS(logp_dlogp_func=fn)
+        idata = pm.sample(step=step, draws=20, tune=20, chains=2, cores=2, mp_ctx="spawn",
+                          random_seed=1, progressbar=False, compute_convergence_checks=False)
+    assert idata.posterior["b"].shape == (2, 20, 3)
+
+
 # -- split -----------------------------------------------------------------------------------
 @pytest.fixture
 def one():

@@ -40,6 +40,7 @@ log = logging.getLogger("synkhronos")
 
 _DEFAULT_SPIN = 1e-3
 _atexit_registered = False
+PREIMPORT_BACKEND = True  # False: fork() skips the Numba pre-import (testing's switch)
 
 
 def fork(
@@ -229,6 +230,8 @@ def get_n_gpu() -> int:
 
 def _preimport_backend() -> None:
     """Import the Numba dispatch before forking: each worker then skips ~0.5 s of it."""
+    if not PREIMPORT_BACKEND:
+        return
     try:
         import pytensor.link.numba.dispatch  # noqa: F401
     except Exception as exc:  # pragma: no cover - best effort

@@ -63,6 +63,8 @@ __all__ = [
     "leftover_segments",
     "assert_clean",
     "split_bounds",
+    "barrier",
+    "skip_backend_preimport",
 ]
 
 Crash = Literal["raise", "sys_exit", "exit", "kill", "segv", "abort", "stop"]
@@ -184,7 +186,7 @@ def crash(rank: int, how: Crash = "kill", code: int = 3) -> Any:
 
 
 def _arm(point: str, how: str, code: int) -> None:
-    faults.arm(point, how, code)
+    faults.arm(point, how, code, now=False)  # from the next command on
 
 
 @contextlib.contextmanager
@@ -195,10 +197,11 @@ def fault_at(point: str, how: Crash, ranks: Sequence[int], code: int = 3) -> Ite
     ``point``: ``"unpickle"`` (a worker unpickling distributed functions),
     ``"gather"`` (a rank gathering its rows of a call), ``"function"`` (before its
     PyTensor function runs), ``"reply"`` (a worker after its part, before its reply),
-    ``"collective"`` (inside a collective, before the first barrier), ``"exchange"``
-    (after it). ``how`` as for :func:`crash`. Arming is itself a command; points armed
-    in a process that did not pass them are disarmed at the end of the block when the
-    session is still usable.
+    ``"collective"`` (inside any collective, before it moves data), ``"exchange"``
+    (after its first barrier, or after it moved its data). ``how`` as for
+    :func:`crash`. Arming is itself a command (its own reply passes no point); points
+    armed in a process that did not pass them are disarmed at the end of the block
+    when the session is still usable.
     """
     if point not in POINTS:
         raise ValueError(f"point must be one of {', '.join(POINTS)}; got {point!r}")
@@ -210,7 +213,7 @@ def fault_at(point: str, how: Crash, ranks: Sequence[int], code: int = 3) -> Ite
     if workers:
         run_on_ranks(_arm, point, how, code, ranks=workers)
     if master in ranks:
-        faults.arm(point, how, code)
+        faults.arm(point, how, code)  # after the arming command: it passes no point
     try:
         yield
     finally:
@@ -318,4 +321,4 @@ def skip_backend_preimport() -> None:
     """
     from . import lifecycle
 
-    lifecycle._preimport_backend = lambda: None  # type: ignore[attr-defined]
+    lifecycle.PREIMPORT_BACKEND = False

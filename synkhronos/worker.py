@@ -75,6 +75,8 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         control.wait(rank, partial(_is_new, control, seen), ctx.watch)
         seen = control.seq
         arena.catch_up()
+        if faults.PENDING:
+            faults.activate()
         try:
             message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import

@@ -308,7 +308,10 @@ class Session:
         finally:
             try:
                 for cleanup in reversed(self._cleanups):
-                    cleanup()
+                    try:
+                        cleanup()
+                    except Exception as exc:  # the others still run
+                        log.warning("synkhronos: a clean-up at close failed: %s", exc)
             finally:
                 shmem.sweep_prefix(self.ctx.prefix)
                 self._program_lock.close()

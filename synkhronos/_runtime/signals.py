@@ -57,10 +57,17 @@ def install() -> dict[int, Any]:
 
 
 def restore(old: dict[int, Any]) -> None:
-    """Put back the handlers ``install`` replaced."""
+    """Put back the handlers ``install`` replaced.
+
+    Only the main thread may set handlers: from another thread (a session closed by a
+    Ctrl-C its command saw there) ours stay, which behave as Python's defaults do for
+    SIGINT (``KeyboardInterrupt``) and nearly so for SIGTERM (``SystemExit(143)``).
+    """
+    _lost.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return
     for signum, handler in old.items():
         signal.signal(signum, handler)
-    _lost.clear()
 
 
 def forget() -> None:

@@ -78,7 +78,8 @@ def test_minibatch_data_supplies_its_first_rows(model, batch, num_slices):
     buffer = synk.data(np.concatenate([selected, rng.standard_normal((7, 4))]),
                        minibatch=True)
     plain = model.f.as_pytensor(selected, y)
-    result = model.f(buffer, y, batch=batch, num_slices=num_slices)
+    subset = [0, 1] if num_slices > 1 else None  # output 2 (op None) refuses slices
+    result = model.f(buffer, y, batch=batch, num_slices=num_slices, output_subset=subset)
     np.testing.assert_allclose(result[0], plain[0], rtol=RTOL)
     np.testing.assert_allclose(result[1], plain[1], rtol=RTOL)
     assert len(result[1]) == count
@@ -116,13 +117,14 @@ def test_op_none_is_the_masters_own_result(model):
     assert model.f.output_modes == ["avg", "gather", None, "sum"]
 
 
-def test_op_none_with_slices_keeps_the_last_slice(model):
-    n = synk.n_parallel()
+def test_op_none_refuses_slices_that_it_could_not_combine(model):
     data, y = rng.standard_normal((23, 4)), rng.standard_normal((4, 2))
-    lo, hi = rank_rows(23, n, synk.master_rank())
-    last_lo, last_hi = split_bounds(hi - lo, 2)[1]
-    own_last = model.f.as_pytensor(data[lo:hi][last_lo:last_hi], y)
-    np.testing.assert_allclose(model.f(data, y, num_slices=2)[2], own_last[2], rtol=RTOL)
+    with pytest.raises(ValueError, match="output 2 has op None .* num_slices=1"):
+        model.f(data, y, num_slices=2)
+    plain = model.f.as_pytensor(data, y, output_subset=[0, 1])
+    sliced = model.f(data, y, num_slices=2, output_subset=[0, 1])  # without it: fine
+    for got, want in zip(sliced, plain, strict=True):
+        np.testing.assert_allclose(got, want, rtol=RTOL)
 
 
 # -- build_inputs ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from synkhronos.testing import (
 )
 
 from ..conftest import child_pids, segments_of
+from ..processes import leader_alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -140,15 +141,6 @@ def _sig_ignored_in_proc(pid: int, signum: int) -> bool:
             if line.startswith("SigIgn:"):
                 return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     raise AssertionError("no SigIgn line")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
 
 
 def one_off_segments() -> list[str]:
@@ -267,8 +259,6 @@ def test_fork_again_after_close(n):
         assert segments_of() == []
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: close() keeps the control block's fd "
-                   "open until the garbage collector breaks the Session/RankContext cycle")
 def test_fork_close_cycles_release_fds_and_threads():
     """Churn: fork/close cycles leave file descriptors and BLAS limits as they were."""
     synk.fork(2)  # first fork pays the one-off imports
@@ -510,14 +500,13 @@ def test_run_from_inside_a_worker(n):
         synk.close()
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: synk.fork() inside a worker forks a "
-                   "second session there instead of raising RuntimeError")
 @pytest.mark.parametrize("n", [2, 3])
 def test_fork_from_inside_a_worker(n):
     synk.fork(n)
     try:
         workers = sorted(child_pids())
-        with pytest.raises(WorkerError, match=rf"in rank {n - 1}: .*already called"):
+        with pytest.raises(WorkerError, match=rf"in rank {n - 1}: synk\.fork\(\) cannot be "
+                           "called inside a worker"):
             run_on_ranks(_fork_inside, ranks=[n - 1])
         assert sorted(child_pids()) == workers
         ping()
@@ -568,7 +557,7 @@ def test_workers_ignore_sigint(n):
             os.kill(pids[r], signal.SIGINT)
         ping()
         assert _pids() == pids
-        assert all(_alive(pids[r]) for r in workers)
+        assert all(leader_alive(pids[r]) for r in workers)
         assert session_state() == "ready"
     finally:
         synk.close()

@@ -23,6 +23,7 @@ So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import pickle
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pytensor.compile.builders import OpFromGraph
 
 from . import _pytensor
 from ._core import faults
@@ -137,6 +139,17 @@ class _ReferencePickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         return self._known.get(id(obj))
+
+    def reducer_override(self, obj):
+        # An OpFromGraph that was differentiated caches its gradient as a local closure,
+        # which pickle refuses (PyTensor 3.3 keeps e.g. LogSumExp reachable from the
+        # compiled function). Workers never differentiate, and the cache is rebuilt on
+        # demand: ship the Op without it.
+        if isinstance(obj, OpFromGraph) and (obj._lop_op_cache or obj._rop_op_cache):
+            bare = copy.copy(obj)
+            bare._lop_op_cache, bare._rop_op_cache = {}, None
+            return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return NotImplemented
 
 
 class _ReferenceUnpickler(pickle.Unpickler):

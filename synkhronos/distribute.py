@@ -23,7 +23,6 @@ So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
 
 from __future__ import annotations
 
-import copy
 import io
 import logging
 import pickle
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pytensor.compile.builders import OpFromGraph
 
 from . import _pytensor
 from ._core import faults
@@ -141,15 +139,7 @@ class _ReferencePickler(pickle.Pickler):
         return self._known.get(id(obj))
 
     def reducer_override(self, obj):
-        # An OpFromGraph that was differentiated caches its gradient as a local closure,
-        # which pickle refuses (PyTensor 3.3 keeps e.g. LogSumExp reachable from the
-        # compiled function). Workers never differentiate, and the cache is rebuilt on
-        # demand: ship the Op without it.
-        if isinstance(obj, OpFromGraph) and (obj._lop_op_cache or obj._rop_op_cache):
-            bare = copy.copy(obj)
-            bare._lop_op_cache, bare._rop_op_cache = {}, None
-            return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        return NotImplemented
+        return _pytensor.reduce_for_pickle(obj)  # what PyTensor itself cannot pickle
 
 
 class _ReferenceUnpickler(pickle.Unpickler):

@@ -1,0 +1,167 @@
+"""Two checkouts of synkhronos side by side: the same benchmarks, taking turns.
+
+Usage::
+
+    git worktree add /tmp/before <commit>
+    python benchmarks/compare_revisions.py --before /tmp/before --after . \\
+        [--rounds 5] [--only call_overhead,command_roundtrip,collectives,scaling]
+
+Each round runs every selected benchmark once in each checkout (its own copy of the
+script, its own package: ``PYTHONPATH`` is the checkout), the order of the two
+flipped from round to round, so that a change in the machine's load falls on both
+alike. From each run a few figures are read out of the JSON the script prints; the
+report gives, per figure, the median over rounds in each checkout and the median of
+the per-round ratios after / before (below 1: the after checkout is faster; for the
+scaling figures, which are fractions of the ceiling, above 1 is better).
+
+The figures:
+
+- ``call_overhead``: a tiny call's overhead over the plain PyTensor call (numpy
+  input, ``Data`` input), microseconds.
+- ``command_roundtrip``: the median empty command at n=2, spinning and not.
+- ``collectives``: the resident all-reduce of 4 bytes and of 64 MiB.
+- ``scaling``: one SGD step of the MLP at n=2 (shuffled, all-reduce on) as a fraction
+  of two independent plain programs; for a checkout with the sharded update also the
+  unsharded step, which is what the older checkout runs.
+
+The JSON report also records the machine's load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _collectives_4b(d: dict) -> float:
+    return _series_at(d, "synkhronos (resident)", 4)
+
+
+def _collectives_64m(d: dict) -> float:
+    return _series_at(d, "synkhronos (resident)", 64 << 20)
+
+
+def _series_at(d: dict, series: str, nbytes: int) -> float:
+    for point in d["series"][series]:
+        if point["bytes"] == nbytes:
+            return point["median_us"]
+    raise KeyError(f"{series} has no {nbytes}-byte point")
+
+
+def _headline(key: str):
+    def read(d: dict) -> float | None:
+        entry = d["headline"].get(key)
+        return None if entry is None else entry["median"]
+    return read
+
+
+CEILING = "pytensor-1thread x2 independent"
+BENCHMARKS: dict[str, tuple[list[str], dict]] = {
+    "call_overhead": (["--calls", "3000"], {
+        "overhead_numpy_input_us": lambda d: d["overhead_numpy_input_us"],
+        "overhead_data_input_us": lambda d: d["overhead_data_input_us"],
+        "plain_pytensor_median_us": lambda d: d["plain_pytensor_median_us"],
+    }),
+    "command_roundtrip": (["--rounds", "3000", "--blocks", "3"], {
+        "n2_empty_command_us": lambda d: d["n2_ping_median_us"],
+        "n2_nospin_empty_command_us": lambda d: d["n2_nospin_ping_median_us"],
+    }),
+    "collectives": (["--scale", "0.5", "--out", "{tmp}"], {
+        "all_reduce_4B_us": _collectives_4b,
+        "all_reduce_64MiB_us": _collectives_64m,
+    }),
+    "scaling": (["--no-torch", "--max-n", "2", "--rounds", "3", "--seconds", "1"], {
+        "mlp_n2_fraction_of_ceiling": _headline(
+            f"synk-2 scaled shuffled allreduce-on / {CEILING}"),
+        "mlp_n2_unsharded_fraction_of_ceiling": _headline(
+            f"synk-2 unsharded scaled shuffled allreduce-on / {CEILING}"),
+    }),
+}
+
+
+def run_one(tree: Path, name: str, args: list[str]) -> dict:
+    """Run ``benchmarks/<name>.py`` of ``tree`` with that tree's package; its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [a.replace("{tmp}", tmp) for a in args]
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        proc = subprocess.run(
+            [sys.executable, str(tree / "benchmarks" / f"{name}.py"), *argv],
+            cwd=tree, env=env, capture_output=True, text=True, check=False,
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} in {tree} failed:\n{proc.stderr[-3000:]}")
+    text = proc.stdout
+    return json.loads(text[text.index("{"):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default=",".join(BENCHMARKS))
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - set(BENCHMARKS)
+    if unknown:
+        parser.error(f"unknown benchmarks {sorted(unknown)}; known: {sorted(BENCHMARKS)}")
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    values: dict[str, dict[str, list]] = {}
+    load_before = os.getloadavg()
+    started = time.time()
+    for r in range(args.rounds):
+        order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+        for name in names:
+            script_args, metrics = BENCHMARKS[name]
+            for side in order:
+                record = run_one(trees[side], name, script_args)
+                for metric, read in metrics.items():
+                    try:
+                        value = read(record)
+                    except KeyError:
+                        value = None
+                    values.setdefault(metric, {"before": [None] * args.rounds,
+                                               "after": [None] * args.rounds})
+                    values[metric][side][r] = value
+            print(f"round {r + 1}/{args.rounds}: {name} done", file=sys.stderr)
+    report: dict = {
+        "benchmark": "compare_revisions",
+        "trees": {side: str(path) for side, path in trees.items()},
+        "commits": {side: _commit(path) for side, path in trees.items()},
+        "rounds": args.rounds,
+        "seconds": round(time.time() - started, 1),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "figures": {},
+    }
+    for metric, sides in values.items():
+        pairs = [(b, a) for b, a in zip(sides["before"], sides["after"], strict=True)
+                 if a is not None and b is not None]
+        entry: dict = {side: _median(vals) for side, vals in sides.items()}
+        entry["after_over_before"] = (
+            round(statistics.median(a / b for b, a in pairs), 3) if pairs else None)
+        entry["every_round"] = sides
+        report["figures"][metric] = entry
+    print(json.dumps(report, indent=1))
+
+
+def _median(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def _commit(tree: Path) -> str | None:
+    proc = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False)
+    return proc.stdout.strip() or None
+
+
+if __name__ == "__main__":
+    main()

@@ -43,6 +43,7 @@ Two modes of :meth:`Leaders.all_reduce`:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import pickle
@@ -346,10 +347,15 @@ class Leaders:
         timeout = self.timeout if timeout is None else timeout
         spin = self.spin if spin is None else spin
         start = time.monotonic()
-        next_check = start + CHECK_INTERVAL
+        next_check = start  # the first check comes after the first unfinished test
         pause = 0.0
+        pending = list(requests)
         try:
-            while not MPI.Request.Testall(requests):
+            while True:
+                # one request at a time: each failure keeps its own error class
+                pending = [r for r in pending if not r.Test()]
+                if not pending:
+                    return
                 now = time.monotonic()
                 if now >= next_check:
                     if self._alarm is not None:
@@ -708,8 +714,8 @@ class Leaders:
                              f"{pieces.dtype}; got {out.shape} and {out.dtype}")
         MPI = self._mpi
         what = f"exact all-reduce ({name}) of {out.nbytes} bytes between machines"
-        flat = pieces.reshape(pieces.shape[0], -1)
-        n = flat.shape[1]
+        n = int(np.prod(shape, dtype=np.int64))
+        flat = pieces.reshape(pieces.shape[0], n)
         # each machine's piece count, and a check that every machine has the same n
         counts = np.array([flat.shape[0], n], np.int64)
         every = np.empty((self.size, 2), np.int64)
@@ -839,6 +845,24 @@ class Leaders:
                 return
             time.sleep(1e-3)
 
+    def _at_exit(self) -> None:
+        """The interpreter is leaving without close(): end the job, never hang in it.
+
+        A leader that leaves through Python's exit while the others wait in a
+        collective would hang in ``MPI_Finalize`` (run by mpi4py at exit); ending the
+        job instead makes the launcher stop everyone.
+        """
+        if self._closed:
+            return
+        reason = "a leader left without closing the session"
+        if self.broken is None and not self.is_master:
+            try:
+                self.report_failure(f"the leader on {self.host} exited without close()")
+            except Exception:  # best effort: abort below ends the job anyway
+                log.debug("reporting the exit failed", exc_info=True)
+        log.error("%s (%s): ending the MPI job", reason, self.host)
+        self.abort(reason, code=1)
+
     def close(self, *, timeout: float | None = None) -> None:
         """Leave the job cleanly: a barrier, then ``MPI_Finalize``. Collective.
 
@@ -868,7 +892,7 @@ def _ulfm_enabled() -> bool:
 
 def start(local_size: int, *, liveness: Callable[[], None] | None = None,
           timeout: float | None = None, spin: float = 0.05,
-          expected_rank: int | None = None) -> Leaders:
+          expected_rank: int | None = None, exit_hook: bool = True) -> Leaders:
     """Initialise MPI in this node leader and meet the other machines' leaders.
 
     Call it after the local workers are forked (they must never call it). It sets
@@ -887,6 +911,12 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
         Defaults for the waits; see :class:`Leaders`.
     expected_rank : int, optional
         The rank that launch detection found; a different MPI rank raises.
+    exit_hook : bool
+        Register an ``atexit`` hook that calls :meth:`Leaders.abort` if the process
+        leaves without :meth:`Leaders.close` (a leader leaving through Python's exit
+        while others wait would otherwise hang the job in ``MPI_Finalize``). ``atexit``
+        runs hooks last-registered first: a session whose own exit hook calls
+        ``close()`` must register it after ``start`` returns.
 
     Returns
     -------
@@ -933,5 +963,7 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
     leaders.hosts = tuple(str(e[0]) for e in every)
     leaders.local_sizes = tuple(int(e[1]) for e in every)
     leaders.pids = tuple(int(e[2]) for e in every)
+    if exit_hook:
+        atexit.register(leaders._at_exit)
     log.debug("MPI leaders: %s", leaders)
     return leaders

@@ -74,6 +74,7 @@ log = logging.getLogger("synkhronos")
 
 CHECK_INTERVAL = 0.01  # seconds between liveness/alarm/timeout checks inside a wait
 _MAX_SLEEP = 1e-3  # the longest pause between two tests once spinning is over
+_DETECTOR_WAIT = 2.0  # seconds to let ULFM name a failed process after a transport error
 _INLINE = 4096  # bytes of a command that travel in the first broadcast
 _HEADER = 40  # int64 slots describing one array: nbytes, ndim, 32 dims, 6 for dtype
 _MAX_NDIM = 32
@@ -399,9 +400,16 @@ class Leaders:
         MPI = self._mpi
         error_class = exc.Get_error_class()
         failure = {getattr(MPI, name, None) for name in _FAILURE_CLASSES} - {None}
-        if error_class not in failure:
-            return LeaderError(f"{what} failed in MPI: {exc.Get_error_string()}")
         ranks = self._failed()
+        if error_class not in failure and not ranks and self.ulfm:
+            # a transport error (e.g. Open MPI's TCP: a closed socket) may come before
+            # ULFM's detector has named the failed process: give it a moment
+            deadline = time.monotonic() + _DETECTOR_WAIT
+            while not ranks and time.monotonic() < deadline:
+                time.sleep(0.01)
+                ranks = self._failed()
+        if error_class not in failure and not ranks:
+            return LeaderError(f"{what} failed in MPI: {exc.Get_error_string()}")
         for comm in (self._comm, self._p2p, self._alarm):
             if comm is None:
                 continue
@@ -828,6 +836,7 @@ class Leaders:
             time.sleep(grace)  # the master's MPI_Abort normally kills this process here
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(code)
+        os._exit(code)  # MPICH's MPI_Abort can return before the launcher kills us
 
     def _collect_acks(self, ranks: list[int], grace: float) -> None:
         MPI = self._mpi

@@ -127,7 +127,7 @@ class Netns:
             'exec ip netns exec "$ns" unshare --uts sh -c "hostname $name; $*"\n')
         self.agent.chmod(0o755)
         self.hostfile = self.folder / "hosts"
-        self.hostfile.write_text("".join(f"{a} slots=1\n" for a in NETNS_ADDRESSES))
+        self.hostfile.write_text("".join(f"{a} slots=8\n" for a in NETNS_ADDRESSES))
 
     def close(self) -> None:
         for name in self.names:
@@ -141,8 +141,11 @@ class Netns:
 
 
 def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool = False,
-            netns: Netns | None = None) -> tuple[list[str], dict[str, str]]:
-    """The ``mpiexec`` command line and extra environment for one launch."""
+            netns: Netns | None = None, per_host: int = 1) -> tuple[list[str], dict[str, str]]:
+    """The ``mpiexec`` command line and extra environment for one launch.
+
+    ``per_host``: ranks per namespace (``netns`` only; ranks fill the first host first).
+    """
     mpiexec = str(BIN / "mpiexec")
     env: dict[str, str] = {}
     if library == "openmpi":
@@ -155,8 +158,9 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
             line += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
         elif transport == "netns":
             assert netns is not None
-            line = [mpiexec, "-n", str(n), "--hostfile", str(netns.hostfile), "--map-by",
-                    "node:OVERSUBSCRIBE", "--mca", "plm_rsh_agent", str(netns.agent),
+            line = [mpiexec, "-n", str(n), "--hostfile", str(netns.hostfile),
+                    "--map-by", f"ppr:{per_host}:node:OVERSUBSCRIBE",
+                    "--mca", "plm_rsh_agent", str(netns.agent),
                     "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", NETNS_IFACE,
                     "--prtemca", "oob_tcp_if_include", NETNS_IFACE] + (
                         ["--with-ft", "ulfm"] if ft else [])
@@ -169,7 +173,7 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
         elif transport == "netns":
             assert netns is not None
             line = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(netns.agent),
-                    "-hosts", ",".join(NETNS_ADDRESSES), "-ppn", "1", "-n", str(n),
+                    "-hosts", ",".join(NETNS_ADDRESSES), "-ppn", str(per_host), "-n", str(n),
                     "-iface", NETNS_IFACE]
             env.update(FI_PROVIDER="tcp", FI_TCP_IFACE=NETNS_IFACE)
     line += argv

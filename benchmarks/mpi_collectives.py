@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = [4 * 16**k for k in range(8)]  # 4 B .. 64 MiB
+SIZES = [4 * 16**k for k in range(7)]  # 4 B .. 64 MiB
 DTYPE = np.float32
 
 

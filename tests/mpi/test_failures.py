@@ -104,3 +104,15 @@ def test_master_abort_reaches_the_other_leaders(launcher, tmp_path, transport):
     assert "local process 1" in other["message"]
     assert result.returncode != 0
     report("abort_notice", transport, seen=other["time"] - master["time"], job=result.elapsed)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ctrl_c_in_the_master_stops_every_machine(launcher, tmp_path, transport):
+    result = launched(launcher, tmp_path, transport, "interrupt")
+    master = result.json("master.json")
+    other = result.json("leader1.json")
+    assert master["error"] == "KeyboardInterrupt", result.describe()
+    assert other["error"] == "JobAbortedError", result.describe()
+    assert "KeyboardInterrupt" in other["message"]
+    assert result.returncode != 0
+    report("interrupt", transport, seen=other["time"] - master["time"], job=result.elapsed)

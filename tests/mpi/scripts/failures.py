@@ -9,6 +9,8 @@
   and aborts.
 - ``timeout``: machine 1's leader never joins; the master's wait has a 1 s timeout.
 - ``abort_notice``: the master aborts while machine 1's leader waits for a command.
+- ``interrupt``: SIGINT (Ctrl-C) reaches the master while it waits for machine 1 in
+  an all-reduce; the master aborts, and machine 1, joining late, hears of it.
 
 Every side writes what it saw (exception type, message, notes, hosts, wall-clock
 times) as JSON into ``--out``: ``master.json``, ``leader1.json``, ``victim.json``.
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,7 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--case", required=True,
-                        choices=["kill_leader", "kill_worker", "timeout", "abort_notice"])
+                        choices=["kill_leader", "kill_worker", "timeout", "abort_notice",
+                                 "interrupt"])
     args = parser.parse_args()
     out, case = args.out, args.case
     signal.signal(signal.SIGTERM, _sigterm)
@@ -66,6 +70,8 @@ def main() -> None:
                 machine.release()
                 machine.join()
                 leaders.abort(f"local process 1 on {leaders.host} died")
+            if case == "interrupt":
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             deadline = time.monotonic() + 20  # a training loop, until something fails
             while time.monotonic() < deadline:
                 leaders.all_reduce(buffer, "sum", timeout=1.0 if case == "timeout" else None)
@@ -84,6 +90,13 @@ def main() -> None:
                 time.sleep(60)
             if case == "abort_notice":
                 leaders.broadcast_object(None)
+            if case == "interrupt":
+                time.sleep(1.0)  # late: the master is interrupted while it waits
+                leaders.all_reduce(buffer, "sum")  # may complete: MPI can progress the
+                # master's abandoned request; then the next wait hears of the abort
+        machine.release()
+        machine.join()
+        leaders.close()
     except BaseException as exc:
         name = "master.json" if leaders.is_master else f"leader{leaders.rank}.json"
         record(out / name, exc, host=leaders.host)
@@ -98,9 +111,6 @@ def main() -> None:
                 child.status = -1
         sys.stderr.flush()
         leaders.abort(f"{type(exc).__name__}: {exc}")
-    machine.release()
-    machine.join()
-    leaders.close()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ Four processes in every scheme, float32 sums of 4 B to 64 MiB (powers of 16):
   one local process before MPI started. Per call: every process copies its private
   array into shared memory; each reduces its half of the elements over the machine's
   two copies; the leader all-reduces the machine's sum with
-  ``synkhronos._runtime.mpi.Leaders.all_reduce(mode="fast")``; every process copies
-  the result out into its private array. The local part is plain anonymous shared
+  ``synkhronos._runtime.mpi.Leaders.all_reduce(mode="fast")`` (the MPI library's
+  all-reduce below 1 MiB, the chunk-owner scheme above); every process copies the
+  result out into its private array. The local part is plain anonymous shared
   memory and a spin-then-sleep barrier written here (the library's own collectives
   will replace it after integration).
 - ``hierarchical (exact)``: the same, but the leader passes both local copies to
@@ -336,6 +337,7 @@ def main() -> None:
     me = [sys.executable, str(Path(__file__).resolve()), "--max-bytes", str(args.max_bytes)]
     rows: list[dict] = []
     idle = {"before": idle_percent()}
+    load_before = os.getloadavg()
     started = time.time()
     try:
         for _ in range(args.rounds):
@@ -380,7 +382,7 @@ def main() -> None:
         "rounds": args.rounds,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "numpy": np.__version__,
-                    "loadavg_before_after": [os.getloadavg()],
+                    "loadavg_before_after": [load_before, os.getloadavg()],
                     "idle_percent": idle},
         "mpi": {"library": library, "mpiexec": version, "mpi4py": mpi4py.__version__},
         "wall_s": round(time.time() - started, 1),
@@ -396,7 +398,6 @@ def main() -> None:
                     "at the same process count, measured in one run",
         },
     }
-    report["machine"]["loadavg_before_after"].append(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"mpi_collectives_{library}_{args.transport}"
     title = (f"all-reduce of float32, 4 processes, {library} over {args.transport} "

@@ -8,21 +8,23 @@ Usage::
 Four processes in every scheme, float32 sums of 4 B to 64 MiB (powers of 16):
 
 - ``hierarchical (fast)``: ``mpiexec -n 2``, each rank a machine's leader that forked
-  one local process before MPI started. Per call: every process copies its private
-  array into shared memory; each reduces its half of the elements over the machine's
-  two copies; the leader all-reduces the machine's sum with
+  one local process before MPI started. Per call: every process copies the part of
+  its private array that the other process reduces into shared memory; each reduces
+  its half of the elements (its own part read from its private array), in rank
+  order; the leader all-reduces the machine's sum with
   ``synkhronos._runtime.mpi.Leaders.all_reduce(mode="fast")`` (the MPI library's
   all-reduce below 1 MiB, the chunk-owner scheme above); every process copies the
   result out into its private array. The local part is plain anonymous shared
   memory and a spin-then-sleep barrier written here (the library's own collectives
   will replace it after integration).
-- ``hierarchical (exact)``: the same, but the leader passes both local copies to
+- ``hierarchical (exact)``: the same, but every process copies its whole array in and
+  the leader passes both local copies to
   ``all_reduce_pieces`` (bit-identical to one machine folding in rank order; each
   piece crosses between machines, so twice the traffic).
 - ``MPI Allreduce (4 ranks)``: ``mpiexec -n 4``, ``Comm.Allreduce(IN_PLACE, ...)`` on
   private arrays: the MPI library's own all-reduce at the same process count.
 - ``one machine (4 processes)``: no MPI; 4 forked processes, the same shared-memory
-  scheme (copy in, each reduces its quarter, copy out).
+  scheme (copy in the others' shares, each reduces its quarter, copy out).
 
 ``--transport``: ``shm`` (plain ``mpiexec``), ``tcp`` (the MPI library kept on TCP over
 loopback, every rank as if on its own machine), ``netns`` (two network namespaces
@@ -98,15 +100,37 @@ class Local:
         return 0
 
 
-def local_reduce(local: Local, me: int, n: int) -> None:
-    """Each process sums its share of the elements over every slot, into result."""
-    base, extra = divmod(n, local.size)
+def share(n: int, parts: int, me: int) -> tuple[int, int]:
+    base, extra = divmod(n, parts)
     lo = me * base + min(me, extra)
-    hi = lo + base + (1 if me < extra else 0)
+    return lo, lo + base + (1 if me < extra else 0)
+
+
+def copy_in(local: Local, me: int, private: np.ndarray, whole: bool = False) -> None:
+    """Put this process's value where the others will read it.
+
+    Only the other processes' shares are needed (this process reduces its own share
+    straight from its private array), unless ``whole``.
+    """
+    n = private.size
+    if whole:
+        local.slots[me, :n] = private
+        return
+    lo, hi = share(n, local.size, me)
+    local.slots[me, :lo] = private[:lo]
+    local.slots[me, hi:n] = private[hi:]
+
+
+def local_reduce(local: Local, me: int, private: np.ndarray) -> None:
+    """This process's share of the elements, summed over every process in rank order."""
+    lo, hi = share(private.size, local.size, me)
     out = local.result[lo:hi]
-    np.copyto(out, local.slots[0, lo:hi])
-    for slot in local.slots[1:]:
-        np.add(out, slot[lo:hi], out=out)
+    for index in range(local.size):
+        source = private[lo:hi] if index == me else local.slots[index, lo:hi]
+        if index == 0:
+            np.copyto(out, source)
+        else:
+            np.add(out, source, out=out)
 
 
 # ---- roles (run in the sub-processes) ----------------------------------------------
@@ -139,10 +163,10 @@ def role_hierarchical(sizes: list[int], mode: str) -> None:
                 leaders.barrier()
             local.barrier(me)
             start = time.perf_counter()
-            local.slots[me, :n] = private
+            copy_in(local, me, private, whole=mode == "exact")
             local.barrier(me)
             if mode == "fast":
-                local_reduce(local, me, n)
+                local_reduce(local, me, private)
                 local.barrier(me)
                 if leaders is not None:
                     leaders.all_reduce(local.result[:n], "sum", mode="fast")
@@ -198,9 +222,9 @@ def role_local(sizes: list[int], processes: int) -> None:
             private[:] = me + 1
             local.barrier(me)
             start = time.perf_counter()
-            local.slots[me, :n] = private
+            copy_in(local, me, private)
             local.barrier(me)
-            local_reduce(local, me, n)
+            local_reduce(local, me, private)
             local.barrier(me)
             private[:] = local.result[:n]
             times[me] = time.perf_counter() - start

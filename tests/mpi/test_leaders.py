@@ -133,3 +133,12 @@ def test_integer_half_and_empty_pieces(suite):
         np.testing.assert_array_equal(saved["half_sum"], np.full(9, 4.0, np.float16))
         first = [piece(g) for g in range(LOCAL)]
         np.testing.assert_array_equal(saved["empty_pieces"], np.maximum(*first))
+
+
+def test_large_buffers_take_the_chunk_owner_path_in_both_modes(suite):
+    _, leaders, _ = suite
+    bigs = [piece(m * LOCAL, 300_001, np.float64) for m in range(MACHINES)]
+    expected = reference_fold(pieces=bigs)
+    for saved in leaders:
+        assert np.array_equal(saved["big_exact"], expected)
+        np.testing.assert_allclose(saved["big_fast"], expected, rtol=1e-12)

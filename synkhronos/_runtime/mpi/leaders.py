@@ -772,8 +772,15 @@ class Leaders:
                 receives[source] = self._p2p.Irecv(received[source], source, _TAG_EXACT)
         keep = [flat, sent, received]
         ufunc = _UFUNCS[name]
-        result = np.empty(hi - lo, flat.dtype)
-        started = False
+        mine = out.reshape(-1)[lo:hi]  # where this leader's chunk of the result goes
+        # out may be this machine's first piece (in place): then that piece is folded
+        # straight into it, and no other piece may overlap it
+        in_place = bool(flat.shape[0]) and np.may_share_memory(out, pieces)
+        if in_place and not (_same_memory(out.reshape(-1), flat[0])
+                             and not np.may_share_memory(out, pieces[1:])):
+            raise ValueError("out may be pieces[0] itself but must not overlap any other "
+                             "piece")
+        acc = None  # the running fold: a received buffer (ours to change), or mine
         for source in range(self.size):
             if source == self.rank:
                 block = flat[:, lo:hi]
@@ -782,19 +789,26 @@ class Leaders:
                 block = received[source]
             else:
                 continue
-            for piece in block:
-                if started:
-                    ufunc(result, piece, out=result)
+            for index, piece in enumerate(block):
+                own_first = source == self.rank and index == 0 and in_place
+                if acc is None:
+                    acc = mine if own_first else (piece if source != self.rank else None)
+                    if acc is None:
+                        acc = mine
+                        np.copyto(mine, piece)
+                elif own_first:
+                    ufunc(acc, piece, out=mine)  # piece is mine: same elements, safe
+                    acc = mine
                 else:
-                    result[...] = piece
-                    started = True
-        if not started and hi > lo:
+                    ufunc(acc, piece, out=acc)
+        if acc is None and hi > lo:
             raise ValueError("exact all-reduce needs at least one piece on some machine; "
                              "every machine passed 0")
+        if acc is not None and acc is not mine:
+            np.copyto(mine, acc)
         self._wait(sends, what, timeout=timeout, keep=keep)
         target = _as_bytes(out)
         item = out.dtype.itemsize
-        target[lo * item:hi * item] = result.view(np.uint8)
         byte_counts = np.array([(b - a) * item for a, b in bounds], np.int64)
         displacements = np.array([a * item for a, _ in bounds], np.int64)
         request = self._comm.Iallgatherv(MPI.IN_PLACE,
@@ -909,6 +923,12 @@ class Leaders:
             comm.Free()
         self._closed = True
         self._mpi.Finalize()
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when ``a`` and ``b`` view exactly the same elements."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _check_contiguous(array: np.ndarray, name: str) -> None:

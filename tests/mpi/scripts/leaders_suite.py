@@ -104,6 +104,9 @@ def main() -> None:
         small = (piece(me, 37) / 1e3).astype(np.float64)
         saved[f"{op}_exact"] = leaders.all_reduce(small.copy(), op, mode="exact")
         saved[f"{op}_fast"] = leaders.all_reduce(small.copy(), op, mode="fast")
+    big = piece(me, 300_001, np.float64)  # 2.4 MB: fast mode's chunk-owner path
+    saved["big_fast"] = leaders.all_reduce(big.copy(), "sum", mode="fast")
+    saved["big_exact"] = leaders.all_reduce(big.copy(), "sum", mode="exact")
     saved["int_sum"] = leaders.all_reduce(np.arange(10, dtype=np.int32) * (me + 1), "sum")
     saved["half_sum"] = leaders.all_reduce(np.ones(9, np.float16) * (me + 1), "sum")
     saved["empty_pieces"] = leaders.all_reduce_pieces(

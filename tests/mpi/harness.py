@@ -10,6 +10,7 @@ Three ways to make one machine look like several (``transport``):
   198.18.0.0/24, the benchmarking range, only inside the namespaces made here), each
   with its own host name (``unshare --uts``); ``mpiexec`` runs in the first and reaches
   the second through a launcher agent that stands in for ssh (``ip netns exec``).
+  Ranks on the same host (namespace) may use shared memory, as on a real machine.
 
 Every launch runs in its own process group with a timeout; on expiry the group is
 SIGKILLed and the test fails with the output so far. After every launch, stragglers of
@@ -161,7 +162,7 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
             line = [mpiexec, "-n", str(n), "--hostfile", str(netns.hostfile),
                     "--map-by", f"ppr:{per_host}:node:OVERSUBSCRIBE",
                     "--mca", "plm_rsh_agent", str(netns.agent),
-                    "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", NETNS_IFACE,
+                    "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", NETNS_IFACE,
                     "--prtemca", "oob_tcp_if_include", NETNS_IFACE] + (
                         ["--with-ft", "ulfm"] if ft else [])
     else:

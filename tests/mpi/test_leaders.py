@@ -35,7 +35,8 @@ def suite(request, tmp_path_factory):
     assert result.stragglers == [], result.describe()
     leaders = [dict(np.load(out / f"leader{r}.npz")) for r in range(MACHINES)]
     processes = {g: np.load(out / f"proc{g}.npy") for g in range(1, MACHINES * LOCAL, LOCAL)}
-    return request.param, leaders, processes
+    children = {g: json.loads((out / f"proc{g}.json").read_text()) for g in processes}
+    return request.param, leaders, processes, children
 
 
 def reference_fold(op=np.add, pieces=None):
@@ -47,7 +48,7 @@ def reference_fold(op=np.add, pieces=None):
 
 
 def test_table_of_machines(suite, library):
-    transport, leaders, _ = suite
+    transport, leaders, _, _ = suite
     for rank, saved in enumerate(leaders):
         kind, size, launch_rank = json.loads(str(saved["launch"]))
         assert (kind, size, launch_rank) == (library, MACHINES, rank)
@@ -63,7 +64,7 @@ def test_table_of_machines(suite, library):
 
 
 def test_commands_reach_every_machine_and_replies_come_back(suite):
-    transport, leaders, _ = suite
+    transport, leaders, _, _ = suite
     for saved in leaders:
         assert pickle.loads(saved["short"].tobytes()) == {"opcode": "call", "function": 7,
                                                           "rows": [0, 10]}
@@ -79,7 +80,7 @@ def expected_array(rank):
 
 
 def test_variable_size_gathers_keep_dtype_and_shape(suite):
-    _, leaders, _ = suite
+    _, leaders, _, _ = suite
     for r in range(MACHINES):
         got = leaders[0][f"gather{r}"]
         assert got.dtype == expected_array(r).dtype and got.shape == (1, 3 * r + 1)
@@ -93,7 +94,7 @@ def test_variable_size_gathers_keep_dtype_and_shape(suite):
 
 
 def test_exact_all_reduce_is_bit_identical_to_the_rank_order_fold(suite):
-    _, leaders, processes = suite
+    _, leaders, processes, _ = suite
     flat = reference_fold()
     for saved in leaders:
         assert np.array_equal(saved["flat_exact"], flat)
@@ -107,7 +108,7 @@ def test_exact_all_reduce_is_bit_identical_to_the_rank_order_fold(suite):
 
 
 def test_fast_all_reduce_is_within_rounding(suite):
-    _, leaders, _ = suite
+    _, leaders, _, _ = suite
     flat = reference_fold()
     for saved in leaders:
         np.testing.assert_allclose(saved["machine_fast"], flat, rtol=1e-4, atol=1e-2)
@@ -117,7 +118,7 @@ def test_fast_all_reduce_is_within_rounding(suite):
 @pytest.mark.parametrize("op, ufunc", [("sum", np.add), ("prod", np.multiply),
                                        ("max", np.maximum), ("min", np.minimum)])
 def test_every_op_in_both_modes(suite, op, ufunc):
-    _, leaders, _ = suite
+    _, leaders, _, _ = suite
     small = [(piece(m * LOCAL, 37) / 1e3).astype(np.float64) for m in range(MACHINES)]
     expected = reference_fold(ufunc, small)
     for saved in leaders:
@@ -126,7 +127,7 @@ def test_every_op_in_both_modes(suite, op, ufunc):
 
 
 def test_integer_half_and_empty_pieces(suite):
-    _, leaders, _ = suite
+    _, leaders, _, _ = suite
     for saved in leaders:
         np.testing.assert_array_equal(saved["int_sum"], np.arange(10) * (1 + 3))
         assert saved["int_sum"].dtype == np.int32
@@ -136,9 +137,17 @@ def test_integer_half_and_empty_pieces(suite):
 
 
 def test_large_buffers_take_the_chunk_owner_path_in_both_modes(suite):
-    _, leaders, _ = suite
+    _, leaders, _, _ = suite
     bigs = [piece(m * LOCAL, 300_001, np.float64) for m in range(MACHINES)]
     expected = reference_fold(pieces=bigs)
     for saved in leaders:
         assert np.array_equal(saved["big_exact"], expected)
         np.testing.assert_allclose(saved["big_fast"], expected, rtol=1e-12)
+
+
+def test_local_processes_were_forked_before_mpi_started(suite):
+    _, leaders, _, children = suite
+    for g, child in children.items():
+        machine = g // LOCAL
+        assert not child["mpi_imported"], f"local process {g} saw mpi4py.MPI"
+        assert child["ppid"] == json.loads(str(leaders[machine]["table"]))["pid"]

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +46,12 @@ def main() -> None:
         channel.signal()  # my piece is in
         channel.wait()  # the result is in
         np.save(out / f"proc{me}.npy", view[LOCAL].copy())
+        # the child was forked before MPI started and never touched it
+        (out / f"proc{me}.json").write_text(json.dumps({
+            "mpi_imported": "mpi4py.MPI" in sys.modules, "ppid": os.getppid()}))
         channel.signal()
 
+    mpi.check_not_initialized()
     machine = LocalMachine(LOCAL, (LOCAL + 1) * N * item, child_main)
     leaders = mpi.start(LOCAL, liveness=machine.check, timeout=60,
                         expected_rank=launch.rank)

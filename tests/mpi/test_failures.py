@@ -116,3 +116,19 @@ def test_ctrl_c_in_the_master_stops_every_machine(launcher, tmp_path, transport)
     assert "KeyboardInterrupt" in other["message"]
     assert result.returncode != 0
     report("interrupt", transport, seen=other["time"] - master["time"], job=result.elapsed)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_lost_master_ends_the_other_machines(library, launcher, tmp_path, transport):
+    ft = library == "openmpi"  # with ULFM the other leader hears of it and cleans up
+    result = launched(launcher, tmp_path, transport, "kill_master", ft=ft)
+    victim = result.json("victim.json")
+    if ft:
+        other = result.json("leader1.json")
+        assert other["error"] == "PeerLostError", result.describe()
+        assert f"lost machine 0 ({hosts_for(transport)[0]})" in other["message"]
+        report("kill_master+ulfm", transport, detected=other["time"] - victim["time"],
+               job=result.elapsed)
+    else:
+        assert result.returncode != 0, result.describe()
+        report("kill_master", transport, job=result.elapsed)

@@ -855,7 +855,8 @@ class Leaders:
         for them to say they are done, then calls ``MPI_Abort``, which makes the
         launcher kill every remaining process and exit with a non-zero status.
         On another leader: tells the master this machine is clean, and waits up to
-        ``grace`` seconds for the master's ``MPI_Abort`` before calling it itself.
+        ``grace`` seconds for the master's ``MPI_Abort`` before calling it itself (at
+        once if the master is known to be lost).
         """
         if self.broken is None:
             self.broken = f"aborted: {reason}"
@@ -867,7 +868,7 @@ class Leaders:
             self._settle(requests, grace, keep=[text])
             self._collect_acks(others, grace)
             log.error("ending the MPI job (exit code %d): %s", code, reason)
-        else:
+        elif 0 not in self._failed_ranks:
             request = self._alarm.Isend([text, MPI.BYTE], 0, _TAG_ACK)
             self._settle([request], grace, keep=[text])
             time.sleep(grace)  # the master's MPI_Abort normally kills this process here

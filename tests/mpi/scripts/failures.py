@@ -9,6 +9,8 @@
   and aborts.
 - ``timeout``: machine 1's leader never joins; the master's wait has a 1 s timeout.
 - ``abort_notice``: the master aborts while machine 1's leader waits for a command.
+- ``kill_master``: the master's leader SIGKILLs itself while machine 1's leader waits
+  for a command.
 - ``interrupt``: SIGINT (Ctrl-C) reaches the master while it waits for machine 1 in
   an all-reduce; the master aborts, and machine 1, joining late, hears of it.
 
@@ -51,7 +53,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--case", required=True,
                         choices=["kill_leader", "kill_worker", "timeout", "abort_notice",
-                                 "interrupt"])
+                                 "interrupt", "kill_master"])
     args = parser.parse_args()
     out, case = args.out, args.case
     signal.signal(signal.SIGTERM, _sigterm)
@@ -70,6 +72,9 @@ def main() -> None:
                 machine.release()
                 machine.join()
                 leaders.abort(f"local process 1 on {leaders.host} died")
+            if case == "kill_master":
+                record(out / "victim.json", host=leaders.host)
+                os.kill(os.getpid(), signal.SIGKILL)
             if case == "interrupt":
                 threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             deadline = time.monotonic() + 20  # a training loop, until something fails
@@ -88,8 +93,8 @@ def main() -> None:
                     leaders.all_reduce(buffer, "sum")
             if case == "timeout":
                 time.sleep(60)
-            if case == "abort_notice":
-                leaders.broadcast_object(None)
+            if case in ("abort_notice", "kill_master"):
+                leaders.broadcast_object(None, spin=0.002)
             if case == "interrupt":
                 time.sleep(1.0)  # late: the master is interrupted while it waits
                 leaders.all_reduce(buffer, "sum")  # may complete: MPI can progress the

@@ -31,14 +31,17 @@ alive until the process ends, so MPI never writes into freed memory.
 
 Two modes of :meth:`Leaders.all_reduce`:
 
-- ``"fast"``: the MPI library's ``Iallreduce``; its summation order is the library's
-  choice (it differed from a rank-order fold by rounding at 4 ranks).
-- ``"exact"``: the elements are split into one chunk per leader; leader ``j`` receives
-  every machine's pieces of chunk ``j`` and folds them in global rank order
-  (``acc = p0; acc = op(acc, p1); ...``, as ``_reducers.reduce_arrays_inplace`` does on
-  one machine), then an all-gather spreads the chunks. With every local process's
-  piece passed (:meth:`Leaders.all_reduce_pieces`) the result is bit-identical to one
-  machine folding all processes in rank order.
+- ``"exact"``: the *chunk-owner scheme*. The elements are split into one chunk per
+  leader; leader ``j`` receives every machine's pieces of chunk ``j`` (point to point)
+  and folds them in global rank order (``acc = p0; acc = op(acc, p1); ...``, as
+  ``_reducers.reduce_arrays_inplace`` does on one machine), then an all-gather spreads
+  the chunks. With every local process's piece passed
+  (:meth:`Leaders.all_reduce_pieces`) the result is bit-identical to one machine
+  folding all processes in rank order.
+- ``"fast"``: the MPI library's ``Iallreduce`` below ``Leaders.fast_chunked_from``
+  bytes (1 MiB; its summation order is the library's choice and differed from a
+  rank-order fold by rounding at 4 ranks), the chunk-owner scheme from there on, where
+  it was the faster of the two here.
 """
 
 from __future__ import annotations
@@ -740,6 +743,13 @@ class Leaders:
         what = f"exact all-reduce ({name}) of {out.nbytes} bytes between machines"
         n = int(np.prod(shape, dtype=np.int64))
         flat = pieces.reshape(pieces.shape[0], n)
+        # out may be this machine's first piece (in place): then that piece is folded
+        # straight into it, and no other piece may overlap it
+        in_place = bool(flat.shape[0]) and np.may_share_memory(out, pieces)
+        if in_place and not (_same_memory(out.reshape(-1), flat[0])
+                             and not np.may_share_memory(out, pieces[1:])):
+            raise ValueError("out may be pieces[0] itself but must not overlap any other "
+                             "piece")
         if counts is None:
             # each machine's piece count, and a check that every machine has the same n
             mine = np.array([flat.shape[0], n], np.int64)
@@ -773,13 +783,6 @@ class Leaders:
         keep = [flat, sent, received]
         ufunc = _UFUNCS[name]
         mine = out.reshape(-1)[lo:hi]  # where this leader's chunk of the result goes
-        # out may be this machine's first piece (in place): then that piece is folded
-        # straight into it, and no other piece may overlap it
-        in_place = bool(flat.shape[0]) and np.may_share_memory(out, pieces)
-        if in_place and not (_same_memory(out.reshape(-1), flat[0])
-                             and not np.may_share_memory(out, pieces[1:])):
-            raise ValueError("out may be pieces[0] itself but must not overlap any other "
-                             "piece")
         acc = None  # the running fold: a received buffer (ours to change), or mine
         for source in range(self.size):
             if source == self.rank:

@@ -254,15 +254,14 @@ class SynkServer:
 
     def __init__(self, spec: dict):
         import synkhronos as synk
-        from synkhronos import session as synk_session
+        from synkhronos import testing
         from synkhronos.extensions.train import make_train_function
 
         self.synk = synk
         self.n = spec["n"]
         load = os.getloadavg()[0]
         synk.fork(self.n, spin=spec.get("spin"))
-        session = synk_session.current()
-        self.spin = session.control.spin if session.control is not None else None
+        self.spin = testing.spin_seconds()
         x, y, loss, params = pytensor_model(spec["model"])
         start = time.perf_counter()
         self.train = make_train_function(loss, params, [x, y], "sgd",
@@ -274,8 +273,7 @@ class SynkServer:
         del xs, ys
         self.rows = Rows(perm)
         self.dtype = self.train.grad_shared.dtype
-        self.blas_threads = session.run(synk_session.Opcode.CALLABLE,
-                                        (_rank_blas_threads, (), None))
+        self.blas_threads = testing.run_on_ranks(_rank_blas_threads)
         self.load_at_fork = load
 
     def info(self) -> dict:

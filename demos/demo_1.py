@@ -29,7 +29,7 @@ def main() -> None:
     f = synk.function(
         inputs=[x],  # scattered along axis 0
         bcast_inputs=[y],  # used whole by every process
-        outputs=[z.mean(axis=0), (z.sum(), "sum"), (z.max(), "max"), (z.sum(axis=1), None)],
+        outputs=[z.mean(axis=0), (z.sum(), "sum"), (z.max(), "max"), (z.sum(axis=1), "gather")],
     )
     synk.distribute()  # 2. ship the functions to the workers
 

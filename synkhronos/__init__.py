@@ -1,5 +1,9 @@
-"""synkhronos: data-parallel PyTensor functions on every CPU core of a machine."""
+"""synkhronos: data-parallel PyTensor functions on every CPU core of a machine.
 
+The front door: imports and ``__all__`` only.
+"""
+
+from . import steps
 from .collectives import (
     all_gather,
     all_reduce,
@@ -16,8 +20,8 @@ from .data import Data, data
 from .distribute import distribute
 from .errors import SynkhronosError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from .function import Function, function
+from .lifecycle import close, device, fork, get_n_gpu, master_rank, n_parallel
 from .profile import Profile, profile
-from .session import close, device, fork, master_rank, n_parallel
 
 __all__ = [
     "fork",
@@ -25,6 +29,7 @@ __all__ = [
     "n_parallel",
     "device",
     "master_rank",
+    "get_n_gpu",
     "function",
     "Function",
     "distribute",
@@ -42,6 +47,7 @@ __all__ = [
     "get_value",
     "get_lengths",
     "get_shapes",
+    "steps",
     "SynkhronosError",
     "WorkerError",
     "WorkerDiedError",

@@ -1,29 +1,29 @@
-"""DataRef: how any process finds a ``Data``'s memory, and lets go of it.
+"""DataRef: how any process finds a ``Data``'s memory, and how the owner lets it go.
 
 A command never carries a ``Data`` itself, only its ``DataRef`` -- segment name,
-dtype, shape: a few bytes. This module owns the other side of that: each process's
-mapping of a segment (the owner's own mapping in the master, else the session's
-segment cache, which maps a name once), the views a loop of calls keeps
-(``call_view``), and the release of a segment once its ``Data`` is freed, reallocated
-or collected (``_release_segment``: unlink the name, drop the master's mapping and
-views, and have every worker drop its own with the next command).
+dtype, shape: a few bytes. Any process turns a ref into a numpy view of the segment
+through its arena (``ref.view(ctx)``), which maps each segment once. The views a loop
+of calls keeps are cached per process (``call_view``) and dropped whenever the arena
+drops a mapping (its ``generation`` moves on), so no view keeps released memory.
+
+The owner's side of a release is ``release_segment``: a finalizer that the ``Data``
+registers for each allocation, so that freeing, reallocating or collecting the
+``Data`` unlinks the segment and logs the release for every worker (the arena).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import posix_ipc
 
-from . import session as synk_session
+from ._core import context
+from ._core.context import RankContext, RankVar
 from ._runtime import shmem
 
-__all__ = ["DataRef", "call_view"]
-
-_OWNED = "synkhronos.data.owned"  # session.local: segment name -> the owner's mapping
+__all__ = ["DataRef", "call_view", "release_segment"]
 
 
 class DataRef(NamedTuple):
@@ -43,15 +43,15 @@ class DataRef(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
 
-    def view(self, session: synk_session.Session | None = None) -> np.ndarray:
+    def view(self, ctx: RankContext | None = None) -> np.ndarray:
         """A writable, C-contiguous array over the segment (no copy).
 
         Parameters
         ----------
-        session
-            The session of the calling process (default: the current one). Its segment
-            cache keeps the mapping, so each process maps a segment once; without a
-            session the segment is mapped afresh.
+        ctx
+            The calling process's context (default: the current one). Its arena keeps
+            the mapping, so each process maps a segment once; without a session the
+            segment is mapped afresh.
 
         Raises
         ------
@@ -61,36 +61,17 @@ class DataRef(NamedTuple):
         """
         if not self.segment:
             return np.empty(self.shape, self.dtype)
-        if session is None:
-            session = synk_session.current()
-        return shmem.array_view(_mapping(self.segment, session), self.dtype, self.shape)
+        if ctx is None:
+            ctx = context.current()
+        return shmem.array_view(mapping(self.segment, ctx), self.dtype, self.shape)
 
 
-def call_view(ref: DataRef, session: synk_session.Session) -> np.ndarray:
-    """``ref.view(session)``, kept per segment: a loop of calls views its inputs once.
-
-    The array is shared by every caller in this process: use its items, never change
-    its shape in place. It goes when the segment is released (``SegmentCache.forget``).
-    """
-    cached = session.segments.views.get(ref.segment)
-    if cached is not None and cached[0] == ref:
-        return cached[1]
-    array = ref.view(session)
-    if ref.segment.startswith(session.prefix):  # only these are ever forgotten
-        session.segments.views[ref.segment] = (ref, array)
-    return array
-
-
-def _mapping(segment: str, session: synk_session.Session | None) -> mmap.mmap:
-    """This process's mapping of ``segment``: the owner's own, cached, or a new one."""
+def mapping(segment: str, ctx: RankContext | None) -> Any:
+    """This process's mapping of ``segment``: the arena's, or a fresh one."""
     try:
-        if session is None or not segment.startswith(session.prefix):
+        if ctx is None:
             return shmem.open_segment(segment)
-        if session.is_master:
-            owned = session.local(_OWNED, dict).get(segment)
-            if owned is not None:
-                return owned
-        return session.segments.get(segment)
+        return ctx.arena.map(segment)
     except posix_ipc.ExistentialError as exc:
         raise FileNotFoundError(
             f"shared-memory segment {segment!r} does not exist: its Data was freed or "
@@ -98,15 +79,44 @@ def _mapping(segment: str, session: synk_session.Session | None) -> mmap.mmap:
         ) from exc
 
 
-def _release_segment(session: synk_session.Session, segment: str, pid: int) -> None:
-    """Unlink ``segment`` and have every process drop its mapping (a finalizer).
+class _Views:
+    """The last view of each segment this process made for calls, valid while the
+    arena keeps every mapping it had (its generation)."""
 
-    Holds no reference to the ``Data``, so it can run when the ``Data`` is collected.
-    Does nothing in a process other than the owner (a fork inherits the finalizer).
+    def __init__(self) -> None:
+        self.generation = -1
+        self.by_segment: dict[str, tuple[DataRef, np.ndarray]] = {}
+
+
+_VIEWS: RankVar[_Views] = RankVar("data views", lambda ctx: _Views())
+
+
+def call_view(ref: DataRef, ctx: RankContext) -> np.ndarray:
+    """``ref.view(ctx)``, kept per segment: a loop of calls views its inputs once.
+
+    The array is shared by every caller in this process: use its items, never change
+    its shape in place.
     """
-    if os.getpid() != pid:
+    views = _VIEWS.get(ctx)
+    arena = ctx.arena
+    if views.generation != arena.generation:
+        views.by_segment.clear()
+        views.generation = arena.generation
+    cached = views.by_segment.get(ref.segment)
+    if cached is not None and cached[0] == ref:
+        return cached[1]
+    array = ref.view(ctx)
+    if arena.owns(ref.segment):  # only these are ever released through the arena
+        views.by_segment[ref.segment] = (ref, array)
+    return array
+
+
+def release_segment(ctx: RankContext, segment_id: int, pid: int, closed: Any) -> None:
+    """Release one allocation of a ``Data`` (a finalizer: holds no reference to it).
+
+    Does nothing in a process other than the owner (a fork inherits the finalizer),
+    or once the session is closed (``closed()`` true: the sweep took everything).
+    """
+    if os.getpid() != pid or closed():
         return
-    session.local(_OWNED, dict).pop(segment, None)
-    session.segments.forget(segment)
-    shmem.unlink_segment(segment)
-    session.release_later(segment)
+    ctx.arena.release(segment_id)

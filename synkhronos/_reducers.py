@@ -1,11 +1,15 @@
-"""Reduction kernels: how outputs from several processes are combined into one.
+"""Reduction kernels: the one module where values of several processes are combined.
 
-This module owns the set of reduce operations (:class:`ReduceOp`), parsing the
-user's ``op`` argument, the weighted :class:`Accumulator` used to combine function
-outputs that arrive one process at a time (weights are row counts, so ``avg`` of
-per-process means is the mean over all rows), and :func:`reduce_arrays_inplace`,
-the fast elementwise kernel behind the collectives (where every process counts
-once). Numpy only.
+It owns the set of reduce operations (:class:`ReduceOp`) and the parsing of the
+user's ``op`` argument, and two families of kernels:
+
+- weighted, for function outputs: :class:`Accumulator` combines values that arrive one
+  at a time (a process's slices), and :func:`reduce_values` the processes' replies;
+  weights are row counts, so ``avg`` of per-process means is the mean over all rows;
+- equal, for the collectives (every process counts once): :func:`combine_into` into a
+  given buffer (a piece of an exchange slot), :func:`combined` into a new array.
+
+Numpy only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Accumulator", "ReduceOp", "parse_op", "reduce_arrays_inplace", "reduce_values"]
+__all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
+           "reduce_values", "ufunc_of"]
 
 
 class ReduceOp(enum.Enum):
@@ -27,6 +32,7 @@ class ReduceOp(enum.Enum):
     MAX = "max"
     MIN = "min"
     GATHER = "gather"
+    NONE = "none"  # no reduction: the master's own result (the user writes ``None``)
 
 
 _UFUNCS = {
@@ -38,6 +44,9 @@ _UFUNCS = {
 }
 
 
+_PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
+
+
 def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     """Turn the user's ``op`` argument into a :class:`ReduceOp`.
 
@@ -45,9 +54,11 @@ def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     ----------
     op : str, ReduceOp or None
         One of ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``
-        (case-insensitive), a :class:`ReduceOp`, or None meaning gather.
+        (case-insensitive), the original Synkhronos' host-side spellings ``"c_avg"``,
+        ``"c_sum"``, ... (aliases of the plain ops), a :class:`ReduceOp`, or None: no
+        reduction (the master keeps its own result).
     allow_gather : bool, optional
-        Whether gather (and so None) is acceptable here.
+        Whether the function-output-only ops (gather, and None) are acceptable here.
 
     Returns
     -------
@@ -58,25 +69,32 @@ def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
     TypeError
         If ``op`` is not a string, a ReduceOp or None.
     ValueError
-        If ``op`` names no known operation, or is gather where that is not allowed.
+        If ``op`` names no known operation, or is gather / None where that is not
+        allowed.
     """
-    if isinstance(op, ReduceOp) and (allow_gather or op is not ReduceOp.GATHER):
+    if isinstance(op, ReduceOp) and (allow_gather or op not in _PER_PROCESS):
         return op  # the hot path: already parsed
-    valid = [o.value for o in ReduceOp if allow_gather or o is not ReduceOp.GATHER]
+    valid = [o.value for o in ReduceOp
+             if o is not ReduceOp.NONE and (allow_gather or o not in _PER_PROCESS)]
     if op is None:
-        parsed = ReduceOp.GATHER
+        parsed = ReduceOp.NONE
     elif isinstance(op, ReduceOp):
         parsed = op
     elif isinstance(op, str):
+        name = op.lower()
+        if name.startswith("c_"):
+            name = name[2:]
         try:
-            parsed = ReduceOp(op.lower())
+            parsed = ReduceOp(name)
         except ValueError:
-            raise ValueError(f"op must be one of {', '.join(valid)}; got {op!r}") from None
+            raise ValueError(f"op must be one of {', '.join(valid)}"
+                             f"{' or None' if allow_gather else ''}; got {op!r}") from None
     else:
         raise TypeError(f"op must be a string, a ReduceOp or None; got {type(op).__name__}")
-    if parsed is ReduceOp.GATHER and not allow_gather:
-        raise ValueError(f"op must be one of {', '.join(valid)} here (gather is not "
-                         f"allowed); got {op!r}")
+    if parsed in _PER_PROCESS and not allow_gather:
+        shown = "None" if parsed is ReduceOp.NONE else repr(op)
+        raise ValueError(f"op must be one of {', '.join(valid)} here (gather and None "
+                         f"are for function outputs); got {shown}")
     return parsed
 
 
@@ -96,6 +114,8 @@ class Accumulator:
     inexact, else float64. ``sum``, ``prod``, ``max`` and ``min`` are elementwise
     in the first value's dtype, computed in place in a private copy. ``gather``
     concatenates along axis 0 in arrival order (0-d values are stacked into 1-d).
+    ``none`` keeps the last value (the original Synkhronos' rule for the slices of
+    an output that is not reduced).
 
     Parameters
     ----------
@@ -107,10 +127,10 @@ class Accumulator:
         self._op = parse_op(op)
         self._count = 0
         self._total_weight = 0
-        self._first_dtype: np.dtype | None = None
-        self._shape: tuple[int, ...] | None = None
-        self._acc: np.ndarray | None = None
-        self._scratch: np.ndarray | None = None
+        self._first_dtype: Any = None
+        self._shape: Any = None
+        self._acc: Any = None  # the running result (an ndarray once a value came)
+        self._scratch: Any = None
         self._pieces: list[np.ndarray] = []
         self._handed_out = False  # result() returned self._acc; copy before changing it
 
@@ -143,6 +163,9 @@ class Accumulator:
         arr = np.asarray(value)
         if self._op is ReduceOp.GATHER:
             self._add_gather(arr)
+        elif self._op is ReduceOp.NONE:  # no reduction: the last value stands
+            self._acc = np.array(arr, copy=True)
+            self._handed_out = False
         elif self._acc is None:
             self._first_dtype, self._shape = arr.dtype, arr.shape
             if self._op is ReduceOp.AVG:
@@ -250,7 +273,7 @@ def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.nd
 
 def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
     """The common case: same-dtype, same-shape numeric arrays, every weight positive."""
-    if op is ReduceOp.GATHER or not values:
+    if op in _PER_PROCESS or not values:
         return False
     first = values[0]
     if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
@@ -270,11 +293,7 @@ def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarra
     """
     first = values[0]
     if op is not ReduceOp.AVG:
-        out = first.copy()
-        ufunc = _UFUNCS[op]
-        for value in values[1:]:
-            ufunc(out, value, out=out)
-        return out
+        return combined(values, op)
     acc_dtype = _avg_dtype(first.dtype)
     acc = np.array(first, dtype=acc_dtype)  # a copy, 0-d included
     if weights[0] != 1:
@@ -290,48 +309,38 @@ def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarra
     return acc if acc.dtype == dtype else acc.astype(dtype)
 
 
-def reduce_arrays_inplace(op: ReduceOp | str, out: np.ndarray,
-                          sources: list[np.ndarray]) -> None:
-    """Reduce same-shape ``sources`` elementwise into ``out``.
+# -- the collectives' kernels: every process counts once ---------------------------------
+_KERNELS = {op: (ufunc, op is ReduceOp.AVG) for op, ufunc in _UFUNCS.items()}
 
-    ``avg`` is the plain mean over sources. ``out`` may be ``sources[0]`` itself
-    (then it is not copied) but must not overlap any other source.
 
-    Parameters
-    ----------
-    op : ReduceOp or str
-        Any operation but gather.
-    out : np.ndarray
-        Destination, same shape as every source; floating or complex for ``avg``.
-    sources : list of np.ndarray
-        At least one array.
+def ufunc_of(op: ReduceOp) -> tuple[np.ufunc, bool]:
+    """The ufunc that combines two values by ``op``, and whether to divide by the count
+    after (``avg`` is the sum divided by the number of values)."""
+    return _KERNELS[op]
+
+
+def combine_into(out: np.ndarray, first: np.ndarray, others: list[np.ndarray],
+                 op: ReduceOp) -> None:
+    """``out = op(first, *others)`` elementwise; ``avg`` is the plain mean.
+
+    ``first`` may be ``out`` itself; no other value may overlap ``out``. No checks:
+    the collectives call this on buffers they laid out (same shape and dtype).
     """
-    op = parse_op(op, allow_gather=False)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array; got {type(out).__name__}")
-    if not sources:
-        raise ValueError("sources must hold at least one array; got 0")
-    if op is ReduceOp.AVG and out.dtype.kind not in "fc":
-        raise TypeError(f"op 'avg' needs a floating dtype; got {out.dtype}")
-    for src in sources:
-        if np.shape(src) != out.shape:
-            raise ValueError(f"source shape {np.shape(src)} does not match out shape "
-                             f"{out.shape}")
-    first = sources[0]
-    if not _same_memory(out, first):
-        np.copyto(out, first, casting="same_kind")
-    ufunc = _UFUNCS[op]
-    for src in sources[1:]:
-        ufunc(out, src, out=out)
-    if op is ReduceOp.AVG and len(sources) > 1:
-        np.divide(out, len(sources), out=out)
+    if not others:
+        if first is not out:
+            np.copyto(out, first)
+        return
+    ufunc, mean = _KERNELS[op]
+    ufunc(first, others[0], out=out)
+    for other in others[1:]:
+        ufunc(out, other, out=out)
+    if mean:
+        np.true_divide(out, len(others) + 1, out=out)
 
 
-def _same_memory(a: np.ndarray, b: Any) -> bool:
-    """True when ``b`` is an array viewing exactly the same elements as ``a``."""
-    return (
-        isinstance(b, np.ndarray)
-        and a.dtype == b.dtype
-        and a.strides == b.strides
-        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    )
+def combined(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
+    """A new array: ``op`` over ``values`` (same shape and dtype) elementwise."""
+    first = values[0]
+    out = np.empty(first.shape, first.dtype)
+    combine_into(out, first, values[1:], op)
+    return out

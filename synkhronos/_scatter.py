@@ -23,6 +23,8 @@ __all__ = [
     "block",
     "normalize_batch",
     "normalize_batch_s",
+    "split_batch_s",
+    "select_batch_s",
     "part_bounds",
     "select_rows",
     "slice_bounds",
@@ -176,6 +178,19 @@ def _range_text(length: int) -> str:
     return f"valid: {-length}..{length - 1}" if length else "no rows to index"
 
 
+def _check_slice(batch: slice, what: str) -> slice:
+    """A slice whose step is None or 1 and whose ends are ints or None."""
+    step = batch.step
+    if step is not None and not (_is_int(step) and step == 1):
+        raise ValueError(f"{what} slice step must be None or 1 (only step 1 is "
+                         f"supported); got {step!r}")
+    for end in (batch.start, batch.stop):
+        if end is not None and not _is_int(end):
+            raise TypeError(f"{what} slice start and stop must be integers or None; "
+                            f"got {type(end).__name__}")
+    return batch
+
+
 def _normalize(batch: Any, length: int, what: str) -> Batch:
     """Body of :func:`normalize_batch`; ``what`` starts every error message."""
     if batch is None:
@@ -187,36 +202,36 @@ def _normalize(batch: Any, length: int, what: str) -> Batch:
                              f"(valid: 0..{length})")
         return Batch(0, count)
     if isinstance(batch, slice):
-        step = batch.step
-        if step is not None and not (_is_int(step) and step == 1):
-            raise ValueError(f"{what} slice step must be None or 1 (only step 1 is "
-                             f"supported); got {step!r}")
-        for end in (batch.start, batch.stop):
-            if end is not None and not _is_int(end):
-                raise TypeError(f"{what} slice start and stop must be integers or None; "
-                                f"got {type(end).__name__}")
+        batch = _check_slice(batch, what)
         start, stop, _ = slice(batch.start, batch.stop).indices(length)
         return Batch(start, max(start, stop))
     if isinstance(batch, (list, tuple, np.ndarray)):
-        return Batch(indices=_normalize_indices(batch, length, what))
+        return Batch(indices=_in_range(_index_array(batch, what), length, what))
     raise TypeError(f"{what} must be None, an int, a slice or a 1-d sequence of integer "
                     f"indices; got {type(batch).__name__}")
 
 
-def _normalize_indices(batch: list | tuple | np.ndarray, length: int, what: str) -> np.ndarray:
+def _index_array(batch: list | tuple | np.ndarray, what: str) -> np.ndarray:
+    """The indices as a 1-d integer array (not yet checked against a length)."""
+    if isinstance(batch, np.ndarray) and batch.ndim == 1 and batch.dtype.kind in "iu":
+        return batch
     if isinstance(batch, (list, tuple)) and len(batch) == 0:
-        arr = np.empty(0, dtype=np.int64)
-    else:
-        try:
-            arr = np.asarray(batch)
-        except ValueError:
-            raise ValueError(f"{what} index list must be 1-d; got a ragged nested "
-                             f"sequence") from None
+        return np.empty(0, dtype=np.int64)
+    try:
+        arr = np.asarray(batch)
+    except ValueError:
+        raise ValueError(f"{what} index list must be 1-d; got a ragged nested "
+                         f"sequence") from None
     if arr.ndim != 1:
         raise ValueError(f"{what} index array must be 1-d; got {arr.ndim}-d with shape "
                          f"{arr.shape}")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{what} index array must hold integers; got dtype {arr.dtype}")
+    return arr
+
+
+def _in_range(arr: np.ndarray, length: int, what: str) -> np.ndarray:
+    """``arr`` checked against ``length`` rows, as non-negative read-only int64 (a copy)."""
     if arr.size:
         bad = arr >= length if arr.dtype.kind == "u" else (arr < -length) | (arr >= length)
         if bad.any():
@@ -257,6 +272,75 @@ def normalize_batch(batch: Any, length: int) -> Batch:
     return _normalize(batch, length, "batch")
 
 
+def split_batch_s(batch_s: Any, parts: int) -> tuple | None:
+    """Check the form of ``batch_s`` and give one raw selection per process.
+
+    The master's half of :func:`normalize_batch_s`: everything that does not need the
+    processes' row counts. Each item is None (all rows), a slice, or a read-only 1-d
+    ``int64`` array (not yet checked against any length); a selection shared by every
+    process is the same object in every entry (it pickles once).
+
+    Raises
+    ------
+    TypeError
+        For an unsupported type, integers mixed with per-process selections, or
+        indices that are not integers.
+    ValueError
+        For a wrong number of selections, an index array that is not 1-d, or a
+        slice step other than 1.
+    """
+    parts = _check_int(parts, "parts", 1)
+    if batch_s is None:
+        return None
+    shared: list[Any]
+    if isinstance(batch_s, (slice, np.ndarray)):
+        shared = [batch_s] * parts
+    elif isinstance(batch_s, (list, tuple)):
+        int_items = [_is_int(item) or isinstance(item, (bool, np.bool_)) for item in batch_s]
+        if all(int_items):
+            shared = [batch_s] * parts
+        elif any(int_items):
+            raise TypeError("batch_s must be either a flat list of integer indices or a "
+                            "list of per-process selections; got a mix of both")
+        elif len(batch_s) != parts:
+            raise ValueError(f"batch_s has {len(batch_s)} selections but there are "
+                             f"{parts} processes")
+        else:
+            shared = list(batch_s)
+    else:
+        raise TypeError("batch_s must be None, a slice, a 1-d index list or a list of "
+                        f"per-process selections; got {type(batch_s).__name__}")
+    raw: list[Any] = []
+    done: dict[int, Any] = {}  # id(item) -> its raw form: a shared item is made once
+    for rank, item in enumerate(shared):
+        key = id(item)
+        if key in done:
+            raw.append(done[key])
+            continue
+        what = f"batch_s for rank {rank}:"
+        form: Any
+        if item is None:
+            form = None
+        elif isinstance(item, slice):
+            form = _check_slice(item, what)
+        elif isinstance(item, (list, tuple, np.ndarray)):
+            form = _index_array(item, what)
+        else:
+            raise TypeError(f"{what} expected a slice, a 1-d index list or None; "
+                            f"got {type(item).__name__}")
+        done[key] = form
+        raw.append(form)
+    return tuple(raw)
+
+
+def select_batch_s(raw: Any, length: int, rank: int) -> Batch | None:
+    """The rank's half: its raw selection (from :func:`split_batch_s`) checked against
+    its own ``length`` rows. Raises ValueError for a count or index out of range."""
+    if raw is None:
+        return None
+    return _normalize(raw, length, f"batch_s for rank {rank}:")
+
+
 def normalize_batch_s(batch_s: Any, parts: int, lengths: list[int]) -> list[Batch | None]:
     """Validate ``batch_s``, a selection of rows of each process's scattered data.
 
@@ -288,33 +372,8 @@ def normalize_batch_s(batch_s: Any, parts: int, lengths: list[int]) -> list[Batc
         raise ValueError(f"lengths must have one entry per process ({parts}); "
                          f"got {len(lengths)}")
     lengths = [_check_int(n, f"lengths[{i}]", 0) for i, n in enumerate(lengths)]
-    if batch_s is None:
+    raw = split_batch_s(batch_s, parts)
+    if raw is None:
         return [None] * parts
-    if isinstance(batch_s, (slice, np.ndarray)):
-        shared = [batch_s] * parts
-    elif isinstance(batch_s, (list, tuple)):
-        int_items = [_is_int(item) or isinstance(item, (bool, np.bool_)) for item in batch_s]
-        if all(int_items):
-            shared = [batch_s] * parts
-        elif any(int_items):
-            raise TypeError("batch_s must be either a flat list of integer indices or a "
-                            "list of per-process selections; got a mix of both")
-        elif len(batch_s) != parts:
-            raise ValueError(f"batch_s has {len(batch_s)} selections but there are "
-                             f"{parts} processes")
-        else:
-            shared = list(batch_s)
-    else:
-        raise TypeError("batch_s must be None, a slice, a 1-d index list or a list of "
-                        f"per-process selections; got {type(batch_s).__name__}")
-    result: list[Batch | None] = []
-    for rank, (item, length) in enumerate(zip(shared, lengths, strict=True)):
-        what = f"batch_s for rank {rank}:"
-        if item is None:
-            result.append(None)
-        elif isinstance(item, (slice, list, tuple, np.ndarray)):
-            result.append(_normalize(item, length, what))
-        else:
-            raise TypeError(f"{what} expected a slice, a 1-d index list or None; "
-                            f"got {type(item).__name__}")
-    return result
+    return [select_batch_s(item, length, rank)
+            for rank, (item, length) in enumerate(zip(raw, lengths, strict=True))]

@@ -9,19 +9,18 @@ How data moves::
 
     master                                   every process (master included)
     ------                                   -------------------------------
-    1. synk.data(value): create segment
-       <prefix>d<id>_<generation>, map it,
-       copy value in; x.data views it
+    1. synk.data(value): the arena creates a
+       segment, the master maps it and
+       copies value in; x.data views it
     2. a command sends x.ref() -- a DataRef
-       (segment, dtype, shape), a few bytes  3. ref.view(session): map the segment by
-                                                name once (session.segments caches it)
-                                                and view it as an array, no copy
-    4. growth past alloc_size: a new segment
-       (next generation), leading values
-       copied over, old name unlinked and
-       session.release_later(old name)       5. with the next command, workers drop
-                                                their mapping of the old name; the next
-                                                ref names the new segment
+       (segment, dtype, shape), a few bytes  3. ref.view(ctx): the process's arena
+                                                maps the segment by name once and views
+                                                it as an array, no copy
+    4. growth past alloc_size: a new segment,
+       leading values copied over, the old
+       one released (unlinked and logged)    5. before the next command, workers drop
+                                                their mapping of the old segment; the
+                                                next ref names the new one
 
 A name is never resized: each allocation gets a fresh name, so a name always maps one
 fixed size, and a worker holding a mapping can never read past its end. Shrinking, or
@@ -42,7 +41,6 @@ unlinks, and cannot resize or free.
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import numbers
 import operator
@@ -53,13 +51,14 @@ from typing import Any
 
 import numpy as np
 
-from . import session as synk_session
-from ._dataref import _OWNED, DataRef, _mapping, _release_segment
+from ._core import context
+from ._core.session import Session, State, require
+from ._dataref import DataRef, mapping, release_segment
 from ._runtime import shmem
+from ._runtime.arena import Segment
 
 __all__ = ["Data", "DataRef", "data"]
 
-_IDS = "synkhronos.data.ids"  # session.local: counter that numbers a session's Data
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
 
@@ -124,8 +123,8 @@ class Data:
         Number of items allocated (``>= size``); 0 when no memory is held.
     name : str or None
     minibatch : bool
-        A flag for the function layer: True marks a data set drawn from with ``batch``
-        indices rather than passed whole. ``Data`` only stores it.
+        True marks a minibatch buffer: with ``batch``, a function call takes its first
+        ``len(batch)`` rows instead of indexing it (the original Synkhronos' meaning).
 
     Notes
     -----
@@ -152,9 +151,8 @@ class Data:
         oversize: float = 1,
         name: str | None = None,
     ):
-        session = synk_session.require("synk.data()")
-        if not session.is_master:
-            raise RuntimeError("synk.data() can only be called in the master process")
+        session = require("synk.data()")
+        session.check_usable()  # the master process only, and an open session
         if name is None and var is not None:
             name = getattr(var, "name", None)
         if name is not None and not isinstance(name, str):
@@ -166,10 +164,8 @@ class Data:
         self._ndim = dims
         self._name = name
         self._minibatch = bool(minibatch)
-        self._session: synk_session.Session | None = session
+        self._session: Session | None = session
         self._pid = os.getpid()
-        self._id = next(session.local(_IDS, itertools.count))
-        self._generation = 0
         self._segment = ""
         self._map: mmap.mmap | None = None
         self._alloc_size = 0
@@ -258,7 +254,7 @@ class Data:
     def ref(self) -> DataRef:
         """The picklable descriptor a command carries: ``(segment, dtype, shape)``.
 
-        Any process views the data with ``ref.view(session)``, without copies. A ref
+        Any process views the data with ``ref.view(ctx)``, without copies. A ref
         stays valid until the next reallocation or ``free_memory()``.
 
         Raises
@@ -270,6 +266,18 @@ class Data:
             self._check_session("ref()")
         return DataRef(self._segment, self._dtype.str, self._shape)
 
+    def holds(self, ref: DataRef) -> bool:
+        """Whether ``ref`` still describes this Data's memory (same segment and shape).
+
+        The function layer's check that a call prepared earlier still reads here.
+        """
+        return self._segment == ref.segment and self._shape == ref.shape
+
+    def memory_key(self) -> tuple:
+        """``(segment, shape, dtype)``: equal keys, the same memory viewed the same way
+        (a reallocation renames the segment)."""
+        return (self._segment, self._shape, self._dtype)
+
     # -- writing and resizing ----------------------------------------------------------------
     def set_value(self, value: Any, force_cast: bool = False, oversize: float = 1) -> None:
         """Write ``value``, taking its shape; reallocate only if it does not fit.
@@ -278,8 +286,10 @@ class Data:
         ----------
         value
             An array or array-like with this Data's ndim. An array (anything with a
-            ``dtype``) must have this Data's dtype; a list or Python scalar is accepted
-            when numpy can cast it within its kind (ints to floats, for example).
+            ``dtype``) must have this Data's dtype or one that casts to it safely
+            (uint8 into int32, float32 into float64), as function calls accept; a list
+            or Python scalar is accepted when numpy can cast it within its kind (ints
+            to floats, for example).
         force_cast
             Cast a value of another dtype (numpy's unsafe casting).
         oversize
@@ -289,7 +299,7 @@ class Data:
         Raises
         ------
         TypeError
-            The value's dtype differs and ``force_cast`` is False.
+            The value's dtype does not cast safely and ``force_cast`` is False.
         ValueError
             The value's ndim differs, or ``oversize`` is outside [1, 2].
         RuntimeError
@@ -356,10 +366,14 @@ class Data:
     def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float):
         """Validate ``array`` against dtype and ndim, make room, and copy it in."""
         if array.dtype != self._dtype and not force_cast:
-            if not (implicit and np.can_cast(array.dtype, self._dtype, "same_kind")):
+            # A safe cast (uint8 -> int32, float32 -> float64) loses nothing: taken as a
+            # call takes it. A list or scalar may also cast within its kind.
+            if not (np.can_cast(array.dtype, self._dtype, "safe") or (
+                implicit and np.can_cast(array.dtype, self._dtype, "same_kind")
+            )):
                 raise TypeError(
-                    f"{self._label} holds {self._dtype}; got a value of dtype {array.dtype} "
-                    "(pass force_cast=True to cast it)"
+                    f"{self._label} holds {self._dtype}; got a value of dtype {array.dtype}, "
+                    "which does not cast to it safely (pass force_cast=True to cast it)"
                 )
         if array.ndim != self._ndim:
             raise ValueError(
@@ -395,16 +409,14 @@ class Data:
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""
         session = self._check_session("growing the allocation")
-        self._generation += 1
-        segment = f"{session.prefix}d{self._id}_{self._generation}"
-        buffer = shmem.create_segment(segment, items * self._dtype.itemsize)
-        finalizer = weakref.finalize(self, _release_segment, session, segment, self._pid)
-        session.local(_OWNED, dict)[segment] = buffer
+        segment: Segment = session.ctx.arena.create(items * self._dtype.itemsize)
+        finalizer = weakref.finalize(self, release_segment, session.ctx, segment.id, self._pid,
+                                     session.is_closed)
         if keep:
-            new = shmem.array_view(buffer, self._dtype, (keep,))
+            new = shmem.array_view(segment.buffer, self._dtype, (keep,))
             new[:] = self._view.reshape(-1)[:keep]
         self._release()
-        self._segment, self._map, self._alloc_size = segment, buffer, items
+        self._segment, self._map, self._alloc_size = segment.name, segment.buffer, items
         self._finalizer = finalizer
 
     def _release(self) -> None:
@@ -420,14 +432,14 @@ class Data:
                 "process, which owns its memory; resize or free it there"
             )
 
-    def _check_session(self, what: str) -> synk_session.Session:
+    def _check_session(self, what: str) -> Session:
         session = self._session
         if session is None:
             raise RuntimeError(
                 f"{what} is not allowed on {self._label}: it was unpickled from another "
                 "process, which owns its memory"
             )
-        if session.state is synk_session.State.CLOSED:
+        if session.state is State.CLOSED:
             raise RuntimeError(
                 f"{what} is not possible: the session of {self._label} was closed by "
                 "synk.close(); make a new synk.data() after synk.fork()"
@@ -463,10 +475,8 @@ def _attach(
     self._minibatch = minibatch
     self._session = None
     self._pid = os.getpid()
-    self._id = 0
-    self._generation = 0
     self._segment = segment
-    self._map = _mapping(segment, synk_session.current()) if segment else None
+    self._map = mapping(segment, context.current()) if segment else None
     self._alloc_size = alloc_size
     self._finalizer = None
     if self._map is not None and len(self._map) < alloc_size * self._dtype.itemsize:
@@ -546,9 +556,13 @@ def data(
         value must have this shape. Without either, the Data starts empty (all
         dimensions 0, no memory).
     minibatch
-        Stored as ``x.minibatch`` for the function layer.
+        Mark the Data as a minibatch buffer: a call with ``batch`` does not index it
+        but takes its first ``len(batch)`` rows, in order (split across processes as
+        the batch is). Use it for a minibatch prepared ahead of each call, beside whole
+        data sets indexed by ``batch``.
     force_cast
-        Cast a ``value`` whose dtype differs from ``var``'s or ``dtype``.
+        Cast a ``value`` whose dtype differs from ``var``'s or ``dtype``; a safe cast
+        (uint8 into int32, float32 into float64) needs no flag.
     oversize
         In [1, 2]: allocate this many times the initial size, leaving room to grow.
     name

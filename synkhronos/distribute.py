@@ -5,7 +5,7 @@ are unpickled from the same ``pickle.dumps`` call. Why by reference on later cal
 a variable distributed earlier lives on in every worker, possibly with a different
 value per rank (scattered data, local updates); re-pickling it would duplicate it.
 
-So each process keeps a ``Registry``:
+So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
 
 - ``functions``: id -> compiled ``pytensor`` function (the same ids everywhere);
 - ``shared``: uid -> ``SharedVariable``; the master also maps ``id(var)`` -> uid.
@@ -17,8 +17,8 @@ So each process keeps a ``Registry``:
 2. pickles ``(functions, new shared variables)`` with a pickler that writes every
    already-distributed variable, its storage cell and its current value as a
    reference (its uid);
-3. runs ``Opcode.DISTRIBUTE``: each worker unpickles, resolving references to its own
-   objects, and registers the new functions and variables under the master's ids.
+3. runs one ``Distribute`` command: each worker unpickles, resolving references to its
+   own objects, and registers the new functions and variables under the master's ids.
 """
 
 from __future__ import annotations
@@ -27,13 +27,19 @@ import io
 import logging
 import pickle
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .session import Opcode, Session, register, require
+from . import _pytensor
+from ._core import faults
+from ._core.context import RankContext, RankVar
+from ._core.protocol import Message
+from ._core.session import require
 
-__all__ = ["distribute", "Registry", "registry"]
+__all__ = ["distribute", "Distribute", "Registry", "REGISTRY", "receive"]
 
 log = logging.getLogger("synkhronos")
 
@@ -54,7 +60,7 @@ class Registry:
         self.compile_seconds = 0.0  # the master's, for the last distribute
         self.distributed_once = False
 
-    def add_function(self, fn: Any, extra_shared: list[Any] = ()) -> int:
+    def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
         fn_id = self.next_function
         self.next_function += 1
@@ -74,12 +80,14 @@ class Registry:
         return self.uid_of.get(id(var))
 
 
-def registry(session: Session) -> Registry:
-    return session.local("distribute", Registry)
+REGISTRY: RankVar[Registry] = RankVar("registry", lambda ctx: Registry())
 
 
-def _shared_of(fn: Any) -> list[Any]:
-    return [inp.variable for inp in fn.maker.inputs if getattr(inp, "shared", False)]
+@dataclass(frozen=True)
+class Distribute(Message):
+    """The pickle of new functions and shared variables, for every worker."""
+
+    payload: bytes
 
 
 # Values that may be shared (interned) objects: never pickled by reference.
@@ -106,29 +114,8 @@ class _ReferenceUnpickler(pickle.Unpickler):
         if kind == "var":
             return var
         if kind == "storage":
-            return var.container.storage
-        return var.container.storage[0]
-
-
-def precompile(fn: Any) -> bool:
-    """Compile a Numba-backed function for the C-contiguous signature calls use.
-
-    Returns False when the function is not Numba-backed or this PyTensor version
-    differs; the first call then compiles as usual.
-    """
-    jit_fn = getattr(getattr(fn, "vm", None), "jit_fn", None)
-    if jit_fn is None or not hasattr(jit_fn, "compile"):
-        return False
-    try:
-        from numba import types
-        from pytensor.link.numba.dispatch.basic import get_numba_type
-
-        signature = tuple(get_numba_type(v.type, layout="C") for v in fn.maker.fgraph.inputs)
-        jit_fn.compile((types.Tuple(signature),))
-    except Exception as exc:  # internals differ between versions: fall back quietly
-        log.debug("precompile skipped: %s", exc)
-        return False
-    return True
+            return _pytensor.storage(var)
+        return _pytensor.value(var)
 
 
 def distribute() -> None:
@@ -148,18 +135,18 @@ def distribute() -> None:
     """
     session = require("synk.distribute()")
     session.check_usable()
-    reg = registry(session)
+    reg = REGISTRY.get(session.ctx)
     reg.distributed_once = True
     if not reg.pending:
         return
     functions = dict(reg.pending)
     start = time.perf_counter()
     for fn in functions.values():
-        precompile(fn)
+        _pytensor.precompile(fn)
     reg.compile_seconds = time.perf_counter() - start
     new_shared: dict[int, Any] = {}
     extras = [v for fn_id in functions for v in reg.extras.get(fn_id, ())]
-    for var in [v for fn in functions.values() for v in _shared_of(fn)] + extras:
+    for var in [v for fn in functions.values() for v in _pytensor.shared_inputs(fn)] + extras:
         if id(var) not in reg.uid_of and all(var is not v for v in new_shared.values()):
             new_shared[reg.next_shared] = var
             reg.next_shared += 1
@@ -167,8 +154,8 @@ def distribute() -> None:
         known: dict[int, tuple[str, int]] = {}
         for uid, var in reg.shared.items():
             known[id(var)] = ("var", uid)
-            known[id(var.container.storage)] = ("storage", uid)
-            value = var.container.storage[0]
+            known[id(_pytensor.storage(var))] = ("storage", uid)
+            value = _pytensor.value(var)
             if not isinstance(value, _BY_VALUE):
                 # PyTensor's unpickler checks a shared input's pickled value against
                 # the container's; a worker's own value may differ from the master's.
@@ -177,7 +164,7 @@ def distribute() -> None:
         try:
             buffer = io.BytesIO()
             _ReferencePickler(buffer, known).dump((functions, new_shared))
-            replies = session.run(Opcode.DISTRIBUTE, buffer.getvalue())
+            replies = session.run(Distribute(buffer.getvalue()))
         except Exception:
             # These functions did not reach the workers. They leave the queue, so that
             # functions built later still distribute, and are retried alone when next
@@ -193,14 +180,16 @@ def distribute() -> None:
     reg.pending.clear()
 
 
-@register(Opcode.DISTRIBUTE)
-def _receive(session: Session, payload: bytes) -> float | None:
-    """Worker: unpickle and register the functions; reply with the seconds it took."""
-    if session.is_master:
+def receive(ctx: RankContext, message: Distribute) -> float | None:
+    """Every rank: a worker unpickles and registers the functions; replies with the
+    seconds it took (the master has them already)."""
+    if ctx.is_master:
         return None
-    reg = registry(session)
+    if faults.ARMED:
+        faults.hit("unpickle")
+    reg = REGISTRY.get(ctx)
     start = time.perf_counter()
-    functions, new_shared = _ReferenceUnpickler(io.BytesIO(payload), reg).load()
+    functions, new_shared = _ReferenceUnpickler(io.BytesIO(message.payload), reg).load()
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)

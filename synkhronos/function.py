@@ -1,18 +1,22 @@
 """synk.function() and Function: serial PyTensor functions that run on every process.
 
-One call, in the master::
+This module builds; ``_call.py`` runs. One call, in the master::
 
     f(*args, batch=..., batch_s=..., num_slices=..., output_subset=...)
       1. bind      args/kwargs -> one value per input (inputs + bcast_inputs)
       2. validate  count, ndim, dtype (cast only where PyTensor casts), lengths,
-                   batch, batch_s, num_slices, output_subset: every error here,
-                   before any worker moves
-      3. stage     numpy inputs and batch indices copied once into reusable
-                   shared memory; Data inputs are used in place
-      4. launch    a CallPlan to every process (Opcode.CALL); each runs its share
-                   (_shard.py) on its own rows
+                   batch, the form of batch_s, num_slices, output_subset
+                   (_validate.py): every error here, before any worker moves
+      3. prepare   the variant's PreparedCall (_call.py): numpy inputs and batch
+                   indices staged in its shared memory; a Call message with the
+                   variant's id and what varies
+      4. run       one command; every process runs its share (_shard.py) on its own
+                   rows, each checking its own batch_s (all or nothing)
       5. collect   per-rank (rows, outputs) reduced by each output's op, avg
                    weighted by rows; returned in PyTensor's conventions
+
+A call that repeats an earlier plain call (the same Data, or arrays of the same dtype
+and shape, nothing else asked) skips 1-3: the variant reuses that call's message.
 
 The compiled functions are built here, in the master: the one the user asked for
 (scattered inputs, broadcast inputs, then one input per sliceable shared variable,
@@ -26,24 +30,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytensor
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from . import _arguments
-from ._reducers import ReduceOp, parse_op, reduce_values
-from ._shard import CallPlan
-from .data import Data
-from .distribute import distribute, registry
-from .profile import CallRecord
-from .session import Opcode, require
+from . import _pytensor, _validate
+from ._call import Call, Prepared, PreparedCall, combine, repeat_key
+from ._core.session import Session, require
+from ._reducers import ReduceOp, parse_op
+from .distribute import REGISTRY, distribute
 
 __all__ = ["function", "Function"]
-
-_REPEATS_KEPT = 16  # plans kept per function for calls that repeat (train, validate, ...)
 
 
 def _parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool]:
@@ -100,6 +100,23 @@ def _variables(value: Any, what: str) -> list:
     return items
 
 
+def _check_used(sliceable: list, outputs: list, updates: list, givens: list) -> None:
+    """Refuse a sliceable shared variable that nothing the function computes reads."""
+    if not sliceable:
+        return
+    roots = list(outputs) + [value for _, value in updates]
+    replaced = [var for var, _ in givens]
+    roots += [value for _, value in givens if isinstance(value, Variable)]
+    used = set(_pytensor.ancestors(roots))
+    for i, var in enumerate(sliceable):
+        if var not in used or var in replaced:
+            name = f" {var.name!r}" if var.name else ""
+            raise ValueError(
+                f"sliceable_shareds[{i}]{name} is not used by the function's outputs, "
+                "updates or givens; remove it from sliceable_shareds"
+            )
+
+
 class Function:
     """A PyTensor function that runs on every process; built by ``synk.function``.
 
@@ -113,9 +130,9 @@ class Function:
         Inputs every process uses whole.
     sliceable_shareds : list of SharedVariable
         Shared variables holding data rows, subject to ``batch_s`` and slicing.
-    output_modes : list of str
+    output_modes : list of str or None
         The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
-        ``"min"`` or ``"gather"``.
+        ``"min"``, ``"gather"``, or None (the master's own result).
     update_modes : list of str
         How each update is accumulated across slices.
     """
@@ -134,32 +151,35 @@ class Function:
             if not isinstance(var, SharedVariable):
                 raise TypeError(f"sliceable_shareds[{i}] must be a shared variable; got {var!r}")
         self._slice_inputs = [var.type(name=var.name) for var in self.sliceable_shareds]
+        stand_ins = dict(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
-        self._givens = given + list(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
+        _check_used(self.sliceable_shareds, self._outputs, self._updates, given)
+        # The original's pattern givens=[(x, s_x)], sliceable_shareds=[s_x]: each
+        # process passes its selected rows of s_x in place of s_x, so the stand-in goes
+        # into the user's replacement values (PyTensor refuses chained givens).
+        given = [(var, _pytensor.substitute(value, stand_ins) if isinstance(value, Variable)
+                  else value) for var, value in given]
+        self._givens = given + list(stand_ins.items())
         self._kwargs = dict(kwargs)
         self._signature = self.inputs + self.bcast_inputs
-        self._binder = _arguments.Binder(self._signature, len(self.inputs))
-        self._session = session
-        self._registry = registry(session)
-        self._variants: dict[tuple, int] = {}
-        self._static: dict[int, tuple] = {}
-        self._slice_names = [str(var) for var in self.sliceable_shareds]
-        self._staging = _arguments.Staging()
+        self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
+        self._binder = _validate.Binder(self._signature, len(self.inputs))
+        self._session: Session = session
+        self._registry = REGISTRY.get(session.ctx)
         self._untrusted = threading.Lock()  # as_pytensor's checked calls, one at a time
-        self._trusted = _arguments.trustable(
+        self._trusted = _validate.trustable(
             self._signature + self._slice_inputs, len(self.inputs), len(self.bcast_inputs)
         )
-        local = self._compile(self._outputs, self._updates, **self._kwargs)
-        self._local = local
-        self._fn_id = self._registry.add_function(local, self.sliceable_shareds)
-        self._variants[(None, False)] = self._fn_id
-        # _repeat_key -> (plan, positions of numpy arguments) of a plain call
-        self._repeats: dict[tuple, tuple[CallPlan, list[int]]] = {}
+        self._local = self._compile(self._outputs, self._updates, **self._kwargs)
+        fn_id = self._registry.add_function(self._local, self.sliceable_shareds)
+        self._variants: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
+        self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
+        self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
 
     @property
-    def output_modes(self) -> list[str]:
-        """The reduction of each output, as strings."""
-        return [op.value for op in self._output_ops]
+    def output_modes(self) -> list[str | None]:
+        """The reduction of each output, as strings (None: not reduced)."""
+        return [None if op is ReduceOp.NONE else op.value for op in self._output_ops]
 
     @property
     def update_modes(self) -> list[str]:
@@ -179,21 +199,8 @@ class Function:
         fn.trust_input = self._trusted
         return fn
 
-    def _prepare_static(self, fn_id: int, subset, sliced: bool) -> tuple:
-        """The parts of a variant's CallPlan that never change (needs distribution)."""
-        reg = self._registry
-        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
-        static = (
-            tuple(reg.uid(var) for var in self.sliceable_shareds),
-            tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
-            tuple(self._update_ops) if sliced else (),
-            tuple(ops),
-        )
-        self._static[fn_id] = static
-        return static
-
-    def _variant(self, subset: tuple[int, ...] | None, sliced: bool) -> int:
-        """The id of the compiled function for this output subset / slicing."""
+    def _variant(self, subset: tuple[int, ...] | None, sliced: bool) -> PreparedCall:
+        """The prepared calls of the compiled function for this subset / slicing."""
         key = (subset, sliced)
         fn_id = self._variants.get(key)
         if fn_id is None:
@@ -204,7 +211,26 @@ class Function:
             else:
                 fn = self._compile(chosen, self._updates, **kwargs)
             fn_id = self._variants[key] = self._registry.add_function(fn)
-        return fn_id
+        prepared = self._prepared.get(fn_id)
+        if prepared is not None:
+            return prepared
+        if not self._registry.is_distributed(fn_id):
+            distribute()  # its shared variables get their uids now
+        reg = self._registry
+        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
+        static = Prepared(
+            fn_id,
+            tuple(reg.uid(var) for var in self.sliceable_shareds),
+            tuple(ops),
+            tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
+            tuple(self._update_ops) if sliced else (),
+        )
+        prepared = self._prepared[fn_id] = PreparedCall(
+            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix
+        )
+        if key == (None, False):
+            self._plain = prepared
+        return prepared
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1,
@@ -225,9 +251,11 @@ class Function:
         batch : int, slice or 1-d array of int, optional
             Rows of the scattered inputs to use, selected before scattering: the first
             ``n`` rows, a slice with step 1, or row indices (e.g. a shuffled minibatch;
-            each process gathers its own share of them).
+            each process gathers its own share of them). A minibatch ``Data`` is not
+            indexed: it supplies its first ``len(batch)`` rows.
         batch_s : slice, index array, or a list of them (one per process), optional
-            Rows of each process's ``sliceable_shareds`` to use.
+            Rows of each process's ``sliceable_shareds`` to use; each process checks
+            its selection against its own rows, and if any refuses, none runs.
         num_slices : int, default 1
             Each process runs its rows in this many consecutive slices, accumulating
             outputs and updates; updates are applied once, computed from the original
@@ -242,91 +270,92 @@ class Function:
         Raises
         ------
         TypeError, ValueError
-            For any invalid argument, in the master, before any worker moves.
+            For any invalid argument, before any process changes anything.
         synkhronos.WorkerError
             An exception inside some process (the session stays usable).
         synkhronos.WorkerDiedError, synkhronos.WorkerTimeoutError
             A process died or did not finish in time (the session is broken).
         """
         session = self._session
-        session.check_usable()  # first: a call from the wrong thread must not touch staging
-        plain = (not kwargs and batch is None and batch_s is None and num_slices == 1
-                 and output_subset is None and session.profile is None)
-        key = _repeat_key(args) if plain else None
-        repeat = self._repeats.get(key) if key is not None else None
-        if repeat is not None and self._staging.refill(
-            args, repeat[0].scattered + repeat[0].bcast, repeat[1]
-        ):
-            # Inputs like an earlier call's (the same Data, or arrays of the same dtype
-            # and shape) and nothing else asked: what that call validated still holds,
-            # and so does its plan, the arrays copied where that call's went.
-            plan = repeat[0]
-            return self._returned(session.run(Opcode.CALL, plan, repeats=True), plan.output_ops,
-                                  None)
-        if session.profile is not None:
+        took = session.enter()  # staging and the command: one thread at a time
+        try:
+            if (self._plain is not None and not kwargs and batch is None and batch_s is None
+                    and num_slices == 1 and output_subset is None and session.observer is None):
+                key = repeat_key(args)
+                call = self._plain.repeat(key, args) if key is not None else None
+                if call is not None:
+                    # Inputs like an earlier call's and nothing else asked: what that call
+                    # validated still holds, the arrays copied where that call's went.
+                    replies = session.run(call, repeats=True)
+                    return self._returned(replies, self._plain.prepared.output_ops, None)
+            call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices)
+            replies = session.run(call, repeats=call.batch_s is None)
+            return finish(replies)
+        finally:
+            session.leave(took)
+
+    def prepare(self, args: tuple, kwargs: dict, output_subset: Any = None, batch: Any = None,
+                batch_s: Any = None, num_slices: Any = 1
+                ) -> tuple[Call, Callable[[list], Any]]:
+        """Validate and stage a call without running it: its message, and what turns the
+        ranks' replies into the call's return value.
+
+        For composite commands (a training step runs several calls in one round trip).
+        The caller holds the session (``Session.enter``) until the message has run.
+        """
+        session = self._session
+        observer = session.observer
+        if observer is not None:
             start = time.perf_counter()
         values = self._binder.bind(args, kwargs)
-        subset = _arguments.check_subset(output_subset, len(self._outputs))
-        num_slices = _arguments.check_num_slices(num_slices)
-        checked = _arguments.check_inputs(
+        subset = _validate.check_subset(output_subset, len(self._outputs))
+        num_slices = _validate.check_num_slices(num_slices)
+        checked = _validate.check_inputs(
             self._signature, len(self.inputs), values, batch,
             self._kwargs.get("allow_input_downcast"),
         )
-        sliced = num_slices > 1
-        fn_id = self._variant(subset, sliced)
-        if not self._registry.is_distributed(fn_id):
-            distribute()
-        static = self._static.get(fn_id) or self._prepare_static(fn_id, subset, sliced)
-        sliceable, update_uids, update_ops, ops = static
-        selections = _arguments.check_batch_s(
-            session, self.sliceable_shareds, self._slice_names, batch_s
-        )
-        refs, span, indices = self._staging.stage(checked)
-        n_scattered = len(self.inputs)
-        plan = CallPlan(
-            fn_id, tuple(refs[:n_scattered]), tuple(refs[n_scattered:]), checked.casts,
-            span, indices, sliceable, selections, num_slices, ops, update_uids, update_ops,
-            checked.total_rows == 0 and n_scattered > 0,
-            indices is None and not sliceable and not any(checked.casts)
-            and all(ref.segment.startswith(session.prefix) for ref in refs),
-            session.profile is not None,
-        )
-        if session.profile is not None:
-            return self._profiled_run(session, plan, subset, start)
-        replies = session.run(Opcode.CALL, plan, repeats=selections is None)
-        if key is not None:
-            if len(self._repeats) >= _REPEATS_KEPT:
-                self._repeats.clear()
-            self._repeats[key] = (plan, [i for i, item in enumerate(key) if item[0] is None])
-        return self._returned(replies, ops, subset)
+        prepared = self._variant(subset, num_slices > 1)
+        selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
+        call = prepared.message(checked, selections, num_slices, observer is not None)
+        key = repeat_key(args) if (
+            not kwargs and batch is None and batch_s is None and num_slices == 1
+            and subset is None and observer is None) else None
+        ops = prepared.prepared.output_ops
+        if observer is not None:
+            staged = time.perf_counter()
+
+        def finish(replies: list) -> Any:
+            prepared.registered = True
+            if key is not None:
+                prepared.remember(key, call)
+            if observer is None:
+                return self._returned(replies, ops, subset)
+            ran = time.perf_counter()
+            results = self._returned(replies, ops, subset)
+            timings = [reply[2] for reply in replies if reply is not None]
+            observer.call(self.name, start=start, staged=staged, ran=ran,
+                          done=time.perf_counter(), straggler=session.last_timing[1],
+                          gather=[t[0] for t in timings], function=[t[1] for t in timings])
+            return results
+
+        return call, finish
 
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
-        results = _combine(ops, replies)
+        results = combine(ops, replies, self._session.ctx.master_rank)
         if self._single and (subset is None or len(subset) == 1):
             return results[0]
         return results
 
-    def _profiled_run(self, session, plan: CallPlan, subset, start: float):
-        staged = time.perf_counter()
-        replies = session.run(Opcode.CALL, plan)
-        ran = time.perf_counter()
-        timings = [reply[2] for reply in replies if reply is not None]
-        results = self._returned(replies, plan.output_ops, subset)
-        done = time.perf_counter()
-        session.profile.records.append(CallRecord(
-            "call", self.name, total=done - start, stage=staged - start,
-            straggler=session.last_timing[1], reduce=done - ran,
-            gather=[t[0] for t in timings], function=[t[1] for t in timings],
-        ))
-        return results
-
-    def as_pytensor(self, *args, **kwargs):
+    def as_pytensor(self, *args, output_subset=None, **kwargs):
         """Run the plain PyTensor function in the master alone, on the whole inputs.
 
         Shared variables (updates included) change in the master only: this is the
-        serial program the parallel calls must match.
+        serial program the parallel calls must match. ``output_subset`` selects
+        outputs as in a parallel call (and in PyTensor 2's call keyword; PyTensor 3
+        dropped it, so the subset is taken from the full outputs here).
         """
+        subset = _validate.check_subset(output_subset, len(self._outputs))
         values = self._binder.bind(args, kwargs)
         values = [v.data if hasattr(v, "ref") else v for v in values]
         whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
@@ -336,68 +365,59 @@ class Function:
                 outputs = self._local(*values, *whole)
             finally:
                 self._local.trust_input = self._trusted
+        if subset is not None:
+            outputs = [outputs[i] for i in subset]
+            return outputs[0] if self._single and len(subset) == 1 else outputs
         return outputs[0] if self._single else outputs
 
     as_theano = as_pytensor
 
-    def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False):
-        """``synk.Data`` objects holding ``args`` for this function's inputs, in order.
+    def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):
+        """``synk.Data`` objects holding the values for this function's inputs.
 
         Parameters
         ----------
-        *args
-            One value per input (``inputs + bcast_inputs``).
+        *args, **kwargs
+            One value per input (``inputs + bcast_inputs``), positionally or by the
+            input variable's name.
         force_cast : bool, default False
-            Cast values whose dtype differs from the input's.
+            Cast values whose dtype differs from the input's (a safe cast needs no flag).
         oversize : float in [1, 2], default 1
             Room to grow, as a multiple of each value's size.
-        minibatch : bool, default False
-            Stored on each ``Data`` as its ``minibatch`` attribute.
+        minibatch : bool or sequence of bool, default False
+            Mark the Data as minibatch buffers (see :func:`synk.data <synkhronos.data>`):
+            one flag for all, or one per input.
 
         Returns
         -------
-        list of synkhronos.Data
+        synkhronos.Data or tuple of synkhronos.Data
+            One Data for a function of one input, else a tuple in input order.
+
+        Raises
+        ------
+        TypeError, ValueError
+            A missing or unknown input, a ``minibatch`` list of the wrong length, or a
+            value that does not fit its input (as ``synk.data`` raises).
         """
         from .data import data
 
-        values = self._binder.bind(args, {})
-        return [
-            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=minibatch)
-            for v, var in zip(values, self._signature, strict=True)
-        ]
+        values = self._binder.bind(args, kwargs)
+        if isinstance(minibatch, (list, tuple)):
+            if len(minibatch) != len(values):
+                raise ValueError(f"minibatch must be one flag or one flag per input "
+                                 f"({len(values)}); got {len(minibatch)} flags")
+            flags = [bool(flag) for flag in minibatch]
+        else:
+            flags = [bool(minibatch)] * len(values)
+        built = tuple(
+            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=flag)
+            for v, var, flag in zip(values, self._signature, flags, strict=True)
+        )
+        return built[0] if len(built) == 1 else built
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
         return f"<synk.Function{name}, {len(self._outputs)} outputs>"
-
-
-def _repeat_key(args: tuple) -> tuple | None:
-    """What validating and staging a call's arguments depends on, or None.
-
-    For a ``Data``: its segment (renamed by every reallocation), shape and dtype (fixed
-    for its life). For a numpy array: its dtype and shape, which decide what PyTensor's
-    ``filter`` does to it. Any other argument: None (no shortcut).
-    """
-    key = []
-    for arg in args:
-        kind = type(arg)
-        if kind is Data:
-            key.append((arg._segment, arg._shape, arg._dtype))
-        elif kind is np.ndarray:
-            key.append((None, arg.shape, arg.dtype))
-        else:
-            return None
-    return tuple(key)
-
-
-def _combine(ops: list[ReduceOp], replies: list) -> list:
-    """Reduce each output over the ranks that ran, in rank (= row) order."""
-    ran = [reply for reply in replies if reply is not None]
-    weights = [reply[0] for reply in ran]
-    return [
-        reduce_values(op, [reply[1][i] for reply in ran], weights)
-        for i, op in enumerate(ops)
-    ]
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
@@ -410,7 +430,9 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         Scattered along axis 0 across processes.
     outputs : Variable, (Variable, op) or list of these
         ``op`` is ``"avg"`` (default, weighted by rows), ``"sum"``, ``"prod"``,
-        ``"max"``, ``"min"``, or ``None`` / ``"gather"`` (concatenate in row order).
+        ``"max"``, ``"min"``, ``"gather"`` (concatenate in row order), or ``None``: no
+        reduction, the master returns its own result and the workers send nothing.
+        ``"c_avg"``, ``"c_sum"``, ... (the original's host-side ops) are aliases.
     bcast_inputs : list of Variable
         Used whole by every process.
     updates : dict or list of (shared, new_value[, op])

@@ -1,6 +1,8 @@
 """synk.profile(): where the time of each call goes, in the paper's Table 1 terms.
 
-While a ``Profile`` is active, every command records:
+A ``Profile`` is an observer of the session: while a ``synk.profile()`` block is
+active, the session tells it about every command, and each function call about its
+phases:
 
 - ``stage``: the master's binding, validation and copying into shared memory;
 - ``gather``: each process's building of its rows (the parallel shuffle of a
@@ -9,10 +11,10 @@ While a ``Profile`` is active, every command records:
 - ``straggler``: how long the master waited for the slowest worker after finishing
   its own share;
 - ``reduce``: the master's reduction of the outputs;
-- ``collective``: whole collectives (``all_reduce`` and the others), wall time.
+- ``collective``: whole commands other than function calls (``all_reduce`` and the
+  other collectives), wall time.
 
-When no profile is active, the library checks one attribute per command and records
-nothing.
+With no block active, nothing is recorded and a command checks one attribute.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .session import require
+from ._call import Call
+from ._core.protocol import Message, Sequence
+from ._core.session import require
 
-__all__ = ["Profile", "profile"]
+__all__ = ["Profile", "profile", "CallRecord"]
 
 
 @dataclass
 class CallRecord:
     """One command, timed."""
 
-    kind: str  # "call" or "collective" or another opcode name
+    kind: str  # "call", "collective" or "step"
     name: str | None
     total: float = 0.0
     stage: float = 0.0
@@ -46,10 +50,23 @@ class Profile:
 
     records: list[CallRecord] = field(default_factory=list)
 
-    def record_command(self, kind: str, total: float) -> None:
-        """The session's record of a command other than a function call."""
-        self.records.append(CallRecord(kind, None, total=total))
+    # -- the session's observer protocol --------------------------------------------------
+    def command(self, message: Message, total: float, own: float, wait: float) -> None:
+        """A command finished (function calls also report their phases, in ``call``)."""
+        if isinstance(message, Call):
+            return
+        kind = "step" if isinstance(message, Sequence) else "collective"
+        self.records.append(CallRecord(kind, None, total=total, straggler=wait))
 
+    def call(self, name: str | None, *, start: float, staged: float, ran: float, done: float,
+             straggler: float, gather: list[float], function: list[float]) -> None:
+        """A function call's phases (``perf_counter`` times, per-rank seconds)."""
+        self.records.append(CallRecord(
+            "call", name, total=done - start, stage=staged - start, straggler=straggler,
+            reduce=done - ran, gather=gather, function=function,
+        ))
+
+    # -- reading ----------------------------------------------------------------------------
     def summary(self) -> dict[str, float]:
         """Totals in seconds: the per-rank phases are averaged over the ranks that ran.
 
@@ -88,11 +105,11 @@ def profile() -> Iterator[Profile]:
     >>> prof.summary()["straggler"]                        # doctest: +SKIP
     """
     session = require("synk.profile()")
-    if session.profile is not None:
+    if session.observer is not None:
         raise RuntimeError("synk.profile() blocks cannot be nested")
     result = Profile()
-    session.profile = result
+    session.observer = result
     try:
         yield result
     finally:
-        session.profile = None
+        session.observer = None

@@ -1,49 +1,99 @@
-"""A worker's main: wait for a command, run its handler, report, repeat.
+"""A worker's main: wait for a command, run it, report, repeat.
 
-The loop never dies of a handler's exception: the exception becomes a
+The loop never dies of a command's exception: ``Executor.run`` turns it into a
 ``RemoteFailure`` in this rank's reply slot, the rank marks the command done, and the
-master raises it as ``WorkerError``. Every process therefore reaches the end of every
-command and stays in step. The loop leaves on ``EXIT`` or when the master is gone.
+master raises it (as ``WorkerError``, or as the ``ValueError`` a rank-side check
+refused). Every process therefore reaches the end of every command and stays in step.
+Before each command the worker drops the mappings of segments released since the
+last one (the arena's release log). The loop leaves on ``Exit`` or when the master is
+gone (then it sweeps the program's segments itself).
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
+from ._core import faults
+from ._core import session as core_session
+from ._core.context import RankContext, install
+from ._core.execute import Executor, Outcome
+from ._core.protocol import Exit, Message
+from ._runtime import processes, shmem
+from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
 from ._runtime.remote import RemoteFailure
-from .session import Opcode, Session, handler_for
 
-__all__ = ["main"]
+__all__ = ["main", "worker_context"]
 
 
 def _is_new(control: ControlBlock, seen: int) -> bool:
     return control.seq != seen
 
 
-def main(session: Session, rank: int) -> None:
-    """Run worker ``rank`` until the master says ``EXIT`` (called in the forked child)."""
-    session.become_worker(rank)
-    control = session.control
-    master = session.master_rank
-    seen = session.forked_seq  # not control.seq: the master may have posted already
+def worker_context(master: RankContext, rank: int) -> RankContext:
+    """Worker ``rank``'s own context, made in the child right after the fork.
+
+    Nothing of the master's per-process state is kept: only who the program is.
+    """
+    control = master.control
+    assert control is not None
+    ctx = RankContext(
+        rank=rank,
+        size=master.size,
+        master_rank=master.master_rank,
+        prefix=master.prefix,
+        arena=Arena(master.prefix, rank, False, control.release_log),
+        control=control,
+        master_pid=master.master_pid,
+        device=master.device,
+    )
+
+    def watch_master() -> None:
+        if processes.master_gone(ctx.master_pid):
+            shmem.sweep_prefix(ctx.prefix)
+            os._exit(1)
+
+    ctx.watch = watch_master
+    return ctx
+
+
+def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) -> None:
+    """Run worker ``rank`` until the master says ``Exit`` (called in the forked child).
+
+    ``forked_seq``: the control block's sequence number at the fork (not read again
+    here: the master may have posted already).
+    """
+    ctx = worker_context(master, rank)
+    core_session.install(None)  # the master's session is not this process's
+    install(ctx)
+    control, arena = ctx.control, ctx.arena
+    assert control is not None
+    master_rank = ctx.master_rank
+    seen = forked_seq
     while True:
-        control.wait(rank, partial(_is_new, control, seen), session._watch_master)
+        control.wait(rank, partial(_is_new, control, seen), ctx.watch)
         seen = control.seq
+        arena.catch_up()
         try:
-            opcode, (releases, payload) = control.read_command()
+            message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import
-            control.finish(rank, seen, RemoteFailure.from_exception(exc), True, master)
+            failure = RemoteFailure.from_exception(exc, keep=False)
+            control.finish(rank, seen, failure, True, master_rank, arena)
             continue
-        for name in releases:
-            session.segments.forget(name)
-        if opcode == Opcode.EXIT:
+        if isinstance(message, Exit):
             return
+        assert isinstance(message, Message)
+        outcome = executor.run(ctx, message, keep_exception=True)
+        if faults.ARMED:
+            try:
+                faults.hit("reply")
+            except (Exception, SystemExit) as exc:
+                outcome = Outcome(None, RemoteFailure.from_exception(exc), exc)
+        failed = outcome.failure is not None
         try:
-            reply, failed = handler_for(opcode)(session, payload), False
-        except Exception as exc:
-            reply, failed = RemoteFailure.from_exception(exc), True
-        try:
-            control.finish(rank, seen, reply, failed, master)
+            control.finish(rank, seen, outcome.failure if failed else outcome.reply, failed,
+                           master_rank, arena)
         except Exception as exc:  # e.g. a reply that cannot be pickled
-            control.finish(rank, seen, RemoteFailure.from_exception(exc), True, master)
+            failure = RemoteFailure.from_exception(exc, keep=False)
+            control.finish(rank, seen, failure, True, master_rank, arena)

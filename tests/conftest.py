@@ -1,47 +1,41 @@
-"""Shared test fixtures: every test leaves no child process and no segment behind."""
+"""Shared test fixtures: every test leaves no child process, no segment, no open session.
+
+A test that forks a session must close it (the fixtures below do): one left open
+would make the next test's ``fork()`` fail. The autouse check closes such a session
+and fails the test that left it, not the next one.
+
+Unit tests (``tests/unit``) exercise one private module each and never fork; every
+other test uses only public modules (``synkhronos``, ``synkhronos.testing``,
+``synkhronos.extensions``, ...): ``tests/unit/test_layering.py`` checks it.
+"""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as synk_session
-from synkhronos._runtime import shmem
+from synkhronos.testing import child_pids, leftover_segments, program_prefix, session_open
+
+__all__ = ["child_pids", "segments_of", "session_fixture"]
+
+segments_of = leftover_segments  # the name the tests use
 
 
-def child_pids(parent: int | None = None) -> list[int]:
-    """Live (non-zombie) children of ``parent`` (default: this process), from /proc."""
-    parent = os.getpid() if parent is None else parent
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == parent and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def segments_of(pid: int | None = None) -> list[str]:
-    """Entries in /dev/shm that belong to programs whose master is ``pid``."""
-    pid = os.getpid() if pid is None else pid
-    mark = f"{shmem.PREFIX}{pid}_"
-    return [e for e in os.listdir(shmem.SHM_DIR)
-            if e.startswith(mark) or e.startswith("sem." + mark)]
+def _open_prefix() -> str | None:
+    return program_prefix() if session_open() else None
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """After a test that closed its session: no worker and no segment may remain."""
+    """After each test: no session it opened is left open; with none open, no worker
+    and no segment of this process remains."""
+    before = _open_prefix()
     yield
-    if synk_session.current() is None:
+    after = _open_prefix()
+    if after is not None and after != before:
+        synk.close()
+        pytest.fail("the test left a synkhronos session open (closed it now)")
+    if after is None:
         assert child_pids() == [], "a test left child processes behind"
         assert segments_of() == [], "a test left shared-memory segments behind"
 

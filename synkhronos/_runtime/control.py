@@ -2,20 +2,21 @@
 
 Layout (all in one segment, mapped by every process before the fork)::
 
-    header   int64[16 + 8 * n]   sequence number, opcode, payload length, abort flag,
-                                 payload id; per rank: done-seq, status, sleeping,
-                                 barrier epoch, reply length, reply format
-    mailbox  bytes[MAILBOX]      the pickled payload of the current command
-    replies  bytes[n][REPLY]     each rank's pickled reply (result or failure)
+    header   int64[16 + 8 * n]   sequence number, payload length, abort flag, payload
+                                 id; per rank: done-seq, status, sleeping, barrier
+                                 epoch, reply length, reply format, vote
+    log      int64[1 + ring]     the arena's release log (``arena.ReleaseLog``)
+    mailbox  bytes[MAILBOX]      the pickled message of the current command
+    replies  bytes[n][REPLY]     each rank's reply (result or failure)
 
 One command, master -> workers -> back:
 
-1. ``post``: the master writes the payload, then the opcode, then bumps ``seq`` and
-   wakes every sleeping worker.
+1. ``post``: the master writes the message, then bumps ``seq`` and wakes every
+   sleeping worker.
 2. Each worker sees the new ``seq`` (spinning briefly, else woken from its semaphore),
-   reads the payload, runs the handler, writes its reply, sets ``status`` and then
+   reads the message, runs it, writes its reply, sets ``status`` and then
    ``done = seq``, and wakes the master if it sleeps.
-3. ``wait_done``: the master waits until every worker's ``done`` equals ``seq``.
+3. The master waits until every worker's ``done`` equals ``seq`` (``all_done``).
 
 Waiting is spin-then-block: a rank spins on the flag for ``spin`` seconds (bounded,
 yielding the CPU now and then), then announces it is sleeping and blocks on its own
@@ -27,15 +28,19 @@ the flag, which x86 may reorder with the poster's store-then-load, so a wake-up 
 in principle be lost: the timeout bounds that cost (it was never seen in
 measurements), and it is also when a waiter checks that its peers are alive.
 
-Payloads or replies larger than their slot travel in a one-off segment whose name is
-written in the slot instead; the master unlinks it once read.
+Inside a command, ranks meet at ``barrier`` (epoch counters) and ``agree`` (a barrier
+that also tells whether every rank voted yes: all-or-nothing checks done where the
+data lives).
+
+Messages or replies larger than their slot travel in a one-off segment of the arena
+whose name is written in the slot instead; the reader unlinks it once read.
 
 Two savings for commands that repeat (a training loop calls one function with the
-same plan thousands of times):
+same arguments thousands of times):
 
-- a payload posted with a ``key`` is pickled once: the master keeps its bytes by key
+- a message posted with a ``key`` is pickled once: the master keeps its bytes by key
   and gives it an id; a worker keeps what it decoded by id and skips the unpickling
-  when the id comes again (ids are never reused, so a hit is always the same payload);
+  when the id comes again (ids are never reused, so a hit is always the same message);
 - a reply of arrays is written raw, not pickled (``wire.py``).
 """
 
@@ -49,21 +54,22 @@ from collections.abc import Callable
 import posix_ipc
 
 from . import shmem, wire
+from .arena import Arena, ReleaseLog
 from .remote import BarrierAborted
 
-__all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES"]
+__all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES", "ReleaseLog"]
 
 MAILBOX_BYTES = 1 << 20
 REPLY_BYTES = 1 << 16
 
-_SEQ, _OPCODE, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID = 0, 1, 2, 3, 4
+_SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID = 0, 1, 2, 3
 _HEAD = 16
 _PER_RANK = 8
-_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND = 0, 1, 2, 3, 4, 5
+_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE = 0, 1, 2, 3, 4, 5, 6
 _EXTERNAL = -1
 _NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
-_MEMO_SIZE = 256  # payloads remembered by key (master) and decoded payloads by id (worker)
+_MEMO_SIZE = 256  # messages remembered by key (master) and decoded messages by id (worker)
 
 STATUS_OK, STATUS_FAILED = 0, 1
 
@@ -80,8 +86,9 @@ class ControlBlock:
         self.spin = spin
         self.poll = poll
         header_bytes = 8 * (_HEAD + _PER_RANK * n)
-        self._mailbox_at = header_bytes
-        self._replies_at = header_bytes + MAILBOX_BYTES
+        log_bytes = 8 * ReleaseLog.ITEMS
+        self._mailbox_at = header_bytes + log_bytes
+        self._replies_at = self._mailbox_at + MAILBOX_BYTES
         size = self._replies_at + REPLY_BYTES * n
         name = prefix + "control"
         self._map = shmem.create_segment(name, size)
@@ -89,30 +96,36 @@ class ControlBlock:
         self._buffer = memoryview(self._map)
         # A memoryview of int64: item access is several times cheaper than numpy's,
         # and the spin loops read these fields millions of times.
-        self._buffer[:header_bytes] = bytes(header_bytes)
+        self._buffer[: self._mailbox_at] = bytes(self._mailbox_at)
         self.header = self._buffer[:header_bytes].cast("q")
+        self.release_log = ReleaseLog(self._buffer[header_bytes : self._mailbox_at].cast("q"))
         self._semaphores = []
         for rank in range(n):
             sem_name = f"/{prefix}wake{rank}"
             sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, mode=0o600)
             sem.unlink()
             self._semaphores.append(sem)
-        self._extra = 0
         self._memo: dict[object, tuple[int, bytes]] = {}  # master: key -> (id, pickle)
-        self._decoded: dict[int, object] = {}  # worker: id -> payload
+        self._decoded: dict[int, object] = {}  # worker: id -> message
         self._next_id = 0
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
 
-    # -- fields -----------------------------------------------------------------------
-    def _field(self, rank: int, field: int) -> int:
-        return self._bases[rank] + field
+    def close(self) -> None:
+        """Let go of the mapping and the semaphores (the master, at ``close()``; the
+        names were unlinked long ago). Nothing may use the block afterwards."""
+        for view in (self.header, self.release_log.words, self._buffer):
+            view.release()
+        self._map.close()
+        for semaphore in self._semaphores:
+            semaphore.close()
 
+    # -- fields -----------------------------------------------------------------------
     @property
     def seq(self) -> int:
         return self.header[_SEQ]
 
     def done(self, rank: int) -> int:
-        return self.header[self._field(rank, _DONE)]
+        return self.header[self._bases[rank] + _DONE]
 
     def failed(self, rank: int) -> bool:
         return self.header[self._bases[rank] + _STATUS] != STATUS_OK
@@ -134,7 +147,7 @@ class ControlBlock:
         """Return once ``ready()`` holds; spin first, then block on ``rank``'s semaphore.
 
         ``on_poll`` runs after each blocked interval; it raises to abandon the wait
-        (a dead peer, a timeout).
+        (a dead peer, a timeout, Ctrl-C).
         """
         spin = self.spin if spin is None else spin
         if ready():
@@ -150,7 +163,7 @@ class ControlBlock:
                     if time.perf_counter() > deadline:
                         break
                     os.sched_yield()
-        sleeping = self._field(rank, _SLEEPING)
+        sleeping = self._bases[rank] + _SLEEPING
         semaphore = self._semaphores[rank]
         self.header[sleeping] = 1
         try:
@@ -165,52 +178,54 @@ class ControlBlock:
             self.header[sleeping] = 0
 
     # -- one command ------------------------------------------------------------------
-    def post(self, opcode: int, payload: object, master_rank: int, key=None) -> int:
+    def post(self, message: object, master_rank: int, arena: Arena, key=None) -> int:
         """Publish a command to every worker and wake them; return its sequence number.
 
-        ``key``: a hashable stand-in for ``payload`` (equal keys, equal payloads) that
-        lets a repeated payload skip pickling here and unpickling in the workers.
+        ``key``: a hashable stand-in for ``message`` (equal keys, equal messages) that
+        lets a repeated message skip pickling here and unpickling in the workers.
+        Pickling comes first: a message that cannot be pickled raises here, before
+        anything is written.
         """
         try:
             memo = self._memo.get(key) if key is not None else None
         except TypeError:  # not hashable after all: pickle it every time
             key = memo = None
+        data: bytes | None
         if memo is not None:
-            payload_id, data = memo
+            message_id, data = memo
             self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
             self.header[_PAYLOAD_LEN] = len(data)
         else:
-            data = self._write(payload, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, "payload")
-            payload_id = 0
+            data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
+            message_id = 0
             if key is not None and data is not None:
                 if len(self._memo) >= _MEMO_SIZE:
                     self._memo.clear()
                 self._next_id += 1
-                payload_id = self._next_id
-                self._memo[key] = (payload_id, data)
-        self.header[_PAYLOAD_ID] = payload_id
-        self.header[_OPCODE] = opcode
+                message_id = self._next_id
+                self._memo[key] = (message_id, data)
+        self.header[_PAYLOAD_ID] = message_id
         seq = self.header[_SEQ] + 1
         self.header[_SEQ] = seq
         self.wake_all(master_rank)
         return seq
 
-    def read_command(self) -> tuple[int, object]:
-        """A worker's view of the current command: (opcode, payload)."""
-        opcode = self.header[_OPCODE]
-        payload_id = self.header[_PAYLOAD_ID]
-        if payload_id:
-            payload = self._decoded.get(payload_id)
-            if payload is not None:
-                return opcode, payload
-        payload = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN])
-        if payload_id:
+    def read_command(self, arena: Arena) -> object:
+        """A worker's view of the current command's message."""
+        message_id = self.header[_PAYLOAD_ID]
+        if message_id:
+            message = self._decoded.get(message_id)
+            if message is not None:
+                return message
+        message = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
+        if message_id:
             if len(self._decoded) >= _MEMO_SIZE:
                 self._decoded.clear()
-            self._decoded[payload_id] = payload
-        return opcode, payload
+            self._decoded[message_id] = message
+        return message
 
-    def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int):
+    def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
+               arena: Arena) -> None:
         """A worker's end of a command: write the reply, mark done, wake the master."""
         header, base = self.header, self._bases[rank]
         if reply is None:
@@ -223,19 +238,20 @@ class ControlBlock:
                 header[base + _REPLY_LEN] = len(described[0])
                 header[base + _REPLY_KIND] = wire.ARRAYS
             else:
-                self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, f"r{rank}_")
+                self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, arena)
                 header[base + _REPLY_KIND] = wire.PICKLE
         header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
         header[base + _DONE] = seq
         self.wake_all(rank)
 
     def mark_failed(self, rank: int, seq: int) -> None:
-        """The master's own handler failed: release every rank waiting at a barrier."""
-        self.header[self._field(rank, _STATUS)] = STATUS_FAILED
-        self.header[self._field(rank, _DONE)] = seq
+        """The master's own part failed: release every rank waiting at a barrier."""
+        base = self._bases[rank]
+        self.header[base + _STATUS] = STATUS_FAILED
+        self.header[base + _DONE] = seq
         self.wake_all(rank)
 
-    def reply(self, rank: int) -> object:
+    def reply(self, rank: int, arena: Arena) -> object:
         """The master's read of ``rank``'s reply to the current command."""
         base = self._bases[rank]
         length = self.header[base + _REPLY_LEN]
@@ -244,7 +260,7 @@ class ControlBlock:
         at = self._replies_at + REPLY_BYTES * rank
         if self.header[base + _REPLY_KIND] == wire.ARRAYS:
             return wire.read_arrays(self._buffer, at, length)
-        return self._read(at, length, unlink=True)
+        return self._read(at, length, arena, discard=True)
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header
@@ -262,7 +278,7 @@ class ControlBlock:
     def aborted(self, seq: int) -> bool:
         return self.header[_ABORT] == seq
 
-    # -- barrier inside a command --------------------------------------------------------
+    # -- meeting points inside a command ------------------------------------------------
     def barrier(self, rank: int, on_poll: Callable[[], None]) -> None:
         """Wait until every rank of the current command reaches this barrier.
 
@@ -271,13 +287,13 @@ class ControlBlock:
         """
         header = self.header
         seq = header[_SEQ]
-        epoch_field = self._field(rank, _EPOCH)
+        epoch_field = self._bases[rank] + _EPOCH
         current = header[epoch_field]
         count = current - seq * _EPOCH_STRIDE if current >= seq * _EPOCH_STRIDE else 0
         target = seq * _EPOCH_STRIDE + count + 1
         header[epoch_field] = target
         self.wake_all(rank)
-        fields = [_HEAD + _PER_RANK * r for r in range(self.n)]
+        fields = self._bases
 
         def ready() -> bool:
             if all(header[f + _EPOCH] >= target for f in fields):
@@ -290,40 +306,43 @@ class ControlBlock:
 
         self.wait(rank, ready, on_poll)
 
+    def agree(self, rank: int, ok: bool, on_poll: Callable[[], None]) -> bool:
+        """A barrier that returns whether every rank passed ``ok=True`` to it."""
+        header = self.header
+        mark = 2 * header[_SEQ]
+        header[self._bases[rank] + _VOTE] = mark + (1 if ok else 0)
+        self.barrier(rank, on_poll)
+        return all(header[base + _VOTE] == mark + 1 for base in self._bases)
+
     # -- payload and reply slots ------------------------------------------------------------
-    def _write(self, obj: object, at: int, capacity: int, length_field: int, tag: str):
-        """Pickle ``obj`` into its slot (or a one-off segment); return the bytes if in the slot."""
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written yet
+    def _write(self, obj: object, at: int, capacity: int, length_field: int,
+               arena: Arena) -> bytes | None:
+        """Pickle ``obj`` into its slot (or a one-off segment); return the bytes if in
+        the slot."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written
         if len(data) <= capacity:
             self._buffer[at : at + len(data)] = data
             self.header[length_field] = len(data)
             return data
-        self._extra += 1
-        name = f"{self.prefix}{tag}x{os.getpid()}_{self._extra}"
-        segment = shmem.create_segment(name, len(data))
-        segment[: len(data)] = data
-        segment.close()
-        encoded = pickle.dumps((name, len(data)))
+        segment = arena.create(len(data))
+        segment.buffer[: len(data)] = data
+        encoded = pickle.dumps((segment.name, len(data)))
+        arena.hand_over(segment)  # the reader unlinks it once read
         self._buffer[at : at + len(encoded)] = encoded
         self.header[length_field] = _EXTERNAL - len(encoded)
+        return None
 
-    def _read(self, at: int, length: int, unlink: bool = False) -> object:
+    def _read(self, at: int, length: int, arena: Arena, discard: bool = False) -> object:
         if length >= 0:
             return pickle.loads(self._buffer[at : at + length])
         name, size = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-        segment = shmem.open_segment(name)
-        try:
-            return pickle.loads(segment[:size])
-        finally:
-            segment.close()
-            if unlink:
-                shmem.unlink_segment(name)
+        return pickle.loads(arena.take(name, size, unlink=discard))
 
-    def release_external_payload(self) -> None:
-        """The master's clean-up of an oversized payload once every worker read it."""
+    def release_external_payload(self, arena: Arena) -> None:
+        """The master's clean-up of an oversized message once every worker read it."""
         length = self.header[_PAYLOAD_LEN]
         if length < 0:
             at = self._mailbox_at
             name, _ = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-            shmem.unlink_segment(name)
+            arena.discard(name)
             self.header[_PAYLOAD_LEN] = 0

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["usable_cores", "gpu_problem", "jax_initialised"]
+__all__ = ["usable_cores", "visible_gpus", "gpu_problem", "jax_initialised"]
 
 
 def usable_cores() -> list[int]:
@@ -19,7 +19,8 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
+    """GPUs the driver lists, limited by ``CUDA_VISIBLE_DEVICES`` (CUDA not touched)."""
     driver = "/proc/driver/nvidia/gpus"
     count = len(os.listdir(driver)) if os.path.isdir(driver) else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -36,7 +37,7 @@ def gpu_problem() -> str | None:
         return (
             f"device='gpu' needs {' and '.join(missing)} (install synkhronos[gpu])"
         )
-    if _visible_gpus() == 0:
+    if visible_gpus() == 0:
         return "device='gpu' found no visible NVIDIA GPU (no /proc/driver/nvidia/gpus)"
     return None
 

@@ -49,7 +49,7 @@ def install() -> dict[int, Any]:
     """Take over SIGINT/SIGTERM where they have Python's defaults; return the old ones."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    old = {}
+    old: dict[int, Any] = {}
     for signum, default in _DEFAULTS.items():
         if signal.getsignal(signum) is default:
             old[signum] = signal.signal(signum, _on_signal)
@@ -69,16 +69,22 @@ def forget() -> None:
 
 
 def reraise_interruption(exc: BaseException) -> None:
-    """Raise the ``KeyboardInterrupt`` or ``SystemExit`` hidden behind ``exc``, if any.
+    """Raise the interruption behind ``exc``, if it is one or hides one.
 
-    A signal handler that raises while compiled code (a Numba kernel) runs can leave
-    its exception as the context of another one: the caller then sees
-    ``SystemError: ... returned a result with an exception set``.
+    A ``KeyboardInterrupt`` anywhere in the chain, and a ``SystemExit`` that one of
+    our signal handlers raised (SIGTERM), are interruptions; a ``SystemExit`` from
+    ``sys.exit()`` in user code is not. A handler that raises while compiled code (a
+    Numba kernel) runs can leave its exception as the context of another one: the
+    caller then sees ``SystemError: ... returned a result with an exception set``.
     """
     seen = 0
     current: BaseException | None = exc
     while current is not None and seen < 8:
-        if isinstance(current, (KeyboardInterrupt, SystemExit)):
+        if isinstance(current, KeyboardInterrupt) or (
+            isinstance(current, SystemExit) and _lost
+        ):
+            if current is exc:
+                raise current
             raise current from exc
         current = current.__cause__ or current.__context__
         seen += 1

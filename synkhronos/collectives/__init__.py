@@ -1,12 +1,12 @@
 """Collectives on shared variables: broadcast, scatter, gather, reduce and friends.
 
-``api`` holds the public functions (validation in the master); ``backend`` the
-protocol every device implements, its registry and the one ``COLLECTIVE`` command
-handler; ``cpu`` the shared-memory backend. Importing this package registers them,
-which must happen before ``synk.fork()`` (``import synkhronos`` does it).
+``api`` holds the public functions and ``_checks`` their checks in the master;
+``fused`` the device-independent messages, steps and each rank's part; ``backend`` the
+primitives every device implements, and ``cpu`` the shared-memory backend (imported
+here, which registers it for ``device="cpu"``).
 """
 
-from . import cpu  # noqa: F401  (registers the "cpu" backend)
+from . import cpu  # noqa: F401  (the "cpu" backend registers itself)
 from .api import (
     all_gather,
     all_reduce,

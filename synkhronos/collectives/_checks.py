@@ -1,18 +1,19 @@
 """What a collective call is checked against in the master, before any process moves.
 
-The public functions of ``api.py`` all start here (steps 1-3 of its path):
+The public functions of ``api.py`` all start here:
 
-1. ``_begin``: the session (forked, usable, distributed at least once) and the
-   targets: the shared variables, resolved once per list to their ids in every
-   process (``_resolve``; a variable no distributed function uses is a ``ValueError``
-   naming it) and cached by the ids of the variables;
-2. ``_reduce_op``, ``_check_rank``: the op (``avg`` only for floating variables) and
+1. ``begin``: the session (forked, usable, distributed at least once) and the
+   targets: the shared variables (or their names), resolved once per list to their
+   ids in every process (``_resolve``; a variable no distributed function uses is a
+   ``ValueError`` naming it) and cached by the ids of the variables;
+2. ``reduce_op``, ``check_rank``: the op (``avg`` only for floating variables) and
    the rank;
-3. ``_values``, ``_rows_batch``, ``_check_fixed_length``: values filtered by each
-   variable's own type (cast only where PyTensor would cast; a ``synk.Data`` kept as
-   it is where it already fits), a ``batch`` of rows, and lengths that must agree.
+3. ``filter_values``, ``rows_batch``, ``each_rows_batch``, ``check_fixed_length``:
+   values filtered by each variable's own type (cast only where PyTensor would cast;
+   a ``synk.Data`` kept as it is where it already fits), a ``batch`` of rows, and
+   lengths a variable's type allows.
 
-Nothing here moves data: the backend does that afterwards.
+Nothing here moves data: ``fused.py`` and the backend do that afterwards.
 """
 
 from __future__ import annotations
@@ -23,38 +24,41 @@ import numpy as np
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.tensor.type import TensorType
 
+from .._core.context import RankVar
+from .._core.session import Session, current, require
 from .._reducers import ReduceOp, parse_op
 from .._scatter import Batch, normalize_batch
-from ..distribute import registry
-from ..session import Session, current, require
-from .backend import Targets, backend_for
+from ..distribute import REGISTRY, Registry
+from .backend import BACKEND, Backend, Targets
 
-_OPS = {op.value: op for op in ReduceOp if op is not ReduceOp.GATHER}
+_OPS = {op.value: op for op in ReduceOp if op not in (ReduceOp.GATHER, ReduceOp.NONE)}
 _CACHE_LIMIT = 256
 
 
 # -- steps 1-3 ---------------------------------------------------------------------------
-class _Front:
-    """The master's per-session state of the collectives' front end: the registry, the
-    backend, and the validated targets of recent calls, keyed by their variables' ids."""
+class Front:
+    """The master's state of the collectives' front end: the registry, the backend, and
+    the validated targets of recent calls, keyed by their variables' ids."""
 
-    def __init__(self, session: Session) -> None:
-        self.registry = registry(session)
-        self.backend = backend_for(session)
+    def __init__(self, registry: Registry, backend: Backend) -> None:
+        self.registry = registry
+        self.backend = backend
         self.targets: dict[Any, Targets] = {}
 
 
-def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]:
+FRONT: RankVar[Front] = RankVar(
+    "collectives front", lambda ctx: Front(REGISTRY.get(ctx), BACKEND.get(ctx))
+)
+
+
+def begin(what: str, shared_vars: Any) -> tuple[Session, Front, Targets, bool]:
     """The session, its front, the validated targets, and whether one variable came."""
     session = current()
     if session is None:
-        require(f"synk.{what}()")  # raises, saying to call synk.fork() first
-    if not session.is_master:
-        session.check_usable()  # raises: only the master issues commands
-    front = session.local_or_none("collectives.api")  # the hot path: no closure to build
-    if front is None:
-        front = session.local("collectives.api", lambda: _Front(session))
+        session = require(f"synk.{what}()")  # raises, saying to call synk.fork() first
+    front = FRONT.get(session.ctx)
     if not front.registry.distributed_once:
+        session.check_usable()
         raise RuntimeError(
             f"call synk.distribute() before synk.{what}(): collectives act on the shared "
             "variables of distributed functions"
@@ -62,9 +66,11 @@ def _begin(what: str, shared_vars: Any) -> tuple[Session, _Front, Targets, bool]
     single = not isinstance(shared_vars, (list, tuple))
     key = id(shared_vars) if single else tuple(map(id, shared_vars))
     targets = front.targets.get(key)  # it holds the variables, so their ids stay theirs
-    if targets is None:
-        variables = (shared_vars,) if single else tuple(shared_vars)
-        targets = _resolve(front.registry, variables, single)
+    if targets is None or targets.by_name:
+        items = (shared_vars,) if single else tuple(shared_vars)
+        variables = tuple(_by_name(front.registry, item, i, single) if isinstance(item, str)
+                          else item for i, item in enumerate(items))
+        targets = _resolve(front.registry, variables, single, variables != items)
         if len(front.targets) >= _CACHE_LIMIT:
             front.targets.clear()
         front.targets[key] = targets
@@ -77,7 +83,24 @@ def _label(var: Any, index: int, single: bool) -> str:
     return f"shared variable {name!r}{where}" if name else f"unnamed shared variable{where}"
 
 
-def _resolve(reg: Any, variables: tuple, single: bool) -> Targets:
+def _by_name(reg: Any, name: str, index: int, single: bool) -> Any:
+    """The one distributed shared variable called ``name`` (the original's lookup)."""
+    found = [var for var in reg.shared.values() if var.name == name]
+    where = "" if single else f" (shared_vars[{index}])"
+    if not found:
+        raise ValueError(
+            f"no shared variable named {name!r}{where} is used by a distributed function; "
+            "pass the variable itself, or build and distribute a function that uses it"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{len(found)} shared variables of distributed functions are named "
+            f"{name!r}{where}; pass the variable itself"
+        )
+    return found[0]
+
+
+def _resolve(reg: Any, variables: tuple, single: bool, by_name: bool = False) -> Targets:
     if not variables:
         raise ValueError("shared_vars is empty; give a shared variable or a list of them")
     uids, labels = [], []
@@ -105,11 +128,12 @@ def _resolve(reg: Any, variables: tuple, single: bool) -> Targets:
         dtypes=dtypes,
         ndims=tuple(var.type.ndim for var in variables),
         inexact=all(dtype.kind in "fc" for dtype in dtypes),
+        by_name=by_name,
     )
 
 
-def _reduce_op(op: Any, targets: Targets) -> ReduceOp:
-    parsed = _OPS.get(op) if isinstance(op, str) else None
+def reduce_op(op: Any, targets: Targets) -> ReduceOp:
+    parsed: ReduceOp | None = _OPS.get(op) if isinstance(op, str) else None
     if parsed is None:
         parsed = parse_op(op, allow_gather=False)
     if parsed is ReduceOp.AVG and not targets.inexact:
@@ -122,7 +146,7 @@ def _reduce_op(op: Any, targets: Targets) -> ReduceOp:
     return parsed
 
 
-def _check_rank(session: Session, rank: Any) -> int:
+def check_rank(session: Session, rank: Any) -> int:
     if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
         raise TypeError(f"rank must be an integer; got {type(rank).__name__}")
     if not 0 <= rank < session.n:
@@ -135,7 +159,7 @@ def _is_data(value: Any) -> bool:
     return hasattr(value, "ref") and hasattr(value, "alloc_size")
 
 
-def _values(targets: Targets, values: Any, single: bool, keep_data: bool) -> list:
+def filter_values(targets: Targets, values: Any, single: bool, keep_data: bool) -> list:
     """One value per variable, filtered by the variable's type.
 
     A ``synk.Data`` of the variable's dtype and ndim is kept as is when ``keep_data``
@@ -167,7 +191,7 @@ def _values(targets: Targets, values: Any, single: bool, keep_data: bool) -> lis
     return result
 
 
-def _rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
+def rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
     """The one row selection of ``values``, which must agree in length (axis 0)."""
     lengths = []
     for label, value in zip(targets.labels, values, strict=True):
@@ -182,7 +206,21 @@ def _rows_batch(targets: Targets, values: list, batch: Any, what: str) -> Batch:
     return normalize_batch(batch, lengths[0])
 
 
-def _check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -> None:
+def each_rows_batch(targets: Targets, values: list, batch: Any, what: str) -> tuple:
+    """One row selection per value, each against that value's own length (axis 0)."""
+    selections = []
+    for label, value in zip(targets.labels, values, strict=True):
+        if value.ndim == 0:
+            raise ValueError(f"{what} splits values along axis 0, but the value for "
+                             f"{label} is 0-d")
+        try:
+            selections.append(normalize_batch(batch, value.shape[0]))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{what} of {label}: {exc}") from exc
+    return tuple(selections)
+
+
+def check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -> None:
     """Refuse new lengths that a variable's static shape forbids (``lengths[var]``)."""
     for var, label, per_rank in zip(targets.variables, targets.labels, lengths, strict=True):
         fixed = var.type.shape[0] if var.type.ndim else None
@@ -191,7 +229,7 @@ def _check_fixed_length(targets: Targets, lengths: list[list[int]], what: str) -
                              f"fixes its length to {fixed}")
 
 
-def _one_or_list(results: list, single: bool) -> Any:
+def one_or_list(results: list, single: bool) -> Any:
     return results[0] if single else results
 
 

@@ -7,15 +7,22 @@ Every function here follows the same path::
                   a variable no distributed function uses is a ValueError naming it
     3. arguments  op, rank, nd_up, batch; values filtered by each variable's own type
                   (cast only where PyTensor would cast)
-    4. exchange   the session's backend (``backend_for``) runs it: one command, or a
-                  small shape query and one command where sizes must be known first;
-                  ``Session.run`` checks the session is usable (not broken, not inside
-                  another command, the forking thread) before anything moves, and the
-                  few paths without a command check it themselves
+    4. exchange   one command (``fused.py``, on the session's backend), or a small
+                  shape query and one command where sizes must be known first; the
+                  few paths without a command check the session themselves
 
 Steps 1-3 live in ``_checks.py``; every error of theirs is raised before any process
-moves. A list of variables travels as one fused buffer, and a single variable returns
-a single value where a list returns a list.
+moves. Step 4 builds the collective's ``Step`` (``fused.py``) and runs it as one
+command, holding the session's command lock from the staging of values to the end, so
+that collectives from several threads of the master never interleave. A list of
+variables travels as one fused buffer, and a single variable returns a single value
+where a list returns a list.
+
+``shared_vars`` may name a variable by its name (a string), as in the original
+Synkhronos, when exactly one shared variable of the distributed functions has it.
+The original's ``nccl=`` keyword is accepted everywhere it was (``broadcast``,
+``gather``, ``all_gather``, ``reduce``, ``all_reduce``): it chose GPU (NCCL) or host
+communication there; on CPU processes it changes nothing.
 
 Per-rank examples below use two processes, with ``w`` a float32 vector holding
 ``[1, 2]`` in rank 0 (the master) and ``[3, 4]`` in rank 1.
@@ -27,14 +34,27 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import _pytensor
+from .._scatter import select_rows
 from ._checks import (
-    _begin,
-    _check_fixed_length,
-    _check_rank,
-    _one_or_list,
-    _reduce_op,
-    _rows_batch,
-    _values,
+    begin,
+    check_fixed_length,
+    check_rank,
+    each_rows_batch,
+    filter_values,
+    one_or_list,
+    reduce_op,
+    rows_batch,
+)
+from .fused import (
+    all_reduce_step,
+    broadcast_step,
+    get_value_step,
+    place_step,
+    reduce_step,
+    regions_step,
+    run_steps,
+    shapes_step,
 )
 
 __all__ = [
@@ -53,19 +73,34 @@ __all__ = [
 Op = Literal["avg", "sum", "prod", "max", "min"]
 
 
+def _run(session: Any, backend: Any, build: Any, *args: Any) -> Any:
+    """Build one step under the session's command lock and run it; its result."""
+    took = session.enter()
+    try:
+        return run_steps(session, backend, [build(session, backend, *args)])[0]
+    finally:
+        session.leave(took)
+
+
+def _shapes(session: Any, backend: Any, targets: Any) -> list:
+    return _run(session, backend, lambda s, b: shapes_step(targets))
+
+
 # -- step 4: the exchanges (steps 1-3 are in _checks.py) ------------------------------
-def broadcast(shared_vars: Any, values: Any = None) -> None:
+def broadcast(shared_vars: Any, values: Any = None, nccl: bool = True) -> None:
     """Copy the master's values (or ``values``) into every process's variables.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them, optional
         New values, one per variable (a single value for a single variable); cast
         only where PyTensor would. The master's variables take them too.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -81,10 +116,10 @@ def broadcast(shared_vars: Any, values: Any = None) -> None:
     >>> synk.broadcast(w, [5, 6])         # doctest: +SKIP
     rank 0: w = [5, 6]    rank 1: w = [5, 6]
     """
-    session, front, targets, single = _begin("broadcast", shared_vars)
+    session, front, targets, single = begin("broadcast", shared_vars)
     if values is not None:
-        values = _values(targets, values, single, keep_data=False)
-    front.backend.broadcast(session, targets, values)
+        values = filter_values(targets, values, single, keep_data=False)
+    _run(session, front.backend, broadcast_step, targets, values)
 
 
 def scatter(shared_vars: Any, values: Any, batch: Any = None) -> None:
@@ -97,46 +132,50 @@ def scatter(shared_vars: Any, values: Any, batch: Any = None) -> None:
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them
-        One per variable, all of the same length along axis 0. A ``synk.Data`` of
-        the variable's dtype is read in place by every process.
+        One per variable, each split on its own (their lengths may differ). A
+        ``synk.Data`` of the variable's dtype is read in place by every process.
     batch : int, slice, or 1-d sequence of int, optional
-        Rows of ``values`` to scatter (as ``batch`` of a function call).
+        Rows of each value to scatter (as ``batch`` of a function call); it must be
+        valid for every value.
 
     Raises
     ------
     RuntimeError
         Before ``synk.fork()`` or before the first ``synk.distribute()``.
     ValueError, TypeError
-        Values that do not fit, differ in length, or are 0-d; a bad ``batch``.
+        Values that do not fit or are 0-d; a bad ``batch``.
 
     Examples
     --------
     >>> synk.scatter(w, [1, 2, 3])        # doctest: +SKIP
     rank 0: w = [1, 2]    rank 1: w = [3]
     """
-    session, front, targets, single = _begin("scatter", shared_vars)
-    values = _values(targets, values, single, keep_data=True)
-    selection = _rows_batch(targets, values, batch, "scatter")
-    counts = [selection.part(session.n, r).length for r in range(session.n)]
-    _check_fixed_length(targets, [counts] * len(values), "scatter")
-    front.backend.scatter(session, targets, values, selection)
+    session, front, targets, single = begin("scatter", shared_vars)
+    values = filter_values(targets, values, single, keep_data=True)
+    selections = each_rows_batch(targets, values, batch, "scatter")
+    counts = [[selection.part(session.n, r).length for r in range(session.n)]
+              for selection in selections]
+    check_fixed_length(targets, counts, "scatter")
+    _run(session, front.backend, place_step, targets, values, selections, None)
 
 
-def gather(shared_vars: Any, nd_up: int = 1) -> Any:
+def gather(shared_vars: Any, nd_up: int = 1, nccl: bool = True) -> Any:
     """Every process's values, collected in the master; no value changes.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     nd_up : {1, 0}
         1: stack on a new leading axis (shapes must agree across processes);
         0: concatenate along axis 0 (lengths may differ; 0-d values are stacked).
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Returns
     -------
@@ -157,11 +196,11 @@ def gather(shared_vars: Any, nd_up: int = 1) -> Any:
     >>> synk.gather(w, nd_up=0)           # doctest: +SKIP
     array([1., 2., 3., 4.])
     """
-    session, front, targets, single = _begin("gather", shared_vars)
+    session, front, targets, single = begin("gather", shared_vars)
     if isinstance(nd_up, bool) or nd_up not in (0, 1):
         raise ValueError(f"nd_up must be 1 (stack) or 0 (concatenate); got {nd_up!r}")
     backend = front.backend
-    shapes = backend.shapes(session, targets)
+    shapes = _shapes(session, backend, targets)
     for i, label in enumerate(targets.labels):
         per_rank = [rank_shapes[i] for rank_shapes in shapes]
         if nd_up == 1 and len(set(per_rank)) > 1:
@@ -171,15 +210,15 @@ def gather(shared_vars: Any, nd_up: int = 1) -> Any:
         if nd_up == 0 and len({s[1:] for s in per_rank}) > 1:
             raise ValueError(f"gather with nd_up=0 concatenates along axis 0, so {label} "
                              f"needs the same trailing shape in every process; got {per_rank}")
-    parts = backend.gather(session, targets, shapes)
+    parts = _run(session, backend, regions_step, targets, shapes, False)
     results = [
         np.stack(pieces) if nd_up == 1 or pieces[0].ndim == 0 else np.concatenate(pieces)
         for pieces in parts
     ]
-    return _one_or_list(results, single)
+    return one_or_list(results, single)
 
 
-def all_gather(shared_vars: Any) -> None:
+def all_gather(shared_vars: Any, nccl: bool = True) -> None:
     """Every process's variables become the concatenation of all processes' values.
 
     Values are joined along axis 0 in rank order; lengths may differ across
@@ -189,8 +228,10 @@ def all_gather(shared_vars: Any) -> None:
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, at least 1-d.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -204,12 +245,12 @@ def all_gather(shared_vars: Any) -> None:
     >>> synk.all_gather(w)                # doctest: +SKIP
     rank 0: w = [1, 2, 3, 4]    rank 1: w = [1, 2, 3, 4]
     """
-    session, front, targets, _ = _begin("all_gather", shared_vars)
+    session, front, targets, _ = begin("all_gather", shared_vars)
     for label, ndim in zip(targets.labels, targets.ndims, strict=True):
         if ndim == 0:
             raise ValueError(f"all_gather concatenates along axis 0, but {label} is 0-d")
     backend = front.backend
-    shapes = backend.shapes(session, targets)
+    shapes = _shapes(session, backend, targets)
     for i, label in enumerate(targets.labels):
         per_rank = [rank_shapes[i] for rank_shapes in shapes]
         if len({s[1:] for s in per_rank}) > 1:
@@ -217,24 +258,26 @@ def all_gather(shared_vars: Any) -> None:
                              f"same trailing shape in every process; got {per_rank}")
     total = [sum(rank_shapes[i][0] for rank_shapes in shapes)
              for i in range(len(targets.uids))]
-    _check_fixed_length(targets, [[n] for n in total], "all_gather")
-    backend.all_gather(session, targets, shapes)
+    check_fixed_length(targets, [[n] for n in total], "all_gather")
+    _run(session, backend, regions_step, targets, shapes, True)
 
 
-def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True) -> Any:
+def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True, nccl: bool = True) -> Any:
     """Combine every process's values elementwise into the master.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, of the same shape in every process.
     op : {"avg", "sum", "prod", "max", "min"}
         ``"avg"`` is the plain mean over processes (floating variables only).
     in_place : bool
         True: the result goes into the master's variables and None is returned.
         False: the result is returned as new arrays; no process's value changes.
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Returns
     -------
@@ -256,25 +299,27 @@ def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True) -> Any:
     >>> synk.reduce(w, op="max", in_place=False)   # doctest: +SKIP
     array([3., 4.])                       (every w unchanged)
     """
-    session, front, targets, single = _begin("reduce", shared_vars)
-    parsed = _reduce_op(op, targets)
-    results = front.backend.reduce(session, targets, parsed, bool(in_place))
-    return None if in_place else _one_or_list(results, single)
+    session, front, targets, single = begin("reduce", shared_vars)
+    parsed = reduce_op(op, targets)
+    results = _run(session, front.backend, reduce_step, targets, parsed, bool(in_place))
+    return None if in_place else one_or_list(results, single)
 
 
-def all_reduce(shared_vars: Any, op: Op = "avg") -> None:
+def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     """Combine every process's values elementwise; the result goes into every process.
 
     Collective: every process takes part; returns when all have finished.
 
     Parameters
     ----------
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions, of the same shape in every process.
         A list travels as one fused buffer: prefer one call on a list (or one
         flattened variable) to many calls.
     op : {"avg", "sum", "prod", "max", "min"}
         ``"avg"`` is the plain mean over processes (floating variables only).
+    nccl : bool
+        The original's choice of GPU or host communication; ignored on CPU.
 
     Raises
     ------
@@ -292,8 +337,12 @@ def all_reduce(shared_vars: Any, op: Op = "avg") -> None:
     >>> synk.all_reduce(w, op="sum")      # doctest: +SKIP
     rank 0: w = [4, 6]    rank 1: w = [4, 6]
     """
-    session, front, targets, _ = _begin("all_reduce", shared_vars)
-    front.backend.all_reduce(session, targets, _reduce_op(op, targets))
+    session, front, targets, _ = begin("all_reduce", shared_vars)
+    parsed = reduce_op(op, targets)
+    if session.n == 1:
+        session.check_usable()
+        return  # one process: every op leaves its values as they are
+    _run(session, front.backend, all_reduce_step, targets, parsed)
 
 
 def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> None:
@@ -306,7 +355,7 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
     ----------
     rank : int
         The process whose variables change.
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
     values : array_like, synk.Data, or list of them
         One per variable; cast only where PyTensor would.
@@ -325,15 +374,21 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
     >>> synk.set_value(1, w, [7, 8])      # doctest: +SKIP
     rank 0: w = [1, 2]    rank 1: w = [7, 8]
     """
-    session, front, targets, single = _begin("set_value", shared_vars)
-    rank = _check_rank(session, rank)
-    values = _values(targets, values, single, keep_data=True)
+    session, front, targets, single = begin("set_value", shared_vars)
+    rank = check_rank(session, rank)
+    values = filter_values(targets, values, single, keep_data=True)
     if batch is None:
         selection = None
     else:
-        selection = _rows_batch(targets, values, batch, "set_value with batch")
-        _check_fixed_length(targets, [[selection.length]] * len(values), "set_value")
-    front.backend.set_value(session, rank, targets, values, selection)
+        selection = rows_batch(targets, values, batch, "set_value with batch")
+        check_fixed_length(targets, [[selection.length]] * len(values), "set_value")
+    if rank == session.ctx.master_rank:
+        session.check_usable()  # no command: the master alone changes
+        for var, value in zip(targets.variables, values, strict=True):
+            whole = value if isinstance(value, np.ndarray) else value.data
+            _pytensor.bind(var, np.array(select_rows(whole, selection)))
+        return
+    _run(session, front.backend, place_step, targets, values, (selection,) * len(values), rank)
 
 
 def get_value(rank: int, shared_vars: Any) -> Any:
@@ -346,7 +401,7 @@ def get_value(rank: int, shared_vars: Any) -> Any:
     ----------
     rank : int
         The process to read.
-    shared_vars : SharedVariable or list of SharedVariable
+    shared_vars : SharedVariable, str, or list of them
         Shared variables of distributed functions.
 
     Returns
@@ -358,9 +413,15 @@ def get_value(rank: int, shared_vars: Any) -> Any:
     >>> synk.get_value(1, w)              # doctest: +SKIP
     array([3., 4.], dtype=float32)
     """
-    session, front, targets, single = _begin("get_value", shared_vars)
-    rank = _check_rank(session, rank)
-    return _one_or_list(front.backend.get_value(session, rank, targets), single)
+    session, front, targets, single = begin("get_value", shared_vars)
+    rank = check_rank(session, rank)
+    if rank == session.ctx.master_rank:
+        session.check_usable()  # no command: the master alone reads
+        return one_or_list([np.array(_pytensor.value(var)) for var in targets.variables],
+                           single)
+    backend = front.backend
+    shapes = _shapes(session, backend, targets)[rank]
+    return one_or_list(_run(session, backend, get_value_step, targets, rank, shapes), single)
 
 
 def get_shapes(shared_vars: Any) -> Any:
@@ -378,11 +439,11 @@ def get_shapes(shared_vars: Any) -> Any:
     >>> synk.get_shapes(w)                # doctest: +SKIP
     [(2,), (2,)]
     """
-    session, front, targets, single = _begin("get_shapes", shared_vars)
-    shapes = front.backend.shapes(session, targets)
+    session, front, targets, single = begin("get_shapes", shared_vars)
+    shapes = _shapes(session, front.backend, targets)
     per_var = [[tuple(rank_shapes[i]) for rank_shapes in shapes]
                for i in range(len(targets.uids))]
-    return _one_or_list(per_var, single)
+    return one_or_list(per_var, single)
 
 
 def get_lengths(shared_vars: Any) -> Any:
@@ -405,11 +466,11 @@ def get_lengths(shared_vars: Any) -> Any:
     >>> synk.scatter(w, [1, 2, 3]); synk.get_lengths(w)   # doctest: +SKIP
     [2, 1]
     """
-    session, front, targets, single = _begin("get_lengths", shared_vars)
+    session, front, targets, single = begin("get_lengths", shared_vars)
     for label, ndim in zip(targets.labels, targets.ndims, strict=True):
         if ndim == 0:
             raise ValueError(f"{label} is 0-d and has no length; use get_shapes")
-    shapes = front.backend.shapes(session, targets)
+    shapes = _shapes(session, front.backend, targets)
     per_var = [[rank_shapes[i][0] for rank_shapes in shapes]
                for i in range(len(targets.uids))]
-    return _one_or_list(per_var, single)
+    return one_or_list(per_var, single)

@@ -1,60 +1,58 @@
-"""The collectives' backend protocol, its registry, and the fused-buffer layout.
+"""The device backend of the collectives: a few primitives over fused buffers.
 
-Who does what in one collective (``api.py`` -> a ``Backend`` -> every process)::
+``torch.distributed``'s process group is the model: a backend knows how to move and
+combine bytes between ranks, and nothing about shared variables. Everything above it
+(which variables, checks, fusing a list into one buffer, pointing each variable at its
+result: ``fused.py``) is the same on every device.
 
-    api.py (master)        validate; resolve the shared variables into ``Targets``;
-                           filter the user's values with each variable's type
-    Backend (master side)  stage what the workers need, run ONE ``Opcode.COLLECTIVE``
-                           command (after a small shape query where sizes must be
-                           known first), read the result back
-    Backend.execute        this rank's part of that command, in every process (the
-                           master included); reached through the one handler below
+Two kinds of buffer, both laid out by ``FusedLayout`` (every variable of a list at its
+own aligned offset in one flat buffer):
 
-A backend is chosen by the session's device (``"cpu"`` today: POSIX shared memory;
-``"gpu"`` later: NCCL). Nothing above this module knows which one runs.
+- a **group**: one copy of one layout per rank (the variables of a ``broadcast``,
+  ``reduce``, ``all_reduce``; a training step's flat gradient). Made in the master
+  (``resident``) and announced to the ranks in the first command that uses it
+  (``GroupSpec``); the variables live in it between commands, so the next collective
+  copies nothing in.
+- **regions**: one layout per rank, sizes differing (``gather``, ``all_gather``,
+  ``scatter``, ``set_value``, ``get_value``): the backend's scratch, laid out anew for
+  each command.
 
-``FusedLayout`` is device-independent: where each variable of a list sits in one
-fused buffer, and which contiguous piece of it each rank reduces, so that a list of
-variables travels as one exchange, not one per variable.
+The primitives, run by every rank inside one command (rank side):
+
+- on a group: ``all_reduce``, ``reduce`` (to a root), ``reduce_scatter`` (each rank its
+  piece, ``FusedLayout.pieces``), ``all_gather`` (each piece from its owner),
+  ``broadcast``;
+- on regions: ``write_region``/``read_regions`` (the data of gather-like commands);
+- ``barrier`` and the vote ``agree`` are the session's (``RankContext``).
+
+A backend registers itself for a device name (``register_backend``); each process
+makes one instance of its session's backend (``BACKEND``).
 """
 
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._scatter import Batch, split_bounds
-from ..session import Opcode, Session, register
+from .._core.context import RankContext, RankVar
+from .._reducers import ReduceOp
+from .._scatter import split_bounds
 
 __all__ = [
+    "ALIGN",
     "Backend",
-    "Step",
-    "Targets",
+    "BACKEND",
     "FusedLayout",
+    "GroupSpec",
+    "Targets",
     "register_backend",
-    "backend_for",
 ]
 
 ALIGN = 64  # every variable of a fused buffer starts on its own cache line
-
-
-class Step(enum.IntEnum):
-    """Which collective a ``COLLECTIVE`` command runs (the first item of its payload)."""
-
-    SHAPES = 0
-    BROADCAST = 1
-    SCATTER = 2
-    GATHER = 3
-    ALL_GATHER = 4
-    REDUCE = 5
-    ALL_REDUCE = 6
-    SET_VALUE = 7
-    GET_VALUE = 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +65,19 @@ class Targets:
     dtypes: tuple[np.dtype, ...]
     ndims: tuple[int, ...]
     inexact: bool  # every dtype floating or complex (what op "avg" needs)
+    by_name: bool = False  # some variable was given by name: resolved again every call
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a rank needs to map a new group: sent with the first command that uses it."""
+
+    key: int
+    name: str  # where the backend keeps it (a segment name on CPU)
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    uids: tuple[int, ...]
+    evicted: tuple[int, ...] = ()  # keys of groups the ranks may forget now
 
 
 def _aligned(nbytes: int, alignment: int = ALIGN) -> int:
@@ -139,60 +150,77 @@ def _element(byte: int, itemsize: int, size: int) -> int:
 
 
 class Backend(abc.ABC):
-    """One device kind's collectives: master-side entry points and per-rank work.
+    """One device kind's buffers and primitives (see the module docstring).
 
-    The master-side methods receive arguments ``api.py`` has already validated;
-    they run exactly one ``Opcode.COLLECTIVE`` command (``shapes``) or at most one
-    ``shapes`` query plus one command, so every process stays in step. ``execute``
-    is this rank's part of a command and may trust its payload.
+    Master-side methods make buffers before a command; rank-side methods run inside
+    one, on every rank, and may trust what the master checked.
     """
 
     device: str = ""
 
+    # -- buffers ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def shapes(self, session: Session, targets: Targets) -> list[list[tuple[int, ...]]]:
-        """Every rank's shapes of ``targets``: ``result[rank][variable]``."""
+    def resident(self, ctx: RankContext, targets: Targets,
+                 shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, GroupSpec | None]:
+        """Master: the group of ``targets`` laid out for ``shapes`` (made if new), and
+        its spec when the ranks have not seen it yet."""
 
     @abc.abstractmethod
-    def broadcast(self, session: Session, targets: Targets, values: list | None) -> None:
-        """The master's values (or ``values``) into every process's variables."""
+    def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> Any:
+        """Rank: the group ``key``, mapped from ``spec`` the first time."""
 
     @abc.abstractmethod
-    def scatter(self, session: Session, targets: Targets, values: list, batch: Batch) -> None:
-        """Rank ``r`` gets its block of the ``batch`` rows of each value."""
+    def regions(self, ctx: RankContext, nbytes: int) -> tuple[Any, str | None]:
+        """Master: scratch of at least ``nbytes``, and its name when it is new."""
 
     @abc.abstractmethod
-    def gather(self, session: Session, targets: Targets,
-               shapes: list[list[tuple[int, ...]]]) -> list[list[np.ndarray]]:
-        """Every rank's values in the master, ``result[variable][rank]``: read-only use,
-        valid until the next command (the caller stacks or concatenates them)."""
+    def scratch(self, ctx: RankContext, name: str) -> Any:
+        """Rank: the scratch a command names."""
+
+    @property
+    @abc.abstractmethod
+    def scratch_name(self) -> str:
+        """Master: the name of the current scratch (what a command names)."""
 
     @abc.abstractmethod
-    def all_gather(self, session: Session, targets: Targets,
-                   shapes: list[list[tuple[int, ...]]]) -> None:
-        """Every process's variables become the concatenation over ranks (axis 0)."""
+    def settle(self, ctx: RankContext, new: Sequence[str]) -> None:
+        """Master, after a command: the buffers it introduced are mapped everywhere."""
 
     @abc.abstractmethod
-    def reduce(self, session: Session, targets: Targets, op: Any,
-               in_place: bool) -> list[np.ndarray] | None:
-        """Reduce into the master's variables, or return new arrays."""
+    def discard(self, ctx: RankContext, new: Sequence[str]) -> None:
+        """Master, after a failed command: forget buffers some rank may not have."""
+
+    # -- primitives on a group (rank side) ----------------------------------------------
+    @abc.abstractmethod
+    def all_reduce(self, ctx: RankContext, group: Any, op: ReduceOp,
+                   values: list[np.ndarray]) -> list[np.ndarray]:
+        """Every rank's values combined by ``op``; returns this rank's result arrays.
+
+        ``values``: this rank's value of each variable, flat (its storage or its slot).
+        """
 
     @abc.abstractmethod
-    def all_reduce(self, session: Session, targets: Targets, op: Any) -> None:
-        """Reduce into every process's variables."""
+    def reduce(self, ctx: RankContext, group: Any, op: ReduceOp, values: list[np.ndarray],
+               out: list[np.ndarray] | None) -> None:
+        """Every rank's values combined into ``out`` (flat; default: the root's slot)."""
 
     @abc.abstractmethod
-    def set_value(self, session: Session, rank: int, targets: Targets, values: list,
-                  batch: Batch | None) -> None:
-        """The ``batch`` rows of each value (all if None) into rank ``rank``'s variables."""
+    def reduce_scatter(self, ctx: RankContext, group: Any, op: ReduceOp,
+                       values: list[np.ndarray]) -> None:
+        """This rank's piece of the combined values, into its own slot."""
 
     @abc.abstractmethod
-    def get_value(self, session: Session, rank: int, targets: Targets) -> list[np.ndarray]:
-        """Copies of rank ``rank``'s values."""
+    def all_gather(self, ctx: RankContext, group: Any) -> None:
+        """Every rank's piece (of its own slot) into every slot."""
 
     @abc.abstractmethod
-    def execute(self, session: Session, payload: tuple) -> Any:
-        """This rank's part of one ``COLLECTIVE`` command; the reply goes to the master."""
+    def broadcast(self, ctx: RankContext, group: Any, root: int) -> None:
+        """The root's slot into every slot."""
+
+    def pair_reduce(self, ctx: RankContext, group: Any, op: ReduceOp) -> tuple | None:
+        """The worker of a two-rank ``all_reduce`` without a barrier (only for groups
+        whose ``pair`` is true; a backend that never sets it need not implement it)."""
+        raise NotImplementedError
 
 
 _BACKENDS: dict[str, Callable[[], Backend]] = {}
@@ -209,25 +237,14 @@ def register_backend(device: str) -> Callable[[type[Backend]], type[Backend]]:
     return decorate
 
 
-def backend_for(session: Session) -> Backend:
-    """This process's backend for ``session.device`` (one instance per process)."""
-    backend = session.local_or_none("collectives")  # the hot path: no closure to build
-    if backend is None:
-        backend = session.local("collectives", lambda: _new_backend(session.device))
-    return backend
-
-
-def _new_backend(device: str) -> Backend:
-    factory = _BACKENDS.get(device)
+def _new_backend(ctx: RankContext) -> Backend:
+    factory = _BACKENDS.get(ctx.device)
     if factory is None:
         raise RuntimeError(
-            f"collectives are not implemented for device {device!r} yet "
+            f"collectives are not implemented for device {ctx.device!r} yet "
             f"(available: {', '.join(sorted(_BACKENDS))})"
         )
     return factory()
 
 
-@register(Opcode.COLLECTIVE)
-def _collective(session: Session, payload: tuple) -> Any:
-    """Every process: run this rank's part of a collective on its own backend."""
-    return backend_for(session).execute(session, payload)
+BACKEND: RankVar[Backend] = RankVar("collectives backend", _new_backend)

@@ -14,30 +14,32 @@ This module owns the three-step training call built on an update rule of
 3. ``apply_function`` (no inputs): each process splits ``grad_shared`` and applies the
    rule to identical values, so parameters and rule state stay identical everywhere.
 
+The three run as one command (:mod:`synkhronos.steps`): the workers go from the
+gradient to the exchange to the update without a round trip to the master.
+
 The result equals the rule run in one plain PyTensor process on the same minibatches
 (to round-off) however the rows split, provided ``loss`` is a mean over rows. A
 process given no rows (a minibatch shorter than ``n_parallel``) does not run step 1,
-so its ``grad_shared`` is zeroed by a broadcast first.
+so a step that zeroes ``grad_shared`` in every process comes first then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .._scatter import normalize_batch
-from ..collectives import all_reduce, broadcast
-from ..distribute import distribute
-from ..function import Function, function
-from ..session import n_parallel
+from .. import Function, distribute, function, n_parallel
+from .. import steps as synk_steps
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
-__all__ = ["TrainFunction", "make_train_function"]
+__all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
+           "make_train_function_theano"]
 
 
 def _resolve_rule(update_rule: Any) -> UpdateRule:
@@ -47,17 +49,26 @@ def _resolve_rule(update_rule: Any) -> UpdateRule:
             raise ValueError(f"update_rule must name one of {', '.join(RULES)}; "
                              f"got {update_rule!r}")
         return rule
-    if update_rule in RULES.values():
+    if callable(update_rule):  # a rule of updates, or the user's with the same contract
         return update_rule
-    raise TypeError(f"update_rule must be a rule of synkhronos.extensions.updates or its "
-                    f"name; got {update_rule!r}")
+    raise TypeError(f"update_rule must be a rule of synkhronos.extensions.updates (or a "
+                    f"callable with its contract) or a rule's name; got {update_rule!r}")
 
 
-def _length(value: Any, position: int) -> int:
-    shape = value.shape if hasattr(value, "shape") else np.shape(value)
-    if len(shape) == 0:
-        raise ValueError(f"data argument {position} is scattered along axis 0 but is a scalar")
-    return int(shape[0])
+def _selected(data: Any, batch: Any) -> int | None:
+    """The number of rows ``batch`` selects from ``data`` (None if it cannot tell: the
+    gradient call then raises the right error before anything moves)."""
+    try:
+        length = len(data)
+        if batch is None:
+            return length
+        if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool):
+            return int(batch)
+        if isinstance(batch, slice):
+            return len(range(*batch.indices(length)))
+        return len(batch)
+    except TypeError:
+        return None
 
 
 class TrainFunction:
@@ -83,7 +94,8 @@ class TrainFunction:
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
-                 hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None) -> None:
+                 hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
+                 rule_args: Sequence[Any] = ()) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if isinstance(inputs, Variable):
             inputs = [inputs]
@@ -102,9 +114,20 @@ class TrainFunction:
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the
         # gradient itself.
-        grad_updates, param_updates, grad_shared = update_rule(
-            loss * (rows / self._total), self.params, **hyper
-        )
+        result = update_rule(loss * (rows / self._total), self.params, *rule_args, **hyper)
+        try:
+            grad_updates, param_updates, grad_shared = result
+            ok = (len(grad_updates) == 1 and grad_updates[0][0] is grad_shared
+                  and isinstance(grad_shared, SharedVariable))
+        except (TypeError, ValueError, IndexError):
+            ok = False
+        if not ok:
+            raise TypeError(
+                f"update_rule {getattr(update_rule, '__name__', update_rule)!r} must return "
+                "one gradient update into one flat shared vector, (grad_updates, "
+                "param_updates, grad_shared), as the rules of synkhronos.extensions.updates "
+                "do (sgd_nonflat does not: build that step by hand)"
+            )
         (_, flat), = grad_updates
         self.param_updates = param_updates
         self.grad_shared = grad_shared
@@ -116,8 +139,12 @@ class TrainFunction:
         )
         self.apply_function: Function = function([], updates=param_updates,
                                                  name=f"train_apply_{name}", **compile_kwargs)
-        self._zeros: np.ndarray | None = None
+        self._zero_function: Function = function(
+            [], updates=[(grad_shared, pt.zeros_like(grad_shared))],
+            name=f"train_zero_{name}", **compile_kwargs,
+        )
         self._distributed = False
+        self._all_reduce_step: synk_steps.Step | None = None
 
     def __call__(self, *data: Any, batch: Any = None, num_slices: int = 1) -> np.ndarray:
         """Take one step on the selected rows; return their mean loss.
@@ -148,34 +175,64 @@ class TrainFunction:
         if len(data) != len(self.inputs):
             raise TypeError(f"train takes one data argument per input ({len(self.inputs)}); "
                             f"got {len(data)}")
-        total = normalize_batch(batch, _length(data[0], 0)).length
+        total = _selected(data[0], batch)
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")
-        if not self._distributed:  # the broadcast below needs grad_shared distributed
+        if not self._distributed:  # the all-reduce step needs grad_shared distributed
             distribute()
             self._distributed = True
         n = n_parallel()
-        if total < n:  # some process runs nothing in step 1: its old gradient must not count
-            if self._zeros is None:
-                self._zeros = np.zeros(self.grad_shared.get_value(borrow=True).shape,
-                                       dtype=self.grad_shared.dtype)
-            broadcast([self.grad_shared], [self._zeros])
-        loss = self.grad_function(*data, np.asarray(total, dtype=self.grad_shared.dtype),
-                                  batch=batch, num_slices=num_slices)
+        steps = []
+        if total is not None and total < n:
+            # some process runs nothing in the gradient call: its old gradient must not count
+            steps.append(synk_steps.call(self._zero_function))
+        steps.append(synk_steps.call(
+            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.type.dtype),
+            batch=batch, num_slices=num_slices,
+        ))
         if n > 1:
-            all_reduce(self.grad_shared, op="sum")
-        self.apply_function()
-        return loss
+            steps.append(self._all_reduce)
+        steps.append(synk_steps.call(self.apply_function))
+        results = synk_steps.run(steps)  # one command: every process goes straight through
+        return results[len(steps) - (3 if n > 1 else 2)]
+
+    @property
+    def _all_reduce(self) -> synk_steps.Step:
+        if self._all_reduce_step is None:
+            self._all_reduce_step = synk_steps.all_reduce(self.grad_shared, op="sum")
+        return self._all_reduce_step
 
     def __repr__(self) -> str:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
 
 
+def _forms(inputs: Any, rest: tuple, what: str) -> tuple[list, Any, tuple]:
+    """``(inputs, update_rule, rule_args)`` from today's form or the original's.
+
+    Today's: ``(loss, params, inputs, update_rule, ...)``. The original Synkhronos':
+    ``(loss, params, x, y, update_rule, *rule_args)``, told apart by a variable where
+    today's form has its rule.
+    """
+    if rest and isinstance(rest[0], Variable):  # the original's x, y
+        if len(rest) < 2:
+            raise TypeError(f"{what}(loss, params, x, y, update_rule, ...) is missing "
+                            "update_rule")
+        return [inputs, rest[0]], rest[1], tuple(rest[2:])
+    if not rest:
+        raise TypeError(f"{what}() is missing update_rule")
+    return inputs, rest[0], tuple(rest[1:])
+
+
 def make_train_function(loss: Variable, params: Sequence[SharedVariable],
-                        inputs: Sequence[Variable], update_rule: UpdateRule | str,
+                        inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
                         compile_kwargs: dict[str, Any] | None = None,
                         **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
+
+    Two call forms: today's ``make_train_function(loss, params, inputs, update_rule,
+    **hyper)``, and the original Synkhronos' ``make_train_function(loss, params, x, y,
+    update_rule, *args, **kwargs)`` (``args``/``kwargs`` go to the rule). Both give
+    the same exact training step.
 
     Parameters
     ----------
@@ -187,27 +244,29 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     inputs : list of Variable
         Scattered along axis 0 across processes; ``train`` takes one value for each.
     update_rule : callable or str
-        A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``) or its name
-        (``"adam"``).
+        A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``), its name
+        (``"adam"``), or a callable with the same contract.
     compile_kwargs : dict, optional
         Passed to both underlying ``synk.function`` calls and so to
         ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
     **hyper
-        The rule's hyper-parameters (``learning_rate=...``, ...).
+        The rule's hyper-parameters (``learning_rate=...`` or the original's
+        ``lr=...``, ...); positional ones may follow ``update_rule``.
 
     Returns
     -------
     TrainFunction
         ``train(*data, batch=None, num_slices=1) -> loss``. Numerically equal to the
         same rule run in one PyTensor process on the same minibatches, for any split
-        of the rows and any ``num_slices``. It is distributed on its first call (or by
-        ``synk.distribute()``).
+        of the rows and any ``num_slices`` (the original averaged the processes'
+        gradients equally, exact only on even splits). It is distributed on its first
+        call (or by ``synk.distribute()``).
 
     Raises
     ------
     TypeError
-        If ``update_rule`` is neither a rule nor a rule's name, or a hyper-parameter
-        is unknown to the rule.
+        If ``update_rule`` is missing, neither a rule nor a rule's name, or a
+        hyper-parameter is unknown to the rule.
     ValueError
         If ``update_rule`` names no rule, or ``inputs`` is empty.
     RuntimeError
@@ -220,4 +279,36 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     >>> for idx in np.array_split(np.random.permutation(len(X)), 100):
     ...     train(xd, yd, batch=idx)
     """
-    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper, compile_kwargs)
+    inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
+    return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
+                         compile_kwargs, rule_args)
+
+
+def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],
+                                 inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
+                                 compile_kwargs: dict[str, Any] | None = None,
+                                 **hyper: Any) -> Callable[..., np.ndarray]:
+    """The same training step as plain PyTensor functions in this process alone.
+
+    The serial program :func:`make_train_function` must match (the original's
+    ``make_train_function_theano``; that name is an alias). Same call forms; returns
+    ``train(*data) -> loss`` over whole arrays (slice the minibatch yourself).
+    """
+    inputs, update_rule, rule_args = _forms(inputs, rule_and_args,
+                                            "make_train_function_pytensor")
+    rule = _resolve_rule(update_rule)
+    inputs = [inputs] if isinstance(inputs, Variable) else list(inputs)
+    grad_updates, param_updates, _ = rule(loss, params, *rule_args, **hyper)
+    kwargs = dict(compile_kwargs or {})
+    grad_step = pytensor.function(inputs, loss, updates=grad_updates, **kwargs)
+    apply_step = pytensor.function([], [], updates=param_updates, **kwargs)
+
+    def train(*data: Any) -> np.ndarray:
+        loss_value = grad_step(*data)
+        apply_step()
+        return loss_value
+
+    return train
+
+
+make_train_function_theano = make_train_function_pytensor

@@ -29,6 +29,11 @@ The recipe::
         synk.all_reduce(grad_shared, op="avg")   # plain mean over the processes
         f_apply()                                # each process: the same update
 
+The original Synkhronos' helpers keep their names and return values
+(``flatten_vars``, ``vars_flat_size``, ``unflatten_vars``, ``flat_unflat_grads``,
+``nonflat_grads``, ``apply_momentum``, ``apply_nesterov_momentum``, ``sgd_nonflat``),
+and every rule also takes its ``lr=`` for ``learning_rate=``.
+
 ``op="avg"`` in the all-reduce weights every process equally, so the combined
 gradient is the full minibatch's mean gradient only when the rows split evenly over
 the processes (and a process given no rows keeps its previous gradient in the
@@ -38,6 +43,7 @@ process by its rows and is exact for any split, ``num_slices`` included.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,6 +59,14 @@ __all__ = [
     "UpdateRule",
     "flatten_gradients",
     "split_flat",
+    "flatten_vars",
+    "vars_flat_size",
+    "unflatten_vars",
+    "flat_unflat_grads",
+    "nonflat_grads",
+    "apply_momentum",
+    "apply_nesterov_momentum",
+    "sgd_nonflat",
     "sgd",
     "momentum",
     "nesterov_momentum",
@@ -176,6 +190,90 @@ def split_flat(flat: Variable, params: Sequence[SharedVariable]) -> list[Variabl
         piece = flat[start:stop].reshape(shape)
         pieces.append(piece if piece.dtype == param.dtype else pt.cast(piece, param.dtype))
     return pieces
+
+
+# -- the original Synkhronos' helpers, with its names and return values -----------------
+def flatten_vars(variables: Sequence[Variable]) -> Variable:
+    """All ``variables`` flattened and joined into one vector, in order.
+
+    The original Synkhronos' helper, for an all-reduce of one buffer instead of one per
+    variable. Works on any tensor variables (gradients, shared variables).
+    """
+    return pt.concatenate([pt.as_tensor_variable(v).ravel() for v in variables])
+
+
+def vars_flat_size(variables: Sequence[SharedVariable]) -> int:
+    """The total number of items of the shared ``variables`` (their current values)."""
+    return sum(int(np.size(v.get_value(borrow=True))) for v in variables)
+
+
+def unflatten_vars(flat_var: Variable, variables: Sequence[SharedVariable]) -> list[Variable]:
+    """One piece of the 1-d ``flat_var`` per shared variable, reshaped to its shape.
+
+    The inverse of :func:`flatten_vars` for shared variables (shapes read now); unlike
+    :func:`split_flat`, pieces keep ``flat_var``'s dtype, as in the original.
+    """
+    pieces, start = [], 0
+    for var in variables:
+        shape = np.shape(var.get_value(borrow=True))
+        size = int(np.prod(shape, dtype=np.int64))
+        pieces.append(flat_var[start:start + size].reshape(shape))
+        start += size
+    return pieces
+
+
+def flat_unflat_grads(loss: Variable, params: Sequence[SharedVariable]
+                      ) -> tuple[SharedVariable, Variable, list[Variable]]:
+    """The original's gradient triple: ``(grad_shared_flat, flat_grad, unflat_grads)``.
+
+    ``flat_grad`` is every gradient flattened into one vector, ``grad_shared_flat`` a
+    zero shared vector to hold it (the update ``(grad_shared_flat, flat_grad)`` writes
+    it), and ``unflat_grads`` its pieces shaped as the parameters, for the update rule.
+    """
+    params = _check_params(params)
+    flat, grad_shared = flatten_gradients(loss, params)
+    return grad_shared, flat, split_flat(grad_shared, params)
+
+
+def nonflat_grads(loss: Variable, params: Sequence[SharedVariable]
+                  ) -> tuple[list[SharedVariable], list[Variable]]:
+    """One zero shared variable per parameter to hold its gradient, and the gradients.
+
+    The original's pattern without flattening (one all-reduce per parameter: slower;
+    kept for programs that use it).
+    """
+    params = _check_params(params)
+    grads = pytensor.grad(_check_loss(loss), params)
+    holders = [_zeros_like(p, "grad") for p in params]
+    return holders, [g if g.dtype == h.dtype else pt.cast(g, h.dtype)
+                     for g, h in zip(grads, holders, strict=True)]
+
+
+def apply_momentum(param_updates: Updates, momentum: Hyper = 0.9) -> Updates:
+    """Add heavy-ball momentum to plain updates ``[(p, p_new), ...]`` (Lasagne's rule).
+
+    With ``x = momentum * v + p_new``: ``v <- x - p`` and ``p <- x``; velocities ``v``
+    start at zero.
+    """
+    updates: Updates = []
+    for p, new in param_updates:
+        velocity = _zeros_like(p, "velocity")
+        x = momentum * velocity + new
+        updates += [_new(velocity, x - p), _new(p, x)]
+    return updates
+
+
+def apply_nesterov_momentum(param_updates: Updates, momentum: Hyper = 0.9) -> Updates:
+    """Add Nesterov momentum to plain updates ``[(p, p_new), ...]`` (Lasagne's rule).
+
+    With ``x = momentum * v + p_new - p``: ``v <- x`` and ``p <- momentum * x + p_new``.
+    """
+    updates: Updates = []
+    for p, new in param_updates:
+        velocity = _zeros_like(p, "velocity")
+        x = momentum * velocity + new - p
+        updates += [_new(velocity, x), _new(p, momentum * x + new)]
+    return updates
 
 
 def _prepare(loss: Variable, params: Any) -> tuple[list, Updates, SharedVariable, list]:
@@ -366,6 +464,38 @@ def adamax(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hype
     updates.append(_new(t_prev, t))
     return grad_updates, updates, grad_shared
 
+
+def sgd_nonflat(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper
+                ) -> tuple[Updates, Updates, list[SharedVariable]]:
+    """SGD with one gradient holder per parameter (see :func:`nonflat_grads`).
+
+    Returns ``(grad_updates, param_updates, grads_shared)`` where ``grads_shared`` is
+    a list: all-reduce it as a list (one fused exchange in synkhronos).
+    """
+    holders, grads = nonflat_grads(loss, params)
+    grad_updates = list(zip(holders, grads, strict=True))
+    updates = [_new(p, p - learning_rate * g) for p, g in zip(params, holders, strict=True)]
+    return grad_updates, updates, holders
+
+
+def _takes_lr(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``rule`` take the original Synkhronos' ``lr=`` for ``learning_rate=``."""
+
+    @functools.wraps(rule)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "lr" in kwargs:
+            if "learning_rate" in kwargs or len(args) > 2:
+                raise TypeError(f"{rule.__name__}() got both lr and learning_rate")
+            kwargs["learning_rate"] = kwargs.pop("lr")
+        return rule(*args, **kwargs)
+
+    return wrapper
+
+
+(sgd, momentum, nesterov_momentum, adagrad, rmsprop, adadelta, adam, adamax, sgd_nonflat) = (
+    _takes_lr(rule) for rule in (sgd, momentum, nesterov_momentum, adagrad, rmsprop,
+                                 adadelta, adam, adamax, sgd_nonflat)
+)
 
 RULES: dict[str, UpdateRule] = {
     rule.__name__: rule

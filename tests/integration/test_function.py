@@ -13,33 +13,17 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as synk_session
-from synkhronos._scatter import split_bounds
-from synkhronos.distribute import registry
+from synkhronos.testing import (
+    commands_run,
+    rank_values,
+    run_on_ranks,
+    set_rank_values,
+    split_bounds,
+)
 
 from ..conftest import session_fixture
 
 RTOL = 1e-10
-
-
-def _rank_value(uid):
-    return registry(synk_session.current()).shared[uid].get_value()
-
-
-def _set_rank_value(uid, values):
-    session = synk_session.current()
-    registry(session).shared[uid].set_value(values[session.rank])
-
-
-def rank_values(var):
-    """Every process's value of a distributed shared variable, by rank."""
-    uid = registry(synk_session.current()).uid(var)
-    return synk_session.current().run(synk_session.Opcode.CALLABLE, (_rank_value, (uid,), None))
-
-
-def set_rank_values(var, values):
-    uid = registry(synk_session.current()).uid(var)
-    synk_session.current().run(synk_session.Opcode.CALLABLE, (_set_rank_value, (uid, values), None))
 
 
 class Model:
@@ -57,7 +41,7 @@ class Model:
                 (z.max(axis=0), "max"),
                 (z.min(axis=0), "min"),
                 ((1 + 0.01 * z).prod(axis=0), "prod"),
-                (z.sum(axis=1), None),
+                (z.sum(axis=1), "gather"),
             ],
             name="reduce",
         )
@@ -189,6 +173,32 @@ def test_sliceable_shareds_with_batch_s(model):
     np.testing.assert_allclose(got[1], picked.sum(axis=1), rtol=RTOL)
 
 
+def test_a_call_is_one_command_even_with_batch_s(model):
+    """batch_s is checked by each process inside the call itself (no shape query)."""
+    blocks = [X[lo:hi] for lo, hi in split_bounds(10, synk.n_parallel())]
+    set_rank_values(model.data, blocks)
+    for kwargs in ({}, {"batch_s": slice(0, 2)}, {"batch_s": [0], "num_slices": 2}):
+        model.sliced_sum(**kwargs)  # a variant's first call also distributes it
+        before = commands_run()
+        model.sliced_sum(**kwargs)
+        assert commands_run() == before + 1, kwargs
+
+
+def test_batch_s_refused_by_one_process_changes_nothing(model):
+    """A selection out of range for some process's rows: a ValueError, nobody ran."""
+    n = synk.n_parallel()
+    blocks = [X[lo:hi] for lo, hi in split_bounds(10, n)]
+    set_rank_values(model.data, blocks)
+    count = model.count.get_value()
+    shortest = min(len(b) for b in blocks)
+    with pytest.raises(ValueError, match=r"batch_s for rank \d+: index .* out of range"):
+        model.sliced_sum(batch_s=[shortest])
+    np.testing.assert_array_equal(rank_values(model.data)[n - 1], blocks[n - 1])
+    assert model.count.get_value() == count
+    got = model.sliced_sum(batch_s=[0])  # the next call works
+    np.testing.assert_allclose(got[0], np.sum([b[0] for b in blocks], axis=0), rtol=RTOL)
+
+
 def test_late_function_keeps_shared_identity(model):
     n = synk.n_parallel()
     start = np.ones((4, 3))
@@ -295,6 +305,5 @@ def test_freed_data_is_unmapped_everywhere_after_repeated_calls(model):
     small = synk.data(X[:4])
     for _ in range(2):  # the release reaches the workers with the next command
         model.reduce(small, Y)
-    session = synk_session.current()
-    mapped = session.run(synk_session.Opcode.CALLABLE, (_mapped, (segment,), None))
+    mapped = run_on_ranks(_mapped, segment)
     assert mapped == [0] * synk.n_parallel()

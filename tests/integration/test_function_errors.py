@@ -23,7 +23,7 @@ class Model:
         self.rows = pytensor.shared(np.zeros((0, 4)), name="rows")
         x, y = pt.dmatrix("x"), pt.dmatrix("y")
         self.f = synk.function(
-            [x], [x.dot(self.W).mean(axis=0), (x.sum(axis=1), None)], bcast_inputs=[y],
+            [x], [x.dot(self.W).mean(axis=0), (x.sum(axis=1), "gather")], bcast_inputs=[y],
             updates=[(self.W, self.W + y.sum())],
         )
         self.g = synk.function([], (self.rows.sum(), "sum"), sliceable_shareds=[self.rows])

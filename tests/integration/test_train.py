@@ -17,6 +17,7 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.extensions import TrainFunction, make_train_function, updates
+from synkhronos.testing import commands_run
 from tests.unit.test_updates_unit import (
     CUSTOM,
     RULE_NAMES,
@@ -112,6 +113,15 @@ def test_slices_and_every_batch_form_equal_serial(trainers):
         loss = train(*data, batch=batch, num_slices=num_slices)
         np.testing.assert_allclose(loss, reference.train(X[rows], Y[rows]), rtol=RTOL)
     trainers.assert_params_everywhere(train.params, reference.params)
+
+
+def test_a_training_step_is_one_command(trainers):
+    train, _ = trainers.reset("momentum")
+    for idx in (MINIBATCHES[1], MINIBATCHES[4]):  # 13 rows, and 1 row (fewer than n)
+        train(trainers.xd, trainers.yd, batch=idx, num_slices=2)  # variants distributed
+        before = commands_run()
+        train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
+        assert commands_run() == before + 1
 
 
 def test_grad_shared_holds_the_minibatch_mean_gradient_everywhere(trainers):

@@ -10,6 +10,7 @@ import pytensor
 import pytest
 
 import synkhronos as synk
+from synkhronos._core.context import RankContext
 from synkhronos.collectives import backend
 from synkhronos.collectives.backend import ALIGN, FusedLayout
 from synkhronos.collectives.cpu import _complement
@@ -65,24 +66,21 @@ def test_complement_of_ranges():
     assert _complement(0, []) == []
 
 
-class _FakeSession:
-    device = "gpu"
-
-    def __init__(self):
-        self._local = {}
-
-    def local(self, key, factory):
-        if key not in self._local:
-            self._local[key] = factory()
-        return self._local[key]
-
-    def local_or_none(self, key):
-        return self._local.get(key)
+def _context(device: str) -> RankContext:
+    """A one-process context of another device: nothing forks, nothing is created."""
+    return RankContext(rank=0, size=1, master_rank=0, prefix="synk_test_", arena=None,
+                       control=None, master_pid=0, device=device)
 
 
 def test_backend_for_a_device_without_backend_names_it():
     with pytest.raises(RuntimeError, match="not implemented for device 'gpu'.*cpu"):
-        backend.backend_for(_FakeSession())
+        backend.BACKEND.get(_context("gpu"))
+
+
+def test_backend_is_one_per_process():
+    ctx = _context("cpu")
+    assert backend.BACKEND.get(ctx) is backend.BACKEND.get(ctx)
+    assert backend.BACKEND.get(ctx).device == "cpu"
 
 
 @pytest.mark.parametrize("call, name", [

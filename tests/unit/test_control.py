@@ -1,7 +1,8 @@
 """Unit tests for synkhronos._runtime.control: the control block in one process (no fork).
 
 One process plays both the master (``post``, ``reply``, ``all_done``) and a worker
-(``read_command``, ``finish``) on the same block.
+(``read_command``, ``finish``) on the same block, each with its own arena (the master's
+and rank 1's), as the processes of a session would.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from synkhronos._runtime import control as C
 from synkhronos._runtime import shmem
+from synkhronos._runtime.arena import Arena
 from synkhronos._runtime.remote import BarrierAborted, RemoteFailure
 
 BIG = C.MAILBOX_BYTES + 12345  # larger than the mailbox (and than a reply slot)
@@ -39,6 +41,8 @@ def make_block():
     def make(n: int = 2, spin: float = 0.0, poll: float = 0.01) -> C.ControlBlock:
         prefix = shmem.new_session_prefix()
         block = C.ControlBlock(prefix, n, spin, poll)
+        block.master_arena = Arena(prefix, 0, True, block.release_log)
+        block.worker_arena = Arena(prefix, 1, False, block.release_log)
         made.append((prefix, block))
         return block
 
@@ -89,113 +93,159 @@ def test_block_releases_its_fd_when_dropped():
 
 def test_round_trip_small(make_block):
     block = make_block(2)
-    payload = ([], ("fn", (1, 2.5, "x"), None))
-    seq = block.post(7, payload, master_rank=0)
+    message = ("fn", (1, 2.5, "x"), None)
+    seq = block.post(message, 0, block.master_arena)
     assert seq == 1 and block.seq == 1
     assert block.all_done(seq, [1]) is False
 
-    opcode, received = block.read_command()
-    assert opcode == 7
-    assert received == payload
+    assert block.read_command(block.worker_arena) == message
 
-    block.finish(1, seq, {"answer": 42}, False, master_rank=0)
+    block.finish(1, seq, {"answer": 42}, False, 0, block.worker_arena)
     assert block.done(1) == seq
     assert block.all_done(seq, [1]) is True
     assert block.failed(1) is False
-    assert block.reply(1) == {"answer": 42}
-    block.release_external_payload()  # nothing external: a no-op
+    assert block.reply(1, block.master_arena) == {"answer": 42}
+    block.release_external_payload(block.master_arena)  # nothing external: a no-op
     assert _entries(block.prefix) == []
 
 
 def test_sequence_numbers_increase_and_replies_are_per_rank(make_block):
     block = make_block(3)
     for expected in range(1, 6):
-        seq = block.post(1, expected, master_rank=0)
+        seq = block.post(expected, 0, block.master_arena)
         assert seq == expected
-        assert block.read_command() == (1, expected)
-        block.finish(1, seq, ("r1", expected), False, 0)
+        assert block.read_command(block.worker_arena) == expected
+        block.finish(1, seq, ("r1", expected), False, 0, block.worker_arena)
         assert not block.all_done(seq, [1, 2])
-        block.finish(2, seq, ("r2", expected), False, 0)
+        block.finish(2, seq, ("r2", expected), False, 0, block.worker_arena)
         assert block.all_done(seq, [1, 2])
-        assert block.reply(1) == ("r1", expected)
-        assert block.reply(2) == ("r2", expected)
+        assert block.reply(1, block.master_arena) == ("r1", expected)
+        assert block.reply(2, block.master_arena) == ("r2", expected)
 
 
 def test_master_rank_other_than_zero(make_block):
     block = make_block(3)
-    seq = block.post(2, "p", master_rank=2)
-    block.finish(0, seq, "zero", False, master_rank=2)
-    block.finish(1, seq, "one", False, master_rank=2)
+    seq = block.post("p", 2, block.master_arena)
+    block.finish(0, seq, "zero", False, 2, block.worker_arena)
+    block.finish(1, seq, "one", False, 2, block.worker_arena)
     assert block.all_done(seq, [0, 1])
-    assert (block.reply(0), block.reply(1)) == ("zero", "one")
+    replies = (block.reply(0, block.master_arena), block.reply(1, block.master_arena))
+    assert replies == ("zero", "one")
 
 
-def test_oversized_payload_travels_in_its_own_segment(make_block):
+def test_oversized_message_travels_in_its_own_segment(make_block):
     block = make_block(2)
-    payload = ([], os.urandom(BIG))
-    seq = block.post(3, payload, master_rank=0)
+    message = os.urandom(BIG)
+    seq = block.post(message, 0, block.master_arena)
     extra = _entries(block.prefix)
-    assert len(extra) == 1 and "payload" in extra[0]
+    assert extra == [block.master_arena.name_of(1)]  # the arena's one naming scheme
     assert os.stat(os.path.join(shmem.SHM_DIR, extra[0])).st_mode & 0o777 == 0o600
 
-    opcode, received = block.read_command()
-    assert opcode == 3 and received == payload
+    assert block.read_command(block.worker_arena) == message
     # a second reader (another worker) still finds it
-    assert block.read_command()[1] == payload
+    assert block.read_command(block.worker_arena) == message
 
-    block.finish(1, seq, None, False, 0)
-    block.release_external_payload()
+    block.finish(1, seq, None, False, 0, block.worker_arena)
+    block.release_external_payload(block.master_arena)
     assert _entries(block.prefix) == []
 
     # the next, small command uses the mailbox again
-    seq = block.post(4, "small", master_rank=0)
-    assert block.read_command() == (4, "small")
-    block.release_external_payload()
+    block.post("small", 0, block.master_arena)
+    assert block.read_command(block.worker_arena) == "small"
+    block.release_external_payload(block.master_arena)
     assert _entries(block.prefix) == []
 
 
 def test_oversized_reply_is_unlinked_once_read(make_block):
     block = make_block(2)
-    seq = block.post(1, None, master_rank=0)
+    seq = block.post(None, 0, block.master_arena)
     reply = os.urandom(C.REPLY_BYTES * 20)
-    block.finish(1, seq, reply, False, 0)
+    block.finish(1, seq, reply, False, 0, block.worker_arena)
     extra = _entries(block.prefix)
-    assert len(extra) == 1 and extra[0].startswith(block.prefix + "r1_")
-    assert block.reply(1) == reply
+    # a worker's ids never meet the master's
+    assert extra == [block.worker_arena.name_of((2 << 40) + 1)]
+    assert block.reply(1, block.master_arena) == reply
     assert _entries(block.prefix) == []
 
 
 def test_reply_exactly_at_slot_size_stays_inline(make_block):
     block = make_block(2)
-    seq = block.post(1, None, master_rank=0)
+    seq = block.post(None, 0, block.master_arena)
     overhead = len(pickle.dumps(b"", protocol=pickle.HIGHEST_PROTOCOL))
     # a bytes object's pickle grows with its length; find one that fills the slot
     size = C.REPLY_BYTES - overhead
     while len(pickle.dumps(b"x" * size, protocol=pickle.HIGHEST_PROTOCOL)) > C.REPLY_BYTES:
         size -= 1
-    block.finish(1, seq, b"x" * size, False, 0)
+    block.finish(1, seq, b"x" * size, False, 0, block.worker_arena)
     assert _entries(block.prefix) == []
-    assert block.reply(1) == b"x" * size
+    assert block.reply(1, block.master_arena) == b"x" * size
 
 
 def test_failed_reply(make_block):
     block = make_block(2)
-    seq = block.post(1, None, master_rank=0)
+    seq = block.post(None, 0, block.master_arena)
     try:
         raise KeyError("nope")
     except KeyError as exc:
         failure = RemoteFailure.from_exception(exc)
-    block.finish(1, seq, failure, True, 0)
+    block.finish(1, seq, failure, True, 0, block.worker_arena)
     assert block.all_done(seq, [1])
     assert block.failed(1)
-    got = block.reply(1)
+    got = block.reply(1, block.master_arena)
     assert got.exc_type == "KeyError"
     assert "nope" in got.message
     assert "Traceback" in got.traceback
+    rebuilt = got.exception()
+    assert isinstance(rebuilt, KeyError) and "nope" in rebuilt.__cause__.text
     # the status is per command: a later success clears it
-    seq = block.post(1, None, master_rank=0)
-    block.finish(1, seq, "ok", False, 0)
+    seq = block.post(None, 0, block.master_arena)
+    block.finish(1, seq, "ok", False, 0, block.worker_arena)
     assert not block.failed(1)
+
+
+def test_failure_of_an_exception_that_does_not_pickle():
+    class Local(Exception):  # a local class cannot be pickled by reference
+        pass
+
+    try:
+        raise Local("inner")
+    except Local as exc:
+        failure = RemoteFailure.from_exception(exc)
+    assert failure.pickled is None and failure.exception() is None
+    assert "inner" in failure.message and "Local" in failure.exc_type
+
+
+# ---------------------------------------------------------------- the release log
+
+
+def test_released_segments_are_dropped_by_every_arena(make_block):
+    block = make_block(2)
+    master, worker = block.master_arena, block.worker_arena
+    kept, gone = master.create(100), master.create(100)
+    worker.map(kept.name)
+    worker.map(gone.name)
+    generation = worker.generation
+    master.release(gone.id)
+    assert gone.name not in master and _entries(block.prefix) == [kept.name]
+    worker.catch_up()
+    assert gone.name not in worker and kept.name in worker
+    assert worker.generation > generation
+    master.release(kept.id)
+    worker.catch_up()
+    assert len(worker) == 0 and _entries(block.prefix) == []
+
+
+def test_an_arena_a_whole_ring_behind_drops_every_mapping(make_block):
+    block = make_block(2)
+    master, worker = block.master_arena, block.worker_arena
+    kept = master.create(10)
+    worker.map(kept.name)
+    for _ in range(C.ReleaseLog.ITEMS + 3):
+        master.release(master.create(10).id)
+    worker.catch_up()
+    assert len(worker) == 0  # everything dropped; still mapped again on demand
+    assert worker.map(kept.name) is not None
+    master.release(kept.id)
 
 
 # ---------------------------------------------------------------- abort
@@ -203,7 +253,7 @@ def test_failed_reply(make_block):
 
 def test_abort_flag(make_block):
     block = make_block(2)
-    seq = block.post(1, None, 0)
+    seq = block.post(None, 0, block.master_arena)
     assert not block.aborted(seq)
     block.abort(seq)
     assert block.aborted(seq)
@@ -212,7 +262,7 @@ def test_abort_flag(make_block):
 
 def test_barrier_raises_when_aborted(make_block):
     block = make_block(2)
-    seq = block.post(1, None, 0)
+    seq = block.post(None, 0, block.master_arena)
     block.abort(seq)
     with pytest.raises(BarrierAborted):
         block.barrier(0, _no_poll)
@@ -220,8 +270,8 @@ def test_barrier_raises_when_aborted(make_block):
 
 def test_barrier_raises_when_a_peer_failed(make_block):
     block = make_block(2)
-    seq = block.post(1, None, 0)
-    block.finish(1, seq, "failure", True, 0)
+    seq = block.post(None, 0, block.master_arena)
+    block.finish(1, seq, "failure", True, 0, block.worker_arena)
     with pytest.raises(BarrierAborted):
         block.barrier(0, _no_poll)
 
@@ -233,14 +283,14 @@ def test_barrier_with_one_rank(make_block):
     block = make_block(1)
     block.barrier(0, _no_poll)
     block.barrier(0, _no_poll)
-    block.post(1, None, 0)
+    block.post(None, 0, block.master_arena)
     for _ in range(3):
         block.barrier(0, _no_poll)
 
 
 def test_barrier_two_ranks_in_threads(make_block):
     block = make_block(2, poll=0.01)
-    block.post(1, None, 0)
+    block.post(None, 0, block.master_arena)
     passed = []
 
     def rank1():
@@ -300,45 +350,70 @@ def test_post_wakes_a_sleeping_waiter(make_block):
         time.sleep(0.001)
     assert block.header[sleeping_at] == 1
     start = time.monotonic()
-    block.post(1, None, 0)
+    block.post(None, 0, block.master_arena)
     assert returned.wait(5)
     assert time.monotonic() - start < 1.0
     thread.join(5)
 
 
-# ---------------------------------------------------------------- repeated payloads, raw replies
+# ---------------------------------------------------------------- votes
 
 
-def test_keyed_payload_is_decoded_once_per_worker(make_block):
+def test_agree_is_a_barrier_that_counts_votes(make_block):
+    block = make_block(2, poll=0.01)
+    block.post(None, 0, block.master_arena)
+    votes = {}
+
+    def rank1(vote):
+        votes[1] = block.agree(1, vote, lambda: None)
+
+    for vote in (True, False):
+        thread = threading.Thread(target=rank1, args=(vote,))
+        thread.start()
+        votes[0] = block.agree(0, True, lambda: None)
+        thread.join(10)
+        assert votes == {0: vote, 1: vote}
+    block.post(None, 0, block.master_arena)  # a new command: old votes do not count
+    thread = threading.Thread(target=rank1, args=(True,))
+    thread.start()
+    assert block.agree(0, True, lambda: None) is True
+    thread.join(10)
+
+
+# ---------------------------------------------------------------- repeated messages, raw replies
+
+
+def test_keyed_message_is_decoded_once_per_worker(make_block):
     block = make_block(2)
-    payload = ("plan", (1, 2, 3))
-    first = block.post(3, ([], payload), 0, key=(3, payload))
-    _, got_first = block.read_command()
-    block.finish(1, first, None, False, 0)
-    block.post(1, ([], "something else"), 0)
-    assert block.read_command() == (1, ([], "something else"))
-    block.post(3, ([], payload), 0, key=(3, payload))
-    _, got_again = block.read_command()
-    assert got_again == ([], payload)
+    arena = block.master_arena
+    message = ("plan", (1, 2, 3))
+    first = block.post(message, 0, arena, key=message)
+    got_first = block.read_command(block.worker_arena)
+    block.finish(1, first, None, False, 0, block.worker_arena)
+    block.post("something else", 0, arena)
+    assert block.read_command(block.worker_arena) == "something else"
+    block.post(message, 0, arena, key=message)
+    got_again = block.read_command(block.worker_arena)
+    assert got_again == message
     assert got_again is got_first  # kept by id, not unpickled again
     other = ("plan", (1, 2, 4))
-    block.post(3, ([], other), 0, key=(3, other))
-    assert block.read_command() == (3, ([], other))
+    block.post(other, 0, arena, key=other)
+    assert block.read_command(block.worker_arena) == other
 
 
 def test_unhashable_key_falls_back_to_pickling(make_block):
     block = make_block(2)
-    payload = ([], {"a": [1, 2]})
-    block.post(3, payload, 0, key=(3, payload))
-    assert block.read_command() == (3, payload)
+    message = {"a": [1, 2]}
+    block.post(message, 0, block.master_arena, key=message)
+    assert block.read_command(block.worker_arena) == message
 
 
 def test_memo_is_bounded_and_ids_stay_unique(make_block):
     block = make_block(2)
     for i in range(C._MEMO_SIZE * 2 + 3):
         plan = ("p", i % (C._MEMO_SIZE + 7))  # more distinct plans than are kept
-        block.post(3, ([], plan), 0, key=plan)
-        assert block.read_command() == (3, ([], plan))
+        block.post(plan, 0, block.master_arena, key=plan)
+        assert block.read_command(block.worker_arena) == plan
         assert len(block._memo) <= C._MEMO_SIZE and len(block._decoded) <= C._MEMO_SIZE
 
 
@@ -346,15 +421,15 @@ def test_reply_of_arrays_round_trips_without_pickle(make_block):
     import numpy as np
 
     block = make_block(2)
-    seq = block.post(3, ([], None), 0)
+    seq = block.post(None, 0, block.master_arena)
     reply = (5, [np.arange(6.0).reshape(2, 3), np.asarray(2.5)])
-    block.finish(1, seq, reply, False, 0)
-    got = block.reply(1)
+    block.finish(1, seq, reply, False, 0, block.worker_arena)
+    got = block.reply(1, block.master_arena)
     assert got[0] == 5
     np.testing.assert_array_equal(got[1][0], reply[1][0])
     assert got[1][1].shape == () and got[1][1] == 2.5
     big = (1, [np.zeros(C.REPLY_BYTES // 8 + 1)])  # too big for the slot: pickled outside
-    seq = block.post(3, ([], None), 0)
-    block.finish(1, seq, big, False, 0)
-    np.testing.assert_array_equal(block.reply(1)[1][0], big[1][0])
+    seq = block.post(None, 0, block.master_arena)
+    block.finish(1, seq, big, False, 0, block.worker_arena)
+    np.testing.assert_array_equal(block.reply(1, block.master_arena)[1][0], big[1][0])
     assert _entries(block.prefix) == []

@@ -154,7 +154,7 @@ def test_trustable_only_when_the_masters_checks_cover_pytensors():
     import pytensor.tensor as pt
     from pytensor.tensor.random.type import RandomGeneratorType
 
-    from synkhronos._arguments import trustable
+    from synkhronos._validate import trustable
 
     rows = pt.dmatrix("rows")
     fixed_rows = pt.tensor("fixed_rows", shape=(4, 3), dtype="float64")

@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from synkhronos._reducers import (
     Accumulator,
     ReduceOp,
+    combine_into,
+    combined,
     parse_op,
-    reduce_arrays_inplace,
     reduce_values,
+    ufunc_of,
 )
 from synkhronos._scatter import split_bounds
 
@@ -29,18 +31,22 @@ def test_parse_op_strings_and_members(op):
     assert parse_op(op.value.upper()) is op
 
 
-def test_parse_op_none_is_gather():
-    assert parse_op(None) is ReduceOp.GATHER
+def test_parse_op_none_is_no_reduction_and_c_ops_are_aliases():
+    assert parse_op(None) is ReduceOp.NONE
+    for name in ("avg", "sum", "prod", "max", "min", "gather"):
+        assert parse_op("c_" + name) is ReduceOp(name)
+    with pytest.raises(ValueError, match="gather and None are for function outputs"):
+        parse_op(None, allow_gather=False)
 
 
 @pytest.mark.parametrize(
     ("op", "kwargs", "exc", "match"),
     [
-        ("mean", {}, ValueError, r"op must be one of avg, sum, prod, max, min, gather; got 'mean'"),
+        ("mean", {}, ValueError, r"one of avg, sum, prod, max, min, gather or None; got 'mean'"),
         ("mean", {"allow_gather": False}, ValueError, r"one of avg, sum, prod, max, min; got"),
-        ("gather", {"allow_gather": False}, ValueError, r"gather is not allowed.*got 'gather'"),
-        (ReduceOp.GATHER, {"allow_gather": False}, ValueError, r"gather is not allowed"),
-        (None, {"allow_gather": False}, ValueError, r"gather is not allowed.*got None"),
+        ("gather", {"allow_gather": False}, ValueError, r"function outputs\); got 'gather'"),
+        (ReduceOp.GATHER, {"allow_gather": False}, ValueError, r"are for function outputs"),
+        (None, {"allow_gather": False}, ValueError, r"gather and None are for function.*got None"),
         (3, {}, TypeError, r"op must be a string, a ReduceOp or None; got int"),
         (np.add, {}, TypeError, r"got ufunc"),
     ],
@@ -161,7 +167,7 @@ def test_gather_scalars_and_rows():
     assert out.shape == (3,)
     np.testing.assert_array_equal(out, [1.5, 2.5, 3.5])
     a = np.arange(6).reshape(3, 2)
-    out = reduce_values(None, [a, a[:1]], [3, 1])
+    out = reduce_values("gather", [a, a[:1]], [3, 1])
     assert out.shape == (4, 2)
     a[0, 0] = 99  # gathered values are copies
     assert out[0, 0] == 0 and out[3, 0] == 0
@@ -200,61 +206,47 @@ def test_accumulator_errors(op, values, weights, exc, match):
         reduce_values(op, values, weights)
 
 
-# ---------------------------------------------------------------- reduce_arrays_inplace
+# ---------------------------------------------------------------- the collectives' kernels
 
 
 @pytest.mark.parametrize(
     ("op", "func"),
     [("sum", np.sum), ("prod", np.prod), ("max", np.max), ("min", np.min), ("avg", np.mean)],
 )
-def test_reduce_arrays_inplace_matches_numpy(op, func):
+def test_combined_and_combine_into_match_numpy(op, func):
     rng = np.random.default_rng(0)
     sources = [rng.standard_normal((5, 4)) for _ in range(4)]
     copies = [s.copy() for s in sources]
     out = np.empty((5, 4))
-    reduce_arrays_inplace(op, out, sources)
+    combine_into(out, sources[0], sources[1:], ReduceOp(op))
     np.testing.assert_allclose(out, func(np.stack(copies), axis=0))
+    np.testing.assert_allclose(combined(sources, ReduceOp(op)), out)
     for s, c in zip(sources, copies, strict=True):
         np.testing.assert_array_equal(s, c)
 
 
-def test_reduce_arrays_inplace_aliasing_first_source():
+def test_combine_into_aliasing_first_source():
     a = np.array([1.0, 2.0])
     b = np.array([3.0, 6.0])
-    reduce_arrays_inplace(ReduceOp.AVG, a, [a, b])
+    combine_into(a, a, [b], ReduceOp.AVG)
     np.testing.assert_array_equal(a, [2.0, 4.0])
     x = np.array([1, 2], dtype=np.int32)
     y = x.copy()
-    reduce_arrays_inplace("sum", x, [x, y, y])
+    combine_into(x, x, [y, y], ReduceOp.SUM)
     np.testing.assert_array_equal(x, [3, 6])
     assert x.dtype == np.int32
 
 
-def test_reduce_arrays_inplace_single_source_and_scalar_shape():
+def test_combine_into_single_source_and_scalar_shape():
     out = np.zeros(3, dtype=np.float32)
-    reduce_arrays_inplace("avg", out, [np.arange(3, dtype=np.float32)])
+    combine_into(out, np.arange(3, dtype=np.float32), [], ReduceOp.AVG)
     np.testing.assert_array_equal(out, [0, 1, 2])
     out = np.zeros((), dtype=np.complex64)
-    reduce_arrays_inplace("avg", out, [np.array(1 + 1j, np.complex64), np.array(3j, np.complex64)])
+    combine_into(out, np.array(1 + 1j, np.complex64), [np.array(3j, np.complex64)],
+                 ReduceOp.AVG)
     assert out == pytest.approx(0.5 + 2j)
-
-
-@pytest.mark.parametrize(
-    ("op", "out", "sources", "exc", "match"),
-    [
-        ("avg", np.zeros(2, np.int32), [np.zeros(2, np.int32)], TypeError,
-         r"^op 'avg' needs a floating dtype; got int32$"),
-        ("gather", np.zeros(2), [np.zeros(2)], ValueError, r"gather is not allowed"),
-        ("sum", np.zeros(2), [], ValueError, r"sources must hold at least one array; got 0"),
-        ("sum", np.zeros(2), [np.zeros(2), np.zeros(3)], ValueError,
-         r"source shape \(3,\) does not match out shape \(2,\)"),
-        ("sum", [0.0, 0.0], [np.zeros(2)], TypeError, r"out must be a numpy array; got list"),
-        (1, np.zeros(2), [np.zeros(2)], TypeError, r"op must be a string"),
-    ],
-)
-def test_reduce_arrays_inplace_errors(op, out, sources, exc, match):
-    with pytest.raises(exc, match=match):
-        reduce_arrays_inplace(op, out, sources)
+    ufunc, mean = ufunc_of(ReduceOp.AVG)
+    assert ufunc is np.add and mean
 
 
 # ---------------------------------------------------------------- reduce_values' fast path

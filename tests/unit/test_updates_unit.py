@@ -306,8 +306,10 @@ def test_make_train_function_refuses_bad_rules_and_inputs_before_anything_runs()
     x, y, loss = symbolic_model(params)
     with pytest.raises(ValueError, match="must name one of"):
         make_train_function(loss, params, [x, y], "nadam")
-    with pytest.raises(TypeError, match="update_rule must be a rule"):
+    with pytest.raises(TypeError, match="must return one gradient update into one flat"):
         make_train_function(loss, params, [x, y], lambda loss, params: None)
+    with pytest.raises(TypeError, match="update_rule must be a rule"):
+        make_train_function(loss, params, [x, y], 3)
     with pytest.raises(ValueError, match="at least one variable scattered"):
         make_train_function(loss, params, [], "adam")
     with pytest.raises(TypeError, match="inputs must be a list"):

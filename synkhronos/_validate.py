@@ -1,37 +1,37 @@
-"""The arguments of one call: bind them, validate them, stage them in shared memory.
+"""Pure checks of one call's arguments, in the master, before anything moves.
 
-Everything a caller can get wrong is caught here, in the master, before any worker
-moves, with a ``TypeError`` or ``ValueError`` that names the input:
+Everything a caller can get wrong that the master can see is caught here, with a
+``TypeError`` or ``ValueError`` that names the input; nothing is written anywhere:
 
 - ``Binder``: positional and keyword arguments -> one value per input;
 - ``check_inputs``: ndim, dtype (cast only where PyTensor would cast: the input's
-  own ``type.filter`` decides), agreeing lengths of scattered inputs, ``batch``;
-- ``check_batch_s``: ``batch_s`` against every process's rows of the sliceable
-  shared variables (one small query command when ``batch_s`` is given);
-- ``Staging``: numpy inputs and ``batch`` indices copied once into shared-memory
-  buffers kept per function and reused (grown only when too small).
+  own ``type.filter`` decides), agreeing lengths of scattered inputs, minibatch Data,
+  ``batch``;
+- ``check_batch_s``: the form of ``batch_s``; its ranges are checked by each process
+  against its own rows, inside the call, all or nothing (``_shard``);
+- ``check_subset``, ``check_num_slices``;
+- ``trustable``: whether these checks cover all PyTensor would check per call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pytensor.tensor.type import TensorType
 
-from ._scatter import Batch, normalize_batch, normalize_batch_s
-from .collectives import get_shapes
-from .data import Data, data
-from .session import Session
+from ._scatter import Batch, normalize_batch, split_batch_s
+from .data import Data
 
-__all__ = ["Binder", "Checked", "Staging", "check_inputs", "check_batch_s",
-           "check_subset", "check_num_slices", "trustable"]
+__all__ = ["Binder", "Checked", "check_inputs", "check_batch_s", "check_subset",
+           "check_num_slices", "label", "trustable"]
 
 _MISSING = object()
 
 
-def _label(var: Any, index: int) -> str:
+def label(var: Any, index: int) -> str:
+    """How messages name input ``index``."""
     return f"input {index} ({var.name!r})" if var.name else f"input {index}"
 
 
@@ -61,7 +61,7 @@ class Binder:
             if values[i] is not _MISSING:
                 raise TypeError(f"got multiple values for input {key!r}")
             values[i] = value
-        missing = [_label(self.signature[i], i) for i, v in enumerate(values) if v is _MISSING]
+        missing = [label(self.signature[i], i) for i, v in enumerate(values) if v is _MISSING]
         if missing:
             raise TypeError(f"missing a value for {', '.join(missing)}")
         return values
@@ -76,6 +76,7 @@ class Checked:
     length: int  # rows of the scattered inputs (0 if none)
     batch: Batch | None
     total_rows: int
+    minibatch: tuple[bool, ...] | None = None  # per scattered input, if any is a buffer
 
 
 # (input type, Data dtype, allow_downcast) -> whether PyTensor would cast; types hash
@@ -110,7 +111,7 @@ def _check_static_shape(var: Any, index: int, shape: tuple, scattered: bool) -> 
     for axis, (want, got) in enumerate(zip(static, shape, strict=True)):
         if want is not None and want != got and not (scattered and axis == 0):
             raise ValueError(
-                f"{_label(var, index)} has static shape {static}; got a Data of shape "
+                f"{label(var, index)} has static shape {static}; got a Data of shape "
                 f"{shape} (axis {axis} must be {want})"
             )
 
@@ -120,12 +121,12 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
     """Validate a Data input against its variable; return the dtype to cast to, or None."""
     if value.ndim != var.ndim:
         raise TypeError(
-            f"{_label(var, index)} expects {var.ndim} dimensions; got a Data with {value.ndim}"
+            f"{label(var, index)} expects {var.ndim} dimensions; got a Data with {value.ndim}"
         )
     _check_static_shape(var, index, value.shape, scattered)
     if value.dtype == var.type.numpy_dtype:
         return None
-    label = _label(var, index)
+    name = label(var, index)
     key = (var.type, value.dtype, allow_downcast)
     ok = _castable.get(key)
     if ok is None:
@@ -138,7 +139,7 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
         _castable[key] = ok
     if not ok:
         raise TypeError(
-            f"{label} expects dtype {var.dtype}; got a Data of dtype {value.dtype}, "
+            f"{name} expects dtype {var.dtype}; got a Data of dtype {value.dtype}, "
             "which PyTensor would not cast (make the Data with the input's dtype)"
         )
     return var.dtype
@@ -146,9 +147,17 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
 
 def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
                  allow_downcast: Any = None) -> Checked:
-    """Validate every input value and ``batch``; nothing is written anywhere."""
-    checked, casts = [], []
-    length = None
+    """Validate every input value and ``batch``; nothing is written anywhere.
+
+    Scattered inputs that are not minibatch Data must agree in length; ``batch``
+    selects among their rows. A minibatch ``Data`` is not indexed: it supplies its
+    first ``len(selection)`` rows, so it must hold at least that many (with only
+    minibatch inputs and no ``batch``, they must agree in length; with ``batch``, it
+    is checked against the shortest).
+    """
+    checked, casts, minibatch = [], [], []
+    lengths: list[tuple[int, int]] = []  # (input index, length) of indexed inputs
+    buffers: list[tuple[int, int]] = []  # the same, of minibatch Data
     for i, (var, value) in enumerate(zip(signature, values, strict=True)):
         if _is_data(value):
             casts.append(_check_data(var, i, value, allow_downcast, i < n_scattered))
@@ -157,7 +166,7 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
             try:
                 value = var.type.filter(value, strict=False, allow_downcast=allow_downcast)
             except TypeError as exc:
-                raise TypeError(f"{_label(var, i)}: {exc}") from exc
+                raise TypeError(f"{label(var, i)}: {exc}") from exc
             if not value.flags.c_contiguous:  # (np.ascontiguousarray makes 0-d into 1-d)
                 value = value.copy(order="C")
             casts.append(None)
@@ -165,42 +174,55 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
         checked.append(value)
         if i < n_scattered:
             if len(shape) == 0:
-                raise ValueError(f"{_label(var, i)} is scattered along axis 0 but is a scalar")
-            if length is None:
-                length, first = shape[0], i
-            elif shape[0] != length:
+                raise ValueError(f"{label(var, i)} is scattered along axis 0 but is a scalar")
+            is_buffer = _is_data(value) and value.minibatch
+            minibatch.append(is_buffer)
+            (buffers if is_buffer else lengths).append((i, shape[0]))
+    for group in (lengths, buffers if not lengths and batch is None else []):
+        for i, length in group[1:]:
+            if length != group[0][1]:
+                first = group[0][0]
                 raise ValueError(
                     "scattered inputs must share their length along axis 0; got "
-                    f"{length} for {_label(signature[first], first)} and {shape[0]} for "
-                    f"{_label(var, i)}"
+                    f"{group[0][1]} for {label(signature[first], first)} and {length} for "
+                    f"{label(signature[i], i)}"
                 )
     if batch is not None and n_scattered == 0:
         raise ValueError("batch selects rows of scattered inputs, but this function has none")
+    if lengths:
+        length = lengths[0][1]
+    elif buffers:
+        length = min(n for _, n in buffers)
+    else:
+        length = 0
     if not n_scattered:
         selection = None
     elif batch is None:
         selection = Batch(0, length)
+    elif not lengths and isinstance(batch, (list, tuple, np.ndarray)):
+        # only minibatch buffers, which are never indexed: the indices only count rows
+        selection = Batch(0, normalize_batch(batch, np.iinfo(np.int64).max).length)
     else:
         selection = normalize_batch(batch, length)
     total = selection.length if selection is not None else 0
-    return Checked(checked, tuple(casts), length or 0, selection, total)
+    for i, rows in buffers:
+        if rows < total:
+            raise ValueError(
+                f"{label(signature[i], i)} is a minibatch Data of {rows} rows, fewer than "
+                f"the {total} rows the call selects (it supplies its first {total} rows)"
+            )
+    return Checked(checked, tuple(casts), length, selection, total,
+                   tuple(minibatch) if buffers else None)
 
 
-def check_batch_s(session: Session, variables: list, names: list[str], batch_s: Any):
-    """Per-rank selections of the sliceable shared variables, validated everywhere."""
+def check_batch_s(variables: list, batch_s: Any, parts: int) -> tuple | None:
+    """The form of ``batch_s`` (one raw selection per process); each rank checks its
+    own selection against its own rows inside the call (``_shard``)."""
     if batch_s is None:
         return None
     if not variables:
         raise ValueError("batch_s selects rows of sliceable_shareds, but this function has none")
-    shapes = get_shapes(list(variables))  # one small command: each rank's shapes
-    selections = None
-    for j, name in enumerate(names):
-        lengths = [shape[0] if shape else 0 for shape in shapes[j]]
-        try:
-            selections = normalize_batch_s(batch_s, session.n, lengths)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"sliceable shared {name!r}: {exc}") from exc
-    return tuple(selections)
+    return split_batch_s(batch_s, parts)
 
 
 def check_subset(output_subset: Any, n_outputs: int) -> tuple[int, ...] | None:
@@ -230,51 +252,3 @@ def check_num_slices(num_slices: Any) -> int:
     return int(num_slices)
 
 
-@dataclass
-class Staging:
-    """Shared-memory buffers a function reuses for its numpy inputs and batch indices."""
-
-    buffers: dict = field(default_factory=dict)
-
-    def put(self, slot: Any, array: np.ndarray):
-        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
-        buffer = self.buffers.get(slot)
-        if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
-            buffer = self.buffers[slot] = data(value=array, oversize=1.25)
-        else:
-            buffer.set_value(array, oversize=1.25)
-        return buffer.ref()
-
-    def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
-        """Copy a repeated call's arrays where an earlier call's went; False if that
-        memory is not where the earlier call's plan reads any more.
-
-        ``refs`` are the earlier plan's DataRefs of every input, ``arrays`` the
-        positions of numpy arguments (of the same dtypes and shapes as then: the
-        caller's key says so). Any call in between may have regrown or moved a buffer;
-        a buffer still on the same segment with the same shape is where the plan reads,
-        and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
-        """
-        for i in arrays:
-            buffer, ref = self.buffers.get(i), refs[i]
-            # what buffer.ref() would say, without its checks (this is the hot path)
-            if buffer is None or buffer._segment != ref.segment or buffer._shape != ref.shape:
-                return False
-        for i in arrays:
-            np.copyto(self.buffers[i].data, args[i], casting="unsafe")
-        return True
-
-    def stage(self, checked: Checked):
-        """Refs for every input and the batch indices; numpy values are copied in."""
-        refs = [
-            value.ref() if isinstance(value, Data) else self.put(i, value)
-            for i, value in enumerate(checked.values)
-        ]
-        selection = checked.batch
-        if selection is None or selection.indices is None:
-            indices = None
-            span = (selection.start, selection.stop) if selection is not None else (0, 0)
-        else:
-            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64))
-            span = (0, 0)
-        return refs, span, indices

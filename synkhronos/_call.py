@@ -1,0 +1,225 @@
+"""Prepared calls: what one variant of a function sends, stages and gets back.
+
+PyTensor splits building a function (``maker``) from running it (``executor``); so
+does synkhronos. ``function.py`` builds the compiled variants; each variant (the
+function itself, an ``output_subset``, the sliced form) gets one ``PreparedCall`` here,
+which owns everything that running it needs in the master:
+
+- its ``Prepared`` record (compiled function id, ops, sliceable and update variables):
+  the static part, sent with the variant's first call and kept by every rank by id,
+  so later calls send only the id and what varies (``Call``);
+- its ``Staging``: shared-memory buffers for numpy inputs and ``batch`` indices,
+  reused call after call (grown only when too small);
+- its repeats: the ``Call`` of a plain call whose inputs look like an earlier one's
+  (the same ``Data``, or arrays of the same dtype and shape), reused with the arrays
+  copied where that call's went, so a training loop validates once;
+- the reduction of the ranks' replies into what PyTensor would return.
+
+A ``Call`` is built without being run (``message``), so a training step can run
+several in one command (a ``Sequence``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ._core.protocol import Message
+from ._dataref import DataRef
+from ._reducers import ReduceOp, reduce_values
+from ._validate import Checked
+from .data import Data, data
+
+__all__ = ["Call", "Prepared", "PreparedCall", "Staging", "combine", "repeat_key"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The static part of a variant's calls, registered once on every rank."""
+
+    fn_id: int
+    sliceable: tuple[int, ...]  # uids of the sliceable shared variables
+    output_ops: tuple[ReduceOp, ...]
+    update_uids: tuple[int, ...]  # sliced variant: the shared variable of each update
+    update_ops: tuple[ReduceOp, ...]
+
+
+@dataclass(frozen=True)
+class Call(Message):
+    """One call of a prepared variant: its id and what varies from call to call."""
+
+    prepared_id: int
+    scattered: tuple[DataRef, ...]
+    bcast: tuple[DataRef, ...]
+    casts: tuple[str | None, ...]  # dtype to cast each scattered+bcast input to, or None
+    batch_range: tuple[int, int]  # selected rows of the scattered inputs, if no indices
+    batch_indices: DataRef | None  # int64 row indices, or None
+    minibatch: tuple[bool, ...] | None  # per scattered input: a minibatch buffer
+    batch_s: tuple | None  # per rank: its raw selection (checked by that rank)
+    num_slices: int
+    run_if_empty: bool  # every process has zero rows: the master runs anyway
+    views_only: bool  # plain views of this session's segments: row ranges, no casts,
+    # no sliceable shared variables
+    profile: bool = False  # reply with (gather, function) seconds too
+    prepared: Prepared | None = None  # sent with a variant's first call
+
+
+@dataclass
+class Staging:
+    """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices."""
+
+    buffers: dict = field(default_factory=dict)
+
+    def put(self, slot: Any, array: np.ndarray) -> DataRef:
+        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
+        buffer = self.buffers.get(slot)
+        if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
+            buffer = self.buffers[slot] = data(value=array, oversize=1.25)
+        else:
+            buffer.set_value(array, oversize=1.25)
+        return buffer.ref()
+
+    def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
+        """Copy a repeated call's arrays where an earlier call's went; False if that
+        memory is not where the earlier call reads any more.
+
+        ``refs`` are the earlier call's DataRefs of every input, ``arrays`` the
+        positions of numpy arguments (of the same dtypes and shapes as then: the
+        caller's key says so). Any call in between may have regrown or moved a buffer;
+        a buffer still on the same segment with the same shape is where the call
+        reads, and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
+        """
+        for i in arrays:
+            buffer = self.buffers.get(i)
+            if buffer is None or not buffer.holds(refs[i]):
+                return False
+        for i in arrays:
+            np.copyto(self.buffers[i].data, args[i], casting="unsafe")
+        return True
+
+    def stage(self, checked: Checked) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
+        """Refs for every input and the batch indices; numpy values are copied in."""
+        refs = [
+            value.ref() if isinstance(value, Data) else self.put(i, value)
+            for i, value in enumerate(checked.values)
+        ]
+        selection = checked.batch
+        if selection is None or selection.indices is None:
+            indices = None
+            span = (selection.start, selection.stop) if selection is not None else (0, 0)
+        else:
+            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64))
+            span = (0, 0)
+        return refs, span, indices
+
+
+_REPEATS_KEPT = 16  # Calls kept per variant for calls that repeat (train, validate, ...)
+
+
+class PreparedCall:
+    """One compiled variant's calls, seen from the master (see the module docstring)."""
+
+    def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
+                 labels: list[str], prefix: str):
+        self.id = prepared_id
+        self.prepared = prepared
+        self.registered = False  # every rank holds ``prepared``
+        self._n_scattered = n_scattered
+        self._labels = labels
+        self._prefix = prefix
+        self._staging = Staging()
+        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
+        self._warned: set[int] = set()
+
+    def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
+                profile: bool) -> Call:
+        """The ``Call`` for validated arguments; numpy inputs are staged now."""
+        self._warn_casts(checked.casts)
+        refs, span, indices = self._staging.stage(checked)
+        n = self._n_scattered
+        return Call(
+            self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,
+            checked.minibatch, batch_s, num_slices,
+            checked.total_rows == 0 and n > 0,
+            indices is None and not self.prepared.sliceable and not any(checked.casts)
+            and all(ref.segment.startswith(self._prefix) for ref in refs),
+            profile,
+            None if self.registered else self.prepared,
+        )
+
+    def _warn_casts(self, casts: tuple) -> None:
+        for i, dtype in enumerate(casts):
+            if dtype is not None and i not in self._warned:
+                self._warned.add(i)
+                warnings.warn(
+                    f"{self._labels[i]} is a synk.Data of another dtype, cast to {dtype} in "
+                    "every process at every call; make the Data with the input's dtype to "
+                    "skip the copy", stacklevel=5,
+                )
+
+    # -- repeats -----------------------------------------------------------------------------
+    def repeat(self, key: tuple, args: tuple) -> Call | None:
+        """The Call of an earlier plain call with inputs like ``args`` (refilled), or None."""
+        entry = self._repeats.get(key)
+        if entry is None:
+            return None
+        call, arrays = entry
+        if self._staging.refill(args, call.scattered + call.bcast, arrays):
+            return call
+        return None
+
+    def remember(self, key: tuple, call: Call) -> None:
+        """Keep a plain call's ``Call`` for the calls that repeat it (after it ran)."""
+        if len(self._repeats) >= _REPEATS_KEPT:
+            self._repeats.clear()
+        if call.prepared is not None:  # it has been registered by running
+            call = replace(call, prepared=None)
+        self._repeats[key] = (call, [i for i, item in enumerate(key) if item[0] is None])
+
+
+def repeat_key(args: tuple) -> tuple | None:
+    """What validating and staging a call's arguments depends on, or None.
+
+    For a ``Data``: its segment (renamed by every reallocation), shape and dtype (fixed
+    for its life). For a numpy array: its dtype and shape, which decide what PyTensor's
+    ``filter`` does to it. Any other argument: None (no shortcut).
+    """
+    key = []
+    for arg in args:
+        kind = type(arg)
+        if kind is Data:
+            key.append(arg.memory_key())
+        elif kind is np.ndarray:
+            key.append((None, arg.shape, arg.dtype))
+        else:
+            return None
+    return tuple(key)
+
+
+def combine(ops: tuple[ReduceOp, ...], replies: list, master: int) -> list:
+    """Reduce each output over the ranks that ran, in rank (= row) order.
+
+    An output whose op is None is the master's own (None if the master ran nothing);
+    the workers' replies leave such outputs out.
+    """
+    ran = [reply for reply in replies if reply is not None]
+    weights = [reply[0] for reply in ran]
+    if ReduceOp.NONE not in ops:
+        return [
+            reduce_values(op, [reply[1][i] for reply in ran], weights)
+            for i, op in enumerate(ops)
+        ]
+    own = replies[master]
+    results, sent = [], 0
+    for i, op in enumerate(ops):
+        if op is ReduceOp.NONE:
+            results.append(None if own is None else own[1][i])
+            continue
+        values = [reply[1][i if rank == master else sent]
+                  for rank, reply in enumerate(replies) if reply is not None]
+        results.append(reduce_values(op, values, weights))
+        sent += 1
+    return results

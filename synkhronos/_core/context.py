@@ -1,0 +1,131 @@
+"""Each process's typed state: ``RankContext``, and ``RankVar`` for the layers above.
+
+A ``RankContext`` is built once per process: by ``fork()`` for the master, and by
+each worker right after the fork, from the master's (so the fields a worker inherits
+are rewritten before it runs anything). It holds what every layer may ask:
+
+- who this process is: ``rank``, ``size``, ``master_rank``; ``node``, ``n_nodes``,
+  ``local_rank`` and ``local_size`` for sessions that span machines (one machine
+  today: node 0, local rank = rank);
+- the program's shared-memory owner (``arena``) and control block (``control``);
+- the meeting points inside a command (``barrier``, ``agree``), which watch that the
+  peers are alive while they wait.
+
+State owned by a layer above the core (the registry of distributed functions, the
+prepared calls, a collective backend's buffers) is declared by its owner as a
+``RankVar`` (Trio's ``RunVar``): a typed key whose value is made on first use, one per
+process. Nothing is looked up by string.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .._runtime.arena import Arena
+from .._runtime.control import ControlBlock
+
+__all__ = ["RankContext", "RankVar", "current", "install"]
+
+T = TypeVar("T")
+
+
+def no_watch() -> None:
+    """The watch of a context with no peers to watch."""
+    return None
+
+
+@dataclass(eq=False)
+class RankContext:
+    """One process's view of the session (see the module docstring)."""
+
+    rank: int
+    size: int
+    master_rank: int
+    prefix: str
+    arena: Arena
+    control: ControlBlock | None
+    master_pid: int
+    device: str = "cpu"
+    node: int = 0
+    n_nodes: int = 1
+    local_rank: int = -1
+    local_size: int = -1
+    watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
+    _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.local_rank < 0:
+            self.local_rank = self.rank
+        if self.local_size < 0:
+            self.local_size = self.size
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == self.master_rank
+
+    @property
+    def in_master_process(self) -> bool:
+        """True in the master's own process (False in a worker, or in any process
+        forked from the master later, such as a ``multiprocessing`` child)."""
+        return self.is_master and os.getpid() == self.master_pid
+
+    def barrier(self) -> None:
+        """Inside a command: wait until every rank reaches this point."""
+        if self.control is not None:
+            self.control.barrier(self.rank, self.watch)
+
+    def agree(self, ok: bool) -> bool:
+        """Inside a command: a barrier that says whether every rank passed ``ok``."""
+        if self.control is None:
+            return ok
+        return self.control.agree(self.rank, ok, self.watch)
+
+
+class RankVar(Generic[T]):
+    """Per-process state declared by the module that owns it.
+
+    Parameters
+    ----------
+    name
+        For ``repr`` only.
+    factory
+        Builds the value for a context on first use (``factory(ctx)``).
+    """
+
+    __slots__ = ("name", "_factory")
+
+    def __init__(self, name: str, factory: Callable[[RankContext], T]):
+        self.name = name
+        self._factory = factory
+
+    def get(self, ctx: RankContext) -> T:
+        try:
+            return ctx._vars[self]
+        except KeyError:
+            value = ctx._vars[self] = self._factory(ctx)
+            return value
+
+    def peek(self, ctx: RankContext) -> T | None:
+        """The value if it was made, else None (builds nothing)."""
+        return ctx._vars.get(self)
+
+    def __repr__(self) -> str:
+        return f"<RankVar {self.name}>"
+
+
+_current: RankContext | None = None
+
+
+def current() -> RankContext | None:
+    """This process's context while a session is open, else None."""
+    return _current
+
+
+def install(ctx: RankContext | None) -> None:
+    """Make ``ctx`` this process's context (the session's start, a worker's start,
+    and None at close)."""
+    global _current
+    _current = ctx

@@ -1,0 +1,86 @@
+"""One command on one rank: look the message up, run its handler, return the outcome.
+
+The master's own share and the worker loop both call ``Executor.run``, so every rank
+treats an exception the same way:
+
+- ``Exception`` and ``SystemExit`` raised by a handler (user code included, and
+  ``sys.exit()`` inside a PyTensor op) become a failure: the rank reports it and stays
+  in the session, which stays usable (``WorkerError`` in the master);
+- ``KeyboardInterrupt`` passes through: in the master it ends the session (workers
+  ignore SIGINT, so it never starts there). One that a handler's exception hides (a
+  signal during a Numba kernel surfaces as a ``SystemError``) is found and re-raised.
+
+The handler table is explicit: ``synkhronos/handlers.py`` lists every message type and
+its handler, and hands the table to the session and the workers. A ``Sequence`` runs
+its steps here, in order, each through the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from .._runtime import signals
+from .._runtime.remote import RemoteFailure
+from .context import RankContext
+from .protocol import Message, Ping, RunCallable, Sequence
+
+__all__ = ["Executor", "Handler", "Outcome", "CORE_HANDLERS"]
+
+Handler = Callable[[RankContext, Any], Any]
+
+
+class Outcome(NamedTuple):
+    """What one rank's part of a command produced."""
+
+    reply: Any
+    failure: RemoteFailure | None = None
+    exception: BaseException | None = None  # the live exception (the master keeps it)
+
+
+def _ping(ctx: RankContext, message: Ping) -> None:
+    return None
+
+
+def _run_callable(ctx: RankContext, message: RunCallable) -> Any:
+    if message.ranks is None or ctx.rank in message.ranks:
+        return message.fn(*message.args)
+    return None
+
+
+CORE_HANDLERS: dict[type[Message], Handler] = {
+    Ping: _ping,
+    RunCallable: _run_callable,
+}
+
+
+class Executor:
+    """Runs messages through one handler table (built once per program)."""
+
+    def __init__(self, table: Mapping[type[Message], Handler]):
+        self._table = dict(CORE_HANDLERS)
+        self._table.update(table)
+        self._table[Sequence] = self._sequence
+
+    def handler(self, message: Message) -> Handler:
+        try:
+            return self._table[type(message)]
+        except KeyError:
+            raise TypeError(f"no handler for message {type(message).__name__}") from None
+
+    def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
+        return tuple(self.handler(step)(ctx, step) for step in message.steps)
+
+    def run(self, ctx: RankContext, message: Message, keep_exception: bool) -> Outcome:
+        """This rank's part of ``message``: its reply, or its failure.
+
+        ``keep_exception``: also pickle the exception into the failure (a worker's,
+        for the master to raise as the cause); the master keeps the live one.
+        """
+        try:
+            return Outcome(self.handler(message)(ctx, message))
+        except KeyboardInterrupt:
+            raise
+        except (Exception, SystemExit) as exc:
+            signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
+            return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)

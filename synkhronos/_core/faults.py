@@ -1,0 +1,64 @@
+"""Named points where a test can make a process fail on purpose (``synkhronos.testing``).
+
+The library passes a few points in every command; a test arms one of them in chosen
+processes (``synkhronos.testing.fault_at``), and the next time such a process passes it,
+it breaks in the way asked, once:
+
+========================  ====================================================
+point                     where
+========================  ====================================================
+``"unpickle"``            a worker, before it unpickles distributed functions
+``"gather"``              a rank, before it gathers its rows of a call
+``"function"``            a rank, before it runs its PyTensor function
+``"reply"``               a worker, after its part, before it writes its reply
+``"collective"``          a rank, inside a collective, before the first barrier
+``"exchange"``            a rank, inside a collective, after the first barrier
+========================  ====================================================
+
+Unarmed, a point costs one truth test of a module global.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+__all__ = ["POINTS", "HOWS", "ARMED", "arm", "disarm", "hit", "break_process"]
+
+POINTS = ("unpickle", "gather", "function", "reply", "collective", "exchange")
+HOWS = ("raise", "sys_exit", "exit", "kill", "segv", "abort", "stop")
+
+ARMED: dict[str, tuple[str, int]] = {}  # point -> (how, exit code), in this process
+
+
+def arm(point: str, how: str, code: int = 3) -> None:
+    if point not in POINTS:
+        raise ValueError(f"point must be one of {', '.join(POINTS)}; got {point!r}")
+    if how not in HOWS:
+        raise ValueError(f"how must be one of {', '.join(HOWS)}; got {how!r}")
+    ARMED[point] = (how, code)
+
+
+def disarm() -> None:
+    ARMED.clear()
+
+
+def hit(point: str) -> None:
+    """Break here if ``point`` is armed in this process (once)."""
+    armed = ARMED.pop(point, None)
+    if armed is not None:
+        break_process(*armed)
+
+
+def break_process(how: str, code: int) -> None:
+    """Fail now: raise, ``sys.exit``, ``os._exit``, or a signal to this process."""
+    if how == "raise":
+        raise RuntimeError("synkhronos.testing: raised on purpose")
+    if how == "sys_exit":
+        sys.exit(code)
+    if how == "exit":
+        os._exit(code)
+    number = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "abort": signal.SIGABRT,
+              "stop": signal.SIGSTOP}[how]
+    os.kill(os.getpid(), number)

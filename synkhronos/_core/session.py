@@ -1,0 +1,368 @@
+"""The master-only ``Session``: the state machine that drives every command.
+
+A program has at most one live ``Session``, in the master process; ``fork()``
+(``lifecycle.py``) builds it. Its life::
+
+    (none) --fork()--> READY --WorkerDiedError / timeout / Ctrl-C--> BROKEN
+                         |                                              |
+                         +------------------close()---------------------+--> CLOSED
+
+Every command goes through ``Session.run(message)``:
+
+1. admit: the caller is the master process (not a process forked from it later), the
+   session is READY, and the command is not nested inside another; then take the
+   command lock, so commands from several threads of the master run one at a time;
+2. post the message on the control block and wake the workers (a message that cannot
+   be pickled raises here, before any worker moves);
+3. run the master's own share, through the same ``Executor`` as the workers;
+4. wait for every worker, watching for dead ones, the timeout and Ctrl-C;
+5. collect the replies and raise the root-cause failure, if any: a rank-side refusal
+   of the arguments as the ``ValueError``/``TypeError`` it is, anything else as
+   ``WorkerError``.
+
+An observer (``synk.profile()``) may watch commands; without one, a command costs one
+attribute check for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._runtime import processes, shmem, signals
+from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
+from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from . import context
+from .context import RankContext
+from .execute import Executor, Outcome
+from .protocol import Exit, Message
+
+__all__ = ["Session", "State", "Observer", "current", "require", "install"]
+
+log = logging.getLogger("synkhronos")
+
+
+class State(enum.Enum):
+    READY = "ready"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+class Observer(Protocol):
+    """What an observer (``synk.profile()``) is told: each command by the session, and
+    each function call's phases by the function layer."""
+
+    def command(self, message: Message, total: float, own: float, wait: float) -> None: ...
+
+    def call(self, name: str | None, *, start: float, staged: float, ran: float, done: float,
+             straggler: float, gather: list[float], function: list[float]) -> None: ...
+
+
+class Session:
+    """The master's session: its context, workers, and command state machine.
+
+    Parameters
+    ----------
+    ctx
+        The master's ``RankContext``.
+    executor
+        Runs each message's handler (the master's own share).
+    timeout
+        Seconds a command may wait for a worker, or None.
+    program_lock
+        The ``flock`` the program's processes hold while any lives (sweeps of other
+        programs judge this one alive by it).
+    """
+
+    def __init__(self, ctx: RankContext, executor: Executor, timeout: float | None,
+                 program_lock: shmem.ProgramLock):
+        self.ctx = ctx
+        self.executor = executor
+        self.timeout = timeout
+        self.state = State.READY
+        self.broken: BaseException | None = None
+        self.workers: list[processes.Worker] = []
+        self.observer: Observer | None = None
+        self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
+        self._program_lock = program_lock
+        self._command_lock = threading.Lock()
+        self._holder: int | None = None  # the thread holding the command lock
+        self._running = False  # a command is in progress (in the holder's thread)
+        self._seq = 0
+        self.commands = 0  # commands run so far (a test counts round trips with it)
+        self._started = 0.0
+        self._cleanups: list[Callable[[], None]] = []
+        self._worker_ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
+        ctx.watch = self._watch
+
+    @property
+    def n(self) -> int:
+        return self.ctx.size
+
+    @property
+    def busy(self) -> bool:
+        return self._running
+
+    def is_closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    def on_close(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` when the session closes (last registered, first run)."""
+        self._cleanups.append(cleanup)
+
+    # -- admission ---------------------------------------------------------------------
+    def check_usable(self) -> None:
+        """Raise unless this process may issue a command now (takes no lock)."""
+        if os.getpid() != self.ctx.master_pid:
+            raise RuntimeError(
+                f"synkhronos commands can only be issued by the master process (pid "
+                f"{self.ctx.master_pid}); this process (pid {os.getpid()}) was forked from "
+                "it (a multiprocessing or PyMC chain process?): call synkhronos functions "
+                "from the master, and run such samplers with cores=1"
+            )
+        if self.state is State.CLOSED:
+            raise RuntimeError("the synkhronos session is closed; call synk.fork() first")
+        if self.state is State.BROKEN:
+            raise self._broken_error()
+        if self._running and self._holder == threading.get_ident():
+            raise RuntimeError(
+                "a synkhronos command is already running in this thread; commands cannot "
+                "be nested (is a synkhronos function called from inside another's op?)"
+            )
+
+    def _broken_error(self) -> BaseException:
+        error = self.broken
+        if isinstance(error, WorkerDiedError):
+            return WorkerDiedError(error.rank, error.pid, error.reason)
+        if isinstance(error, WorkerTimeoutError):
+            return WorkerTimeoutError(error.rank, error.pid, error.timeout)
+        return RuntimeError("the synkhronos session is broken; call synk.close()")
+
+    def enter(self) -> bool:
+        """Check the session is usable and take the command lock for this thread.
+
+        Returns whether this call took it (False: this thread holds it already); pass
+        that to ``leave``. A caller that stages shared memory before its command holds
+        the lock across both, so that calls from several threads never interleave.
+        """
+        self.check_usable()
+        me = threading.get_ident()
+        if self._holder == me:
+            return False
+        self._command_lock.acquire()  # interruptible by Ctrl-C in the main thread
+        self._holder = me
+        if self.state is not State.READY:  # another thread broke or closed it meanwhile
+            self.leave(True)
+            self.check_usable()
+        return True
+
+    def leave(self, took: bool) -> None:
+        """Give back the command lock if ``enter`` took it."""
+        if took:
+            self._holder = None
+            self._command_lock.release()
+
+    # -- commands --------------------------------------------------------------------------
+    def run(self, message: Message, repeats: bool = False) -> list[Any]:
+        """Run ``message`` on every process; return the replies, indexed by rank.
+
+        Collective: every process takes part; returns when all have finished.
+        ``repeats``: the message is hashable and likely to be sent again (a prepared
+        call's arguments); it is then pickled once and decoded once per worker.
+        """
+        took = self.enter()
+        self._running = True
+        self.commands += 1
+        try:
+            if self.observer is not None:
+                return self._observed(message, repeats)
+            if self.ctx.control is None:
+                return [self._run_alone(message)]
+            return self._run_all(message, repeats)
+        finally:
+            self._running = False
+            self.leave(took)
+
+    def _observed(self, message: Message, repeats: bool) -> list[Any]:
+        start = time.perf_counter()
+        if self.ctx.control is None:
+            replies = [self._run_alone(message)]
+        else:
+            replies = self._run_all(message, repeats, timed=True)
+        own, wait = self.last_timing
+        observer = self.observer
+        if observer is not None:
+            observer.command(message, time.perf_counter() - start, own, wait)
+        return replies
+
+    def _run_alone(self, message: Message) -> Any:
+        start = time.perf_counter()
+        try:
+            outcome = self.executor.run(self.ctx, message, keep_exception=False)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self.last_timing = (time.perf_counter() - start, 0.0)
+        if outcome.failure is not None:
+            _raise_failure(self.ctx.rank, outcome)
+        return outcome.reply
+
+    def _run_all(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
+        ctx, control = self.ctx, self.ctx.control
+        assert control is not None
+        master = ctx.master_rank
+        signals.forget()  # only a signal that arrives during this command is ours
+        seq = control.post(message, master, ctx.arena, message if repeats else None)
+        self._seq = seq
+        try:
+            if self.timeout is not None:  # only the timeout reads it
+                self._started = time.monotonic()
+            if timed:
+                start = time.perf_counter()
+            own = self.executor.run(ctx, message, keep_exception=False)
+            if own.failure is not None:
+                control.mark_failed(master, seq)
+            workers = self._worker_ranks
+            if timed:
+                shared = time.perf_counter()
+            control.wait(master, lambda: control.all_done(seq, workers), self._watch)
+            if timed:
+                self.last_timing = (shared - start, time.perf_counter() - shared)
+            replies: list[Any] = [None] * ctx.size
+            replies[master] = own.reply
+            first: tuple[int, Outcome] | None = None
+            for rank in workers:
+                value = control.reply(rank, ctx.arena)
+                if control.failed(rank):
+                    assert isinstance(value, RemoteFailure)
+                    if first is None or (_secondary(first[1]) and not value.secondary):
+                        first = (rank, Outcome(None, value))
+                else:
+                    replies[rank] = value
+            control.release_external_payload(ctx.arena)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        if own.failure is not None and not own.failure.secondary:
+            _raise_failure(master, own)
+        if first is not None:
+            _raise_failure(*first)
+        if own.failure is not None:
+            _raise_failure(master, own)
+        return replies
+
+    def _watch(self) -> None:
+        """The master's liveness check while it waits (every poll interval)."""
+        signals.reraise_lost()
+        for worker in self.workers:
+            reason = worker.poll()
+            if reason is not None:
+                raise WorkerDiedError(worker.rank, worker.pid, reason)
+        control = self.ctx.control
+        if self.timeout is not None and time.monotonic() - self._started > self.timeout:
+            for worker in self.workers:
+                if control is not None and control.done(worker.rank) != self._seq:
+                    raise WorkerTimeoutError(worker.rank, worker.pid, self.timeout)
+
+    def _fail(self, exc: BaseException) -> None:
+        """A command was abandoned: the session cannot be trusted any more."""
+        if self.state is not State.READY:
+            return
+        self.state = State.BROKEN
+        self.broken = exc
+        if self.ctx.control is not None:
+            self.ctx.control.abort(self._seq)
+        if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
+            log.error("synkhronos session broken: %s", exc)
+        else:  # Ctrl-C, SIGTERM: leave nothing behind
+            self.close()
+
+    # -- stop --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop and reap the workers and free every segment of this program.
+
+        Does nothing in a process forked from the master later (its session is the
+        master's, not its own), and nothing the second time.
+        """
+        if self.state is State.CLOSED or os.getpid() != self.ctx.master_pid:
+            return
+        was_ready = self.state is State.READY
+        self.state = State.CLOSED
+        # A command in progress (this thread's, when a failure closes the session, or
+        # another thread's) is not waited for: the workers are stopped under it, and
+        # its wait then fails on its own.
+        owned = self._holder is None and self._command_lock.acquire(timeout=5.0)
+        try:
+            if self.workers:
+                control = self.ctx.control
+                if was_ready and owned and control is not None:
+                    control.post(Exit(), self.ctx.master_rank, self.ctx.arena)
+                    processes.stop_workers(self.workers, timeout=5.0)
+                else:
+                    processes.stop_workers(self.workers, timeout=0.0)
+        finally:
+            try:
+                for cleanup in reversed(self._cleanups):
+                    cleanup()
+            finally:
+                shmem.sweep_prefix(self.ctx.prefix)
+                self._program_lock.close()
+                if self.ctx.control is not None and not self._running:
+                    self.ctx.control.close()
+                self.ctx.watch = context.no_watch  # no cycle back to the session
+                if owned:
+                    self._command_lock.release()
+                if _current is self:
+                    install(None)
+
+
+def _secondary(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.secondary
+
+
+def _raise_failure(rank: int, outcome: Outcome) -> None:
+    """Raise what one rank's failure means in the master."""
+    failure = outcome.failure
+    assert failure is not None
+    cause = outcome.exception if outcome.exception is not None else failure.exception()
+    if isinstance(cause, Refusal):
+        raise cause.kind(str(cause)) from None
+    if cause is None:
+        cause = RemoteTraceback(failure.traceback)
+    raise WorkerError(rank, failure.exc_type, failure.message, failure.traceback) from cause
+
+
+# -- the program's one session ----------------------------------------------------------------
+_current: Session | None = None
+
+
+def current() -> Session | None:
+    """The live session of this program, or None."""
+    return _current
+
+
+def require(what: str = "this") -> Session:
+    """The live session, or a RuntimeError saying to call fork() first."""
+    session = _current
+    if session is None:
+        ctx = context.current()
+        if ctx is not None and not ctx.is_master:
+            raise RuntimeError(
+                f"{what} can only be called in the master process, not in a worker "
+                f"(rank {ctx.rank}): commands come from the master"
+            )
+        raise RuntimeError(f"synk.fork() must be called before {what}")
+    return session
+
+
+def install(session: Session | None) -> None:
+    """Make ``session`` the program's session (``fork``), or clear it (``close``)."""
+    global _current
+    _current = session
+    context.install(session.ctx if session is not None else None)
+

@@ -1,0 +1,514 @@
+"""Collectives on shared variables, device-independent: messages, steps, and each rank's part.
+
+A collective on a list of shared variables travels as one fused buffer. This module
+owns what is the same on every device:
+
+- the typed messages (``Shapes``, ``Broadcast``, ``AllReduce``, ``Reduce``,
+  ``ReduceScatter``, ``AllGatherPieces``, ``Place``, ``Gather``, ``GetValue``);
+- the master's half of each collective: a ``Step`` (the message, the buffers it
+  introduces, and ``finish``, which turns the ranks' replies into the result or the
+  error), built without running it, so that a training step can run several in one
+  command (``run_steps``);
+- each rank's half (``HANDLERS``): load its values into its slot of the group (and
+  vote that its shapes match the master's: every rank leaves unchanged together if
+  any differs), call the backend's primitive, and point each variable's storage at
+  its result (``_rebind``), so the next collective on the same variables copies
+  nothing in.
+
+The backend (``backend.py``; ``cpu.py`` today) only moves and combines bytes.
+
+Per-rank example: ``all_reduce([w, b], op="sum")`` at two ranks builds one group for
+``(w, b)``; each rank copies the parts of ``w`` and ``b`` the other rank reduces into
+its slot, both vote, each sums its half of both slots into its own slot, then copies
+the other half from the other's slot; ``w`` and ``b`` of each rank now view its slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import _pytensor
+from .._core import faults
+from .._core.context import RankContext
+from .._core.protocol import Message
+from .._core.protocol import Sequence as SequenceMessage
+from .._core.session import Session
+from .._dataref import DataRef
+from .._reducers import ReduceOp, combined
+from .._scatter import Batch, select_rows
+from ..distribute import REGISTRY
+from .backend import BACKEND, Backend, FusedLayout, GroupSpec, Targets
+
+__all__ = ["HANDLERS", "Step", "run_steps", "Mismatch"]
+
+
+# -- messages ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shapes(Message):
+    uids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Broadcast(Message):
+    key: int
+    spec: GroupSpec | None
+
+
+@dataclass(frozen=True)
+class AllReduce(Message):
+    key: int
+    spec: GroupSpec | None
+    op: ReduceOp
+    pair: bool  # two ranks, small: the worker alone combines (no barrier)
+
+
+@dataclass(frozen=True)
+class Reduce(Message):
+    key: int
+    spec: GroupSpec | None
+    op: ReduceOp
+    in_place: bool
+    scratch: str | None  # not in place, large: the result goes there
+
+
+@dataclass(frozen=True)
+class ReduceScatter(Message):
+    key: int
+    spec: GroupSpec | None
+    op: ReduceOp
+
+
+@dataclass(frozen=True)
+class AllGatherPieces(Message):
+    key: int
+    spec: GroupSpec | None
+
+
+@dataclass(frozen=True)
+class Place(Message):
+    """``scatter`` (``rank`` None: every rank its block) or ``set_value`` (one rank)."""
+
+    scratch: str
+    uids: tuple[int, ...]
+    sources: tuple  # per variable: a DataRef, or (offset, dtype, shape) in the scratch
+    batches: tuple  # per variable: a Batch, or None (all rows)
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class Gather(Message):
+    """Every rank's values into its region of the scratch (``everyone``: then every
+    rank concatenates them all, ``all_gather``)."""
+
+    scratch: str
+    uids: tuple[int, ...]
+    bases: tuple[int, ...]
+    shapes: tuple  # per rank, per variable
+    everyone: bool
+
+
+@dataclass(frozen=True)
+class GetValue(Message):
+    scratch: str
+    uids: tuple[int, ...]
+    rank: int
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A rank's reply when its shapes differ from the master's (nothing changed)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+
+
+# -- the master's half --------------------------------------------------------------------
+@dataclass
+class Step:
+    """One collective's command, built but not run."""
+
+    message: Message
+    finish: Callable[[list], Any] = lambda replies: None
+    new: tuple[str, ...] = ()  # buffers this command introduces (mapped by every rank)
+    repeats: bool = False  # the same message is likely to come again
+    notes: dict = field(default_factory=dict)
+
+
+def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
+              extra: Sequence[Message] = ()) -> list[Any]:
+    """Run ``steps`` (and ``extra`` messages after them) in one command; each step's
+    finished result, in order (``extra`` replies come back unfinished)."""
+    ctx = session.ctx
+    new = tuple(name for step in steps for name in step.new)
+    if len(steps) == 1 and not extra:
+        message: Message = steps[0].message
+        repeats = steps[0].repeats
+    else:
+        message = SequenceMessage(tuple(step.message for step in steps) + tuple(extra))
+        repeats = all(step.repeats for step in steps) and not extra
+    try:
+        replies = session.run(message, repeats=repeats)
+    except BaseException:
+        backend.discard(ctx, new)
+        raise
+    backend.settle(ctx, new)
+    if len(steps) == 1 and not extra:
+        return [steps[0].finish(replies)]
+    per_step = [[reply[i] if reply is not None else None for reply in replies]
+                for i in range(len(steps) + len(extra))]
+    results = [step.finish(r) for step, r in zip(steps, per_step, strict=False)]
+    return results + per_step[len(steps):]
+
+
+def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:
+    """Raise the ValueError of a reduce refused because shapes differ across ranks."""
+    if not any(isinstance(reply, Mismatch) for reply in replies):
+        return
+    per_rank = [reply.shapes if isinstance(reply, Mismatch) else expected for reply in replies]
+    for i, label in enumerate(targets.labels):
+        if len({shapes[i] for shapes in per_rank}) > 1:
+            got = ", ".join(f"{shapes[i]} in rank {r}" for r, shapes in enumerate(per_rank))
+            raise ValueError(
+                f"reduce and all_reduce need {label} to have the same shape in every "
+                f"process; got {got} (use gather or all_gather for values whose "
+                f"shapes differ)"
+            )
+
+
+def _group_for(ctx: RankContext, backend: Any, targets: Targets) -> tuple[Any, Any, bool]:
+    """The group of ``targets`` laid out for the master's shapes, its spec if it is
+    new, and whether every master's value already lives in the master's slot."""
+    current = getattr(backend, "current", None)
+    group = current(ctx, targets) if current is not None else None
+    if group is not None:
+        return group, None, True
+    shapes = tuple(_pytensor.value(var).shape for var in targets.variables)
+    return (*backend.resident(ctx, targets, shapes), False)
+
+
+def shapes_step(targets: Targets) -> Step:
+    return Step(Shapes(targets.uids), finish=lambda replies: replies)
+
+
+def broadcast_step(session: Session, backend: Backend, targets: Targets,
+                   values: list | None) -> Step:
+    ctx = session.ctx
+    if values is None:
+        values = [_pytensor.value(var) for var in targets.variables]
+    group, spec = backend.resident(ctx, targets, tuple(v.shape for v in values))
+    for var, value, view in zip(targets.variables, values, group.slots[ctx.master_rank],
+                                strict=True):
+        if value is not view:
+            np.copyto(view, value)
+        _pytensor.bind(var, view)
+    return Step(Broadcast(group.key, spec), new=(spec.name,) if spec else ())
+
+
+def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
+                    standalone: bool = True) -> Step:
+    """``standalone``: the command is this collective alone, so a two-rank small group
+    may skip the barrier (the master finishes after the command)."""
+    ctx = session.ctx
+    group, spec, resident = _group_for(ctx, backend, targets)
+    master = ctx.master_rank
+    pair = standalone and getattr(group, "pair", False)
+    if pair and not resident:  # the worker will read the master's values
+        for var, view in zip(targets.variables, group.slots[master], strict=True):
+            value = _pytensor.value(var)
+            if value is not view:
+                view[...] = value  # faster than np.copyto when tiny
+                _pytensor.bind(var, view)
+    shapes = group.layout.shapes
+
+    def finish(replies: list) -> None:
+        _raise_mismatch(targets, replies, shapes)
+        if pair:  # the worker left the result in its slot
+            for view, result in zip(group.slots[master], group.slots[1 - master], strict=True):
+                view[...] = result
+
+    return Step(AllReduce(group.key, spec, op, pair), finish,
+                new=(spec.name,) if spec else (), repeats=spec is None)
+
+
+def reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
+                in_place: bool) -> Step:
+    ctx = session.ctx
+    group, spec, _ = _group_for(ctx, backend, targets)
+    shapes = group.layout.shapes
+    scratch: str | None = None
+    new: tuple[str, ...] = ()
+    if not in_place and not group.small:
+        buffer, name = backend.regions(ctx, group.layout.total)
+        scratch = backend.scratch_name
+        new = (name,) if name else ()
+    new = ((spec.name,) if spec else ()) + new
+
+    def finish(replies: list) -> list[np.ndarray] | None:
+        _raise_mismatch(targets, replies, shapes)
+        if in_place:
+            return None
+        if scratch is not None:
+            return [np.array(view) for view in group.layout.views(backend.scratch(ctx, scratch))]
+        return replies[ctx.master_rank]  # the master's own reply: its new arrays
+
+    return Step(Reduce(group.key, spec, op, in_place, scratch), finish, new=new)
+
+
+def place_step(session: Session, backend: Backend, targets: Targets, values: list,
+               batches: tuple, rank: int | None) -> Step:
+    """Stage ``values`` (arrays, or Data read in place) for ``scatter``/``set_value``."""
+    ctx = session.ctx
+    staged = [i for i, v in enumerate(values) if isinstance(v, np.ndarray)]
+    layout = FusedLayout([values[i].dtype for i in staged], [values[i].shape for i in staged])
+    buffer, name = backend.regions(ctx, layout.total)
+    sources: list[Any] = [value if i in staged else value.ref() for i, value in enumerate(values)]
+    for j, (i, view) in enumerate(zip(staged, layout.views(buffer), strict=True)):
+        np.copyto(view, values[i])
+        sources[i] = (layout.offsets[j], view.dtype.str, view.shape)
+    message = Place(backend.scratch_name, targets.uids, tuple(sources), batches, rank)
+    return Step(message, new=(name,) if name else ())
+
+
+def regions_step(session: Session, backend: Backend, targets: Targets, shapes: list,
+                 everyone: bool) -> Step:
+    """``gather`` (to the master) or ``all_gather`` (``everyone``) of per-rank values."""
+    ctx = session.ctx
+    layouts = [FusedLayout(targets.dtypes, rank_shapes) for rank_shapes in shapes]
+    bases, end = [], 0
+    for layout in layouts:
+        bases.append(end)
+        end += -(-layout.total // 4096) * 4096
+    buffer, name = backend.regions(ctx, end)
+    message = Gather(backend.scratch_name, targets.uids, tuple(bases),
+                     tuple(tuple(s) for s in shapes), everyone)
+
+    def finish(replies: list) -> list[list[np.ndarray]]:
+        master = ctx.master_rank
+        per_rank = [
+            [_pytensor.value(var) for var in targets.variables] if rank == master
+            else layout.views(buffer, base)
+            for rank, (layout, base) in enumerate(zip(layouts, bases, strict=True))
+        ]
+        return [[values[i] for values in per_rank] for i in range(len(targets.uids))]
+
+    return Step(message, finish, new=(name,) if name else ())
+
+
+def get_value_step(session: Session, backend: Backend, targets: Targets, rank: int,
+                   shapes: list) -> Step:
+    ctx = session.ctx
+    layout = FusedLayout(targets.dtypes, shapes)
+    buffer, name = backend.regions(ctx, layout.total)
+
+    def finish(replies: list) -> list[np.ndarray]:
+        return [np.array(view) for view in layout.views(buffer)]
+
+    return Step(GetValue(backend.scratch_name, targets.uids, rank), finish,
+                new=(name,) if name else ())
+
+
+def reduce_scatter_step(session: Session, backend: Backend, targets: Targets,
+                        op: ReduceOp) -> Step:
+    """Each rank's piece (``FusedLayout.pieces``) of the combined values, in its slot."""
+    ctx = session.ctx
+    group, spec, _ = _group_for(ctx, backend, targets)
+    shapes = group.layout.shapes
+    return Step(ReduceScatter(group.key, spec, op),
+                lambda replies: _raise_mismatch(targets, replies, shapes),
+                new=(spec.name,) if spec else (), repeats=spec is None)
+
+
+def all_gather_pieces_step(session: Session, backend: Backend, targets: Targets) -> Step:
+    """Every rank's piece of its slot into every slot (after ``reduce_scatter_step``)."""
+    ctx = session.ctx
+    group, spec, _ = _group_for(ctx, backend, targets)
+    return Step(AllGatherPieces(group.key, spec), new=(spec.name,) if spec else (),
+                repeats=spec is None)
+
+
+# -- each rank's half ---------------------------------------------------------------------
+def _variables(ctx: RankContext, uids: tuple[int, ...]) -> list:
+    shared = REGISTRY.get(ctx).shared
+    return [shared[uid] for uid in uids]
+
+
+def _load(ctx: RankContext, group: Any, whole: bool) -> tuple[list[np.ndarray], bool]:
+    """Copy this rank's values into its slot; per variable, the flat array holding its
+    value (its storage or its slot); and whether its shapes are the group's.
+
+    ``whole``: copy everything (every rank reads every slot); otherwise only the
+    ranges the other ranks reduce (a rank reads its own pieces where they lie).
+    """
+    rank, values = ctx.rank, []
+    foreign = None if whole else group.foreign[rank]
+    for i, (var, view) in enumerate(zip(group.variables, group.slots[rank], strict=True)):
+        value = _pytensor.value(var)
+        if value is view:
+            values.append(group.flats[rank][i])
+            continue
+        if value.shape != view.shape:
+            return values, False
+        if foreign is None:
+            view[...] = value
+            values.append(group.flats[rank][i])
+            continue
+        flat, slot = value.reshape(-1), group.flats[rank][i]
+        values.append(flat)
+        for lo, hi in foreign[i]:
+            slot[lo:hi] = flat[lo:hi]
+    return values, True
+
+
+def _rebind(variables: list, results: Sequence[np.ndarray]) -> None:
+    """Point each variable's storage at its result (no copy)."""
+    for var, result in zip(variables, results, strict=True):
+        if _pytensor.value(var) is not result:
+            _pytensor.bind(var, result)
+
+
+def _own_shapes(variables: list) -> Mismatch:
+    return Mismatch(tuple(_pytensor.value(var).shape for var in variables))
+
+
+def _loaded(ctx: RankContext, group: Any, whole: bool) -> list[np.ndarray] | None:
+    """Load and vote: this rank's values, or None if any rank's shapes differ."""
+    if faults.ARMED:
+        faults.hit("collective")
+    values, ok = _load(ctx, group, whole)
+    if not ctx.agree(ok):
+        return None
+    if faults.ARMED:
+        faults.hit("exchange")
+    return values
+
+
+def _on_shapes(ctx: RankContext, message: Shapes) -> tuple:
+    return tuple(_pytensor.value(var).shape for var in _variables(ctx, message.uids))
+
+
+def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    if ctx.is_master:
+        return  # its slot was filled and bound before the command
+    backend.broadcast(ctx, group, ctx.master_rank)
+    _rebind(group.variables, group.slots[ctx.rank])
+
+
+def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    if message.pair:
+        if ctx.is_master:
+            return None
+        mismatch = backend.pair_reduce(ctx, group, message.op)
+        return None if mismatch is None else Mismatch(mismatch)
+    values = _loaded(ctx, group, whole=group.small)
+    if values is None:
+        return _own_shapes(group.variables)
+    _rebind(group.variables, backend.all_reduce(ctx, group, message.op, values))
+    return None
+
+
+def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    values = _loaded(ctx, group, whole=group.small)
+    if values is None:
+        return _own_shapes(group.variables)
+    master = ctx.master_rank
+    if group.small:
+        if ctx.rank != master:
+            return None
+        results = [combined(views, message.op) for views in group.columns]
+        if not message.in_place:
+            return results
+        _rebind(group.variables, results)
+        return None
+    out = None
+    if message.scratch is not None:
+        out = [v.reshape(-1) for v in group.layout.views(backend.scratch(ctx, message.scratch))]
+    backend.reduce(ctx, group, message.op, values, out)
+    if out is None and ctx.rank == master:  # every piece of its slot is the result
+        _rebind(group.variables, group.slots[master])
+    return None
+
+
+def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    values = _loaded(ctx, group, whole=False)
+    if values is None:
+        return _own_shapes(group.variables)
+    backend.reduce_scatter(ctx, group, message.op, values)
+    _rebind(group.variables, group.slots[ctx.rank])  # its own piece is the result
+    return None
+
+
+def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    backend.all_gather(ctx, group)
+    _rebind(group.variables, group.slots[ctx.rank])
+
+
+def _on_place(ctx: RankContext, message: Place) -> None:
+    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
+    if message.rank is not None and message.rank != ctx.rank:
+        return
+    for var, source, batch in zip(_variables(ctx, message.uids), message.sources,
+                                  message.batches, strict=True):
+        if isinstance(source, DataRef):  # a synk.Data: read in place
+            whole = source.view(ctx)
+        else:  # (offset, dtype, shape) in the scratch buffer
+            offset, dtype, shape = source
+            count = int(np.prod(shape, dtype=np.int64))
+            whole = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
+        mine: Batch | None = batch
+        if message.rank is None:
+            mine = batch.part(ctx.size, ctx.rank)
+        _pytensor.bind(var, np.array(select_rows(whole, mine)))
+
+
+def _write_region(ctx: RankContext, buffer: Any, variables: list, base: int) -> None:
+    values = [_pytensor.value(var) for var in variables]
+    layout = FusedLayout([v.dtype for v in values], [v.shape for v in values])
+    for view, value in zip(layout.views(buffer, base), values, strict=True):
+        np.copyto(view, value)
+
+
+def _on_gather(ctx: RankContext, message: Gather) -> None:
+    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)
+    variables = _variables(ctx, message.uids)
+    if message.everyone or not ctx.is_master:
+        _write_region(ctx, buffer, variables, message.bases[ctx.rank])
+    if not message.everyone:
+        return
+    ctx.barrier()
+    dtypes = [var.type.dtype for var in variables]
+    regions = [FusedLayout(dtypes, shapes).views(buffer, base)
+               for shapes, base in zip(message.shapes, message.bases, strict=True)]
+    for i, var in enumerate(variables):
+        _pytensor.bind(var, np.concatenate([region[i] for region in regions]))
+
+
+def _on_get_value(ctx: RankContext, message: GetValue) -> None:
+    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
+    if ctx.rank == message.rank:
+        _write_region(ctx, buffer, _variables(ctx, message.uids), 0)
+
+
+HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
+    Shapes: _on_shapes,
+    Broadcast: _on_broadcast,
+    AllReduce: _on_all_reduce,
+    Reduce: _on_reduce,
+    ReduceScatter: _on_reduce_scatter,
+    AllGatherPieces: _on_all_gather_pieces,
+    Place: _on_place,
+    Gather: _on_gather,
+    GetValue: _on_get_value,
+}

@@ -1,0 +1,111 @@
+"""Several function calls and collectives in one command: one round trip to the workers.
+
+A training step is a gradient call, an all-reduce of the gradient, and an update call:
+three commands, three wake-ups of every worker, three waits for the slowest. Run as
+one command, the workers go from one step to the next without coming back to the
+master::
+
+    results = synk.steps.run([
+        synk.steps.call(f_grad, x_data, y_data, batch=idx),
+        synk.steps.all_reduce(grad_shared, op="sum"),
+        synk.steps.call(f_update),
+    ])
+    loss = results[0]
+
+Each item is described here and built when ``run`` holds the session (so staging from
+several threads never interleaves); each result is what the same call or collective
+would have returned on its own. If any process raises in any step, every process stops
+at that step and the master raises it, as for a single call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._core.session import Session, require
+from .collectives import fused
+from .collectives._checks import FRONT, begin, reduce_op
+from .function import Function
+
+__all__ = ["Step", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "run"]
+
+
+class Step:
+    """One call or collective, described; built and run by :func:`run`."""
+
+    def __init__(self, build: Callable[[Session], fused.Step], what: str):
+        self._build = build
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<synk step {self.what}>"
+
+
+def call(function: Function, *args: Any, output_subset: Any = None, batch: Any = None,
+         batch_s: Any = None, num_slices: int = 1, **kwargs: Any) -> Step:
+    """A call of ``function`` with these arguments (as ``function(*args, ...)``)."""
+    if not isinstance(function, Function):
+        raise TypeError(f"steps.call takes a synk.Function; got {type(function).__name__}")
+
+    def build(session: Session) -> fused.Step:
+        message, finish = function.prepare(args, kwargs, output_subset, batch, batch_s,
+                                           num_slices)
+        return fused.Step(message, finish, repeats=message.batch_s is None)
+
+    return Step(build, f"call {function.name or 'function'}")
+
+
+def all_reduce(shared_vars: Any, op: str = "avg") -> Step:
+    """``synk.all_reduce(shared_vars, op)``, as a step."""
+    session, front, targets, _ = begin("all_reduce", shared_vars)
+    parsed = reduce_op(op, targets)
+    return Step(lambda s: fused.all_reduce_step(s, front.backend, targets, parsed,
+                                                standalone=False), "all_reduce")
+
+
+def reduce_scatter(shared_vars: Any, op: str = "sum") -> Step:
+    """Each process gets its piece of the combined values (the pieces of the list's
+    fused buffer, ``FusedLayout.pieces``); the rest of its values are left undefined.
+
+    With :func:`all_gather_pieces` after it, the same as ``all_reduce``; between the two,
+    each process may work on its own piece only (a sharded optimizer update).
+    """
+    session, front, targets, _ = begin("reduce_scatter", shared_vars)
+    parsed = reduce_op(op, targets)
+    return Step(lambda s: fused.reduce_scatter_step(s, front.backend, targets, parsed),
+                "reduce_scatter")
+
+
+def all_gather_pieces(shared_vars: Any) -> Step:
+    """Every process's own piece (as :func:`reduce_scatter` cut them) to every process."""
+    session, front, targets, _ = begin("all_gather_pieces", shared_vars)
+    return Step(lambda s: fused.all_gather_pieces_step(s, front.backend, targets),
+                "all_gather_pieces")
+
+
+def run(steps: Sequence[Step]) -> list[Any]:
+    """Run ``steps`` in order, in one command; return each one's result.
+
+    Collective: every process takes part; returns when all have finished.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As each step would raise on its own, before any process moves.
+    synkhronos.WorkerError
+        A process raised in some step (every process stopped at that step).
+    """
+    if not steps:
+        return []
+    for i, step in enumerate(steps):
+        if not isinstance(step, Step):
+            raise TypeError(f"steps[{i}] is not a step of synkhronos.steps; got {step!r}")
+    session = require("synk.steps.run()")
+    backend = FRONT.get(session.ctx).backend
+    took = session.enter()
+    try:
+        built = [step._build(session) for step in steps]
+        return fused.run_steps(session, backend, built)
+    finally:
+        session.leave(took)

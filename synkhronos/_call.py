@@ -100,6 +100,11 @@ class Staging:
             np.copyto(self.buffers[i].data, args[i], casting="unsafe")
         return True
 
+    def sync(self, arrays: list[int]) -> None:
+        """Over several machines: the refilled buffers to every machine's replica."""
+        for i in arrays:
+            self.buffers[i].sync()
+
     def stage(self, checked: Checked) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
         refs = [
@@ -123,13 +128,14 @@ class PreparedCall:
     """One compiled variant's calls, seen from the master (see the module docstring)."""
 
     def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
-                 labels: list[str], prefix: str):
+                 labels: list[str], prefix: str, replicated: bool = False):
         self.id = prepared_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
         self._n_scattered = n_scattered
         self._labels = labels
         self._prefix = prefix
+        self._replicated = replicated  # several machines: staged values have replicas
         self._staging = Staging()
         self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
         self._warned: set[int] = set()
@@ -168,6 +174,8 @@ class PreparedCall:
             return None
         call, arrays = entry
         if self._staging.refill(args, call.scattered + call.bcast, arrays):
+            if self._replicated:
+                self._staging.sync(arrays)
             return call
         return None
 

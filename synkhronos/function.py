@@ -226,7 +226,8 @@ class Function:
             tuple(self._update_ops) if sliced else (),
         )
         prepared = self._prepared[fn_id] = PreparedCall(
-            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix
+            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix,
+            self._session.machines is not None,
         )
         if key == (None, False):
             self._plain = prepared

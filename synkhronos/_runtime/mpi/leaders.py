@@ -55,7 +55,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
@@ -402,7 +402,7 @@ class Leaders:
                 "tolerance the MPI runtime ends the whole job when any machine's leader "
                 "dies; Open MPI's 'mpiexec --with-ft ulfm' reports the lost host instead")
 
-    def _translate(self, exc: Exception, what: str) -> Exception:
+    def _translate(self, exc: Any, what: str) -> Exception:
         """An MPI error as PeerLostError (naming hosts) or LeaderError."""
         MPI = self._mpi
         error_class = exc.Get_error_class()
@@ -579,7 +579,9 @@ class Leaders:
             receive = None
         request = self._comm.Igatherv([_as_bytes(array), self._mpi.BYTE], receive, root)
         self._wait([request], what, timeout=timeout, keep=[array, flat, counts])
-        return None if headers is None else self._split(headers, flat)
+        if headers is None or flat is None:
+            return None
+        return self._split(headers, flat)
 
     def all_gather(self, array: np.ndarray, *,
                    timeout: float | None = None) -> list[np.ndarray]:
@@ -591,6 +593,7 @@ class Leaders:
         array = np.ascontiguousarray(array)
         what = "all-gathering arrays between machines"
         headers = self._headers(array, None, what, timeout)
+        assert headers is not None
         counts = headers[:, 0].astype(np.int64)
         flat = np.empty(int(counts.sum()), np.uint8)
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
@@ -625,6 +628,7 @@ class Leaders:
         dtype, shape = _dtype_shape(mine)
         out = np.empty(shape, dtype)
         if self.rank == root:
+            assert headers is not None
             counts = headers[:, 0].astype(np.int64)
             displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
             send = [flat, (counts, displacements), self._mpi.BYTE]
@@ -849,7 +853,7 @@ class Leaders:
             return False
         return True
 
-    def abort(self, reason: str, code: int = 1, *, grace: float = 2.0):
+    def abort(self, reason: str, code: int = 1, *, grace: float = 2.0) -> NoReturn:
         """End the whole job; never returns. Call once this machine is cleaned up.
 
         On the master: every other leader is told (its waits raise

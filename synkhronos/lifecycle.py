@@ -357,7 +357,9 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
         session.run(join)  # this machine's processes only: no machines in the session yet
         session.machines = machines
         ctx.arena.start_journal()
-        leaders.timeout = timeout
+        # a little over the workers' limit: the leader of a machine whose worker is late
+        # reports which one first (WorkerTimeoutError naming it)
+        leaders.timeout = None if timeout is None else timeout + 0.5
         leaders.liveness = session._watch
         log.info("synkhronos forked %d processes on %d machines (%s)", ctx.size,
                  leaders.size, device)

@@ -98,8 +98,10 @@ class Leader:
 
     # -- liveness ------------------------------------------------------------------------
     def watch(self) -> None:
-        """Raise if a local worker died, or outlived the timeout in a command."""
+        """Raise if a local worker died, or outlived the timeout in a command, or the
+        master ended the job."""
         signals.reraise_lost()
+        self.machines.mpi.check_alarms()
         ctx = self.ctx
         offset = ctx.offsets[ctx.node]
         for worker in self.workers:
@@ -224,8 +226,11 @@ class Leader:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            leaders.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
-                          grace=2.0 if told else FAILURE_GRACE)
+            try:
+                leaders.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
+                              grace=2.0 if told else FAILURE_GRACE)
+            finally:  # a signal during the wait (the launcher ending the job): go now
+                os._exit(1)
 
     def _close(self) -> NoReturn:
         """The master closed: stop the workers, clean up, leave MPI, end the process."""

@@ -371,6 +371,8 @@ class Session:
             if reason is not None:
                 host = None if self.machines is None else self.machines.host
                 raise WorkerDiedError(worker.rank, worker.pid, reason, host)
+        if self.machines is not None:  # another machine's report, while waiting here
+            self.machines.mpi.check_alarms()
         control = self.ctx.control
         if self.timeout is not None and time.monotonic() - self._started > self.timeout:
             for worker in self.workers:

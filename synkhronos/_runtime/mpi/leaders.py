@@ -452,6 +452,14 @@ class Leaders:
             self._failed_ranks.update(int(r) for r in ranks)
         return sorted(self._failed_ranks)
 
+    def check_alarms(self) -> None:
+        """Raise what the alarm channel holds, as a wait would: on the master a failure
+        another leader reported (:class:`RemoteFailureError`), elsewhere the master's
+        abort notice (:class:`JobAbortedError`). For callers waiting outside MPI (a
+        leader waiting for its local workers). Does nothing once closed."""
+        if self._alarm is not None and not self._closed:
+            self._read_alarms()
+
     def _read_alarms(self) -> None:
         """Raise a reported failure (master) or an abort notice (other leaders)."""
         MPI = self._mpi

@@ -256,3 +256,25 @@ def _clean_shm(before: set[str]) -> None:
             os.unlink(os.path.join("/dev/shm", entry))
         except FileNotFoundError:
             pass
+
+
+def alone(script: str, *args: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``tests/mpi/scripts/<script>`` without MPI (one machine), as the reference of
+    a run over machines; the script gets ``--out <folder>`` first, then ``args``."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_", "HYDRA_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, str(SCRIPTS / script), "--out", str(out), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"{script} alone failed ({done.returncode}):\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def leftovers(pids: list[int]) -> list[str]:
+    """Entries in /dev/shm of the synkhronos programs of ``pids`` (each machine's names
+    carry its first process's pid)."""
+    marks = tuple(f"synk_{pid}_" for pid in pids) + tuple(f"sem.synk_{pid}_" for pid in pids)
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(marks))

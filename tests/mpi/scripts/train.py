@@ -19,6 +19,7 @@ import pytensor
 import pytensor.tensor as pt
 
 import synkhronos as synk
+from synkhronos import testing
 from synkhronos.extensions import make_train_function
 
 
@@ -64,7 +65,8 @@ def main() -> None:
         saved[f"ranks{i}"] = np.stack([synk.get_value(r, p) for r in range(n)])
     saved["losses"] = np.array(losses)
     np.savez(args.out / "train.npz", **saved)
-    (args.out / "train.json").write_text(json.dumps({"n_parallel": n}))
+    (args.out / "train.json").write_text(json.dumps({
+        "n_parallel": n, "hosts": testing.rank_hosts(), "pids": testing.process_pids()}))
     synk.close()
 
 

@@ -1,6 +1,6 @@
 """Failures between machines end in a clear error or a quick end of the job, never a hang.
 
-Each case launches ``scripts/failures.py`` (2 machines x 2 local processes) and reads
+Each case launches ``scripts/leaders_failures.py`` (2 machines x 2 local processes) and reads
 what every side recorded. Times (detection delays, job durations) are printed, not
 asserted: the launch's timeout is what catches a hang. Run with ``-s`` to see them.
 """
@@ -20,7 +20,7 @@ def hosts_for(transport):
 
 
 def launched(launcher, tmp_path, transport, case, ft=False):
-    result = launcher("failures.py", "--case", case, transport=transport,
+    result = launcher("leaders_failures.py", "--case", case, transport=transport,
                       out=tmp_path / case, ft=ft, timeout=60)
     assert result.stragglers == [], result.describe()
     return result

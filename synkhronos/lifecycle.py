@@ -243,7 +243,15 @@ def _build(n: int, device: str, master_rank: int, spin: float,
     return session
 
 
-def _start(session: Session, cores: list[int] | None) -> None:
+def _own_group() -> object:
+    """In a worker of an MPI job: leave the leader's process group, so that the MPI
+    launcher's signals to the job (which reach a process's whole group) do not end the
+    worker before it sees its leader die (it then removes the machine's segments)."""
+    os.setpgid(0, 0)
+    return limit_threads()
+
+
+def _start(session: Session, cores: list[int] | None, mpi_job: bool = False) -> None:
     """Step 4: fork the workers, limit threads, take over the signals."""
     ctx = session.ctx
     if ctx.control is not None:
@@ -252,7 +260,7 @@ def _start(session: Session, cores: list[int] | None) -> None:
         ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
         session.workers = processes.fork_workers(
             ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores,
-            setup=limit_threads,
+            setup=_own_group if mpi_job else limit_threads,
         )
     if cores is not None:
         os.sched_setaffinity(0, {cores[ctx.master_rank]})
@@ -287,7 +295,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
         session = _build(n, device, master_rank, spin, timeout)
         ctx, executor = session.ctx, session.executor
         try:
-            _start(session, cores)
+            _start(session, cores, mpi_job=True)
         except BaseException:
             session.close()
             raise
@@ -303,7 +311,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
                     list(range(1, n)), ctx.prefix,
                     lambda rank: worker.main(ctx, executor, rank, forked_seq),
                     [cores[r % len(cores)] for r in range(n)] if cores else None,
-                    setup=limit_threads)
+                    setup=_own_group)
             if cores is not None:
                 os.sched_setaffinity(0, {cores[0]})
             limit_threads()

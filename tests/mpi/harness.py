@@ -278,3 +278,29 @@ def leftovers(pids: list[int]) -> list[str]:
     carry its first process's pid)."""
     marks = tuple(f"synk_{pid}_" for pid in pids) + tuple(f"sem.synk_{pid}_" for pid in pids)
     return sorted(e for e in os.listdir("/dev/shm") if e.startswith(marks))
+
+
+def alive(pids: list[int], wait: float = 5.0) -> list[int]:
+    """Those of ``pids`` still running after up to ``wait`` seconds (a job's workers
+    leave the launcher's process group, so the launch's straggler check misses them);
+    any found are killed."""
+    deadline = time.monotonic() + wait
+    running = list(pids)
+    while running and time.monotonic() < deadline:
+        running = [pid for pid in running if _running(pid)]
+        if running:
+            time.sleep(0.05)
+    for pid in running:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return running
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -90,6 +90,7 @@ def test_suite_equals_one_machine(launcher, alone, tmp_path, transport, processe
         else:
             assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), (
                 f"{key} differs from the run on one machine")
+    assert harness.alive(mine["pids"]) == []
     assert harness.leftovers(mine["pids"]) == []
 
 
@@ -114,4 +115,5 @@ def test_training_equals_one_machine(launcher, alone, tmp_path, transport, reduc
     for i in range(4):  # every process holds the same parameters
         ranks = got[f"ranks{i}"]
         assert all(np.array_equal(ranks[0], other) for other in ranks[1:])
+    assert harness.alive(info["pids"]) == []
     assert harness.leftovers(info["pids"]) == []

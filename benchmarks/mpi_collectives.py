@@ -1,50 +1,47 @@
-"""All-reduce across "machines": hierarchical (shared memory + MPI between leaders) vs MPI.
+"""All-reduce across "machines": synkhronos on 2 machines x 2 vs MPI at 4 ranks vs one machine.
 
 Usage::
 
     python benchmarks/mpi_collectives.py [--transport shm|tcp|netns] [--rounds 2]
-                                         [--max-bytes 67108864] [--out benchmarks/out]
+                                         [--max-bytes 67108864] [--out docs/figures]
 
-Four processes in every scheme, float32 sums of 4 B to 64 MiB (powers of 16):
+Four processes in every scheme, float32 sums of 4 B to 64 MiB (powers of 16), each a
+shared variable of that size in every process:
 
-- ``hierarchical (fast)``: ``mpiexec -n 2``, each rank a machine's leader that forked
-  one local process before MPI started. Per call: every process copies the part of
-  its private array that the other process reduces into shared memory; each reduces
-  its half of the elements (its own part read from its private array), in rank
-  order; the leader all-reduces the machine's sum with
-  ``synkhronos._runtime.mpi.Leaders.all_reduce(mode="fast")`` (the MPI library's
-  all-reduce below 1 MiB, the chunk-owner scheme above); every process copies the
-  result out into its private array. The local part is plain anonymous shared
-  memory and a spin-then-sleep barrier written here (the library's own collectives
-  will replace it after integration).
-- ``hierarchical (exact)``: the same, but every process copies its whole array in and
-  the leader passes both local copies to
-  ``all_reduce_pieces`` (bit-identical to one machine folding in rank order; each
-  piece crosses between machines, so twice the traffic).
+- ``hierarchical (fast)``: ``mpiexec -n 2``; each rank is a machine whose script calls
+  ``synk.fork(2)`` and then ``synk.all_reduce(var, "sum")``: within each machine through
+  shared memory, between the 2 machines' leaders through MPI (``fork(reduction="fast")``,
+  the default).
+- ``hierarchical (exact)``: the same with ``fork(reduction="exact")`` (bit-identical to
+  one machine; every machine receives every process's values).
 - ``MPI Allreduce (4 ranks)``: ``mpiexec -n 4``, ``Comm.Allreduce(IN_PLACE, ...)`` on
   private arrays: the MPI library's own all-reduce at the same process count.
-- ``one machine (4 processes)``: no MPI; 4 forked processes, the same shared-memory
-  scheme (copy in the others' shares, each reduces its quarter, copy out).
+- ``one machine (4 processes)``: no MPI; ``synk.fork(4)`` and ``synk.all_reduce``.
+
+A trial of synkhronos is the master's call of ``synk.all_reduce`` (it returns when every
+process of every machine has finished); of MPI, the slowest rank's call after a barrier.
+The variables hold zeros while timed (sums stay finite however many trials run; adding
+zeros costs what adding any other values costs), and every scheme's result is checked
+once per size with values 1..4 (the sum must be 10 everywhere).
 
 ``--transport``: ``shm`` (plain ``mpiexec``), ``tcp`` (the MPI library kept on TCP over
 loopback, every rank as if on its own machine), ``netns`` (two network namespaces
 joined by a veth pair, the realistic layout: the 4-rank MPI run puts 2 ranks in each
-namespace, so it uses shared memory inside a "machine" and TCP between them, as
-on two real machines). Open MPI gets ``mpi_yield_when_idle 1`` and oversubscription
-(4 busy-polling processes on a 2-core machine otherwise starve each other).
+namespace, so it uses shared memory inside a "machine" and TCP between them, as on two
+real machines). Open MPI gets ``mpi_yield_when_idle 1`` and oversubscription, and the
+synkhronos processes do not spin (``fork(spin=0)``): 4 busy-polling processes on a
+2-core machine otherwise starve each other.
 
-A trial's time is the slowest process's (each times its own call after a barrier);
-the figure is the median over trials (10th and 90th percentiles beside), pooled over
+The figure is the median over trials (10th and 90th percentiles beside), pooled over
 ``--rounds`` rounds that run the schemes one after another, so they share the
-machine's load. Every scheme's result is checked once per size. Output: JSON on
-stdout and in ``--out``, and a PNG beside it.
+machine's load. Output: JSON on stdout and in ``--out``
+(``mpi_collectives_<library>_<transport>.json``), and a PNG beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import platform
 import subprocess
@@ -64,129 +61,40 @@ def trials_for(nbytes: int) -> int:
     return int(min(200, max(5, 2e8 // max(nbytes, 1) // 20)))
 
 
-# ---- the local part: anonymous shared memory and a barrier -------------------------
-
-
-class Local:
-    """``size`` processes of one machine: slots, a result, per-process counters."""
-
-    def __init__(self, size: int, max_items: int):
-        self.size = size
-        self.items = max_items
-        header = 64 * size  # one 64-byte line per process's counter
-        self.memory = mmap.mmap(-1, header + (size + 1) * max_items * 4)
-        self.counters = np.frombuffer(self.memory, np.int64, count=8 * size)[::8]
-        data = np.frombuffer(self.memory, DTYPE, offset=header,
-                             count=(size + 1) * max_items).reshape(size + 1, max_items)
-        self.slots, self.result = data[:size], data[size]
-        self.arrived = 0
-
-    def barrier(self, me: int) -> None:
-        """Spin (yielding the core) for 1 ms, then sleep in short steps."""
-        self.arrived += 1
-        self.counters[me] = self.arrived
-        start = time.perf_counter()
-        while (self.counters < self.arrived).any():
-            if time.perf_counter() - start < 1e-3:
-                os.sched_yield()
-            else:
-                time.sleep(2e-5)
-
-    def fork(self, children: int) -> int:
-        """Fork ``children`` processes; return this process's local index."""
-        for index in range(1, children + 1):
-            if os.fork() == 0:
-                return index
-        return 0
-
-
-def share(n: int, parts: int, me: int) -> tuple[int, int]:
-    base, extra = divmod(n, parts)
-    lo = me * base + min(me, extra)
-    return lo, lo + base + (1 if me < extra else 0)
-
-
-def copy_in(local: Local, me: int, private: np.ndarray, whole: bool = False) -> None:
-    """Put this process's value where the others will read it.
-
-    Only the other processes' shares are needed (this process reduces its own share
-    straight from its private array), unless ``whole``.
-    """
-    n = private.size
-    if whole:
-        local.slots[me, :n] = private
-        return
-    lo, hi = share(n, local.size, me)
-    local.slots[me, :lo] = private[:lo]
-    local.slots[me, hi:n] = private[hi:]
-
-
-def local_reduce(local: Local, me: int, private: np.ndarray) -> None:
-    """This process's share of the elements, summed over every process in rank order."""
-    lo, hi = share(private.size, local.size, me)
-    out = local.result[lo:hi]
-    for index in range(local.size):
-        source = private[lo:hi] if index == me else local.slots[index, lo:hi]
-        if index == 0:
-            np.copyto(out, source)
-        else:
-            np.add(out, source, out=out)
-
-
 # ---- roles (run in the sub-processes) ----------------------------------------------
 
 
-def role_hierarchical(sizes: list[int], mode: str) -> None:
-    from synkhronos._runtime import mpi
+def _library_role(sizes: list[int], scheme: str, processes: int, reduction: str) -> None:
+    import pytensor
+    import pytensor.tensor as pt
 
-    launch = mpi.detect_launch("mpi")
-    local = Local(2, max(sizes) // 4)
-    # each local process's last trial time, in memory shared across the fork
-    times = np.frombuffer(mmap.mmap(-1, 16), np.float64)
-    me = local.fork(1)
-    if me == 0:
-        leaders = mpi.start(2, expected_rank=launch.rank)
-        machine = leaders.rank
-    else:
-        leaders = None
-        machine = launch.rank
-    global_rank = 2 * machine + me
-    for nbytes in sizes:
-        n = nbytes // 4
-        private = np.full(n, global_rank + 1, DTYPE)
-        trials = trials_for(nbytes)
+    import synkhronos as synk
+    from synkhronos import testing
+
+    n = synk.fork(processes, spin=0.0, reduction=reduction)
+    variables = [pytensor.shared(np.zeros(nbytes // 4, DTYPE), name=f"v{nbytes}")
+                 for nbytes in sizes]
+    synk.function([], [(sum(v.sum() for v in variables), "sum")])
+    synk.distribute()
+    for var, nbytes in zip(variables, sizes, strict=True):
+        size = nbytes // 4
+        testing.set_rank_values(var, [np.full(size, r + 1, DTYPE) for r in range(n)])
+        synk.all_reduce(var, "sum")
+        correct = all(bool((v == DTYPE(n * (n + 1) // 2)).all())
+                      for v in testing.rank_values(var))
+        testing.set_rank_values(var, [np.zeros(size, DTYPE)] * n)
         measured = []
-        for trial in range(trials + 2):
-            private[:] = global_rank + 1
-            local.barrier(me)
-            if leaders is not None:
-                leaders.barrier()
-            local.barrier(me)
+        for trial in range(trials_for(nbytes) + 2):
             start = time.perf_counter()
-            copy_in(local, me, private, whole=mode == "exact")
-            local.barrier(me)
-            if mode == "fast":
-                local_reduce(local, me, private)
-                local.barrier(me)
-                if leaders is not None:
-                    leaders.all_reduce(local.result[:n], "sum", mode="fast")
-            elif leaders is not None:
-                leaders.all_reduce_pieces(local.slots[:, :n], "sum", out=local.result[:n])
-            local.barrier(me)
-            private[:] = local.result[:n]
-            times[me] = time.perf_counter() - start
-            local.barrier(me)
-            if leaders is not None:
-                slowest = leaders.all_reduce(np.array([times.max()]), "max")[0]
-                if trial >= 2:
-                    measured.append(slowest)
-        if leaders is not None and leaders.is_master:
-            expected = DTYPE(sum(range(1, 5)))
-            emit(f"hierarchical ({mode})", nbytes, measured, bool((private == expected).all()))
-    if leaders is None:
-        os._exit(0)
-    os.wait()
-    leaders.close()
+            synk.all_reduce(var, "sum")
+            if trial >= 2:
+                measured.append(time.perf_counter() - start)
+        emit(scheme, nbytes, measured, correct)
+    synk.close()
+
+
+def role_hierarchical(sizes: list[int], mode: str) -> None:
+    _library_role(sizes, f"hierarchical ({mode})", 2, mode)
 
 
 def role_mpi(sizes: list[int]) -> None:
@@ -211,33 +119,7 @@ def role_mpi(sizes: list[int]) -> None:
 
 
 def role_local(sizes: list[int], processes: int) -> None:
-    local = Local(processes, max(sizes) // 4)
-    times = np.frombuffer(mmap.mmap(-1, 8 * processes), np.float64)
-    me = local.fork(processes - 1)
-    for nbytes in sizes:
-        n = nbytes // 4
-        private = np.empty(n, DTYPE)
-        measured = []
-        for trial in range(trials_for(nbytes) + 2):
-            private[:] = me + 1
-            local.barrier(me)
-            start = time.perf_counter()
-            copy_in(local, me, private)
-            local.barrier(me)
-            local_reduce(local, me, private)
-            local.barrier(me)
-            private[:] = local.result[:n]
-            times[me] = time.perf_counter() - start
-            local.barrier(me)
-            if trial >= 2:
-                measured.append(times.max())
-        if me == 0:
-            ok = bool((private == DTYPE(sum(range(1, processes + 1)))).all())
-            emit(f"one machine ({processes} processes)", nbytes, measured, ok)
-    if me:
-        os._exit(0)
-    for _ in range(processes - 1):
-        os.wait()
+    _library_role(sizes, f"one machine ({processes} processes)", processes, "fast")
 
 
 def emit(scheme: str, nbytes: int, times: list[float], correct: bool) -> None:

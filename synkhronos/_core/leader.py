@@ -196,9 +196,7 @@ class Leader:
                 control.release_external_payload(ctx.arena)
         finally:
             self._started = None
-        payload = _pickled(part)
-        self.machines.finish()
-        self.machines.gather(payload)
+        self.machines.finish(_pickled(part))
 
     # -- the end -----------------------------------------------------------------------------
     def _cleanup(self) -> None:

@@ -10,15 +10,19 @@ what a command means:
   leaders alone, or the end), and the message -- or, for a message that repeats, only
   its id (each leader keeps what it decoded, as the control block does locally).
 - **Meeting points** (``meet``, ``exchange``, ``finish``): inside a command the leaders
-  stay in step through one small all-reduce of a status code: 0 "here, yes", 1 "here,
-  no" (a vote), 2 "my machine has ended this command". ``meet`` is a vote, and raises
+  stay in step through one all-gather of a fixed-size record
+  (``Leaders.all_gather_fixed``) holding a status code: 0 "here, yes", 1 "here, no" (a
+  vote), 2 "my machine has ended this command". ``meet`` is a vote, and raises
   ``BarrierAborted`` when another machine has ended (it failed before this point);
   ``exchange`` comes before every transfer of data between machines, so none starts
   unless every machine reached it; ``finish`` repeats status 2 until every machine has
   ended. A machine that fails early thus meets the others at their next meeting
   point, and every machine leaves the command together -- never one in a transfer
-  while another waits elsewhere.
-- **Replies** (``gather``): each machine's replies, by global rank, to the master.
+  while another waits elsewhere. Every status round is the same collective with the
+  same sizes, whatever each leader is doing, as MPI requires.
+- **Replies**: the record of ``finish`` carries each machine's replies (pickled, by
+  global rank), so a command ends in one collective; replies longer than the record
+  follow in a gather to the master.
 - **Failures** (``report``, ``error``): another machine's leader reports what broke
   there (a worker died, timed out, or the leader failed); the master turns it, and
   MPI's own errors (a lost machine under ULFM, a timeout between machines), into
@@ -41,6 +45,9 @@ __all__ = ["Machines", "COMMAND", "LEADERS_ONLY", "END", "fatal"]
 
 COMMAND, LEADERS_ONLY, END = "command", "leaders", "end"
 _HERE_YES, _HERE_NO, _ENDED = 0, 1, 2
+_RECORD = 1024  # bytes of a status record: code, payload length, payload
+_HEAD = 16
+_CARRIED = _RECORD - _HEAD  # payload bytes the record itself carries
 _MEMO_SIZE = 256
 _IDLE_SPIN = 0.002  # seconds an idle leader spins before it sleeps between commands
 
@@ -68,7 +75,8 @@ class Machines:
         self.local_sizes = leaders.local_sizes
         self.offsets = leaders.offsets
         self.total = leaders.total
-        self._status = np.zeros(2, np.int64)
+        self._record = np.zeros(_RECORD, np.uint8)
+        self._head = self._record[:_HEAD].view(np.int64)
         self._memo: dict[Any, int] = {}  # master: repeated message -> id
         self._next_id = 0
         self._decoded: dict[int, Any] = {}  # other leaders: id -> message
@@ -114,34 +122,50 @@ class Machines:
                 self._decoded[ident] = message
         return journal, kind, ident, message
 
-    def gather(self, part: Any) -> list | None:
-        """Every machine's ``part`` on the master (a list by machine); None elsewhere."""
-        return self.mpi.gather_objects(part)
-
     # -- meeting points inside a command -----------------------------------------------
-    def _status_of_all(self, code: int) -> tuple[int, int]:
-        status = self._status
-        status[0] = code
-        status[1] = -code
-        self.mpi.all_reduce(status, "max")
-        return int(status[0]), int(-status[1])
+    def _round(self, code: int, payload: bytes = b"") -> np.ndarray:
+        """One status round: every leader's record, ``(machines, _RECORD)``."""
+        record, head = self._record, self._head
+        head[0] = code
+        head[1] = len(payload)
+        carried = min(len(payload), _CARRIED)
+        if carried:
+            record[_HEAD:_HEAD + carried] = np.frombuffer(payload, np.uint8, carried)
+        return self.mpi.all_gather_fixed(record)
+
+    @staticmethod
+    def _codes(records: np.ndarray) -> np.ndarray:
+        return records[:, :_HEAD].view(np.int64)
 
     def meet(self, ok: bool) -> bool:
         """Every leader's vote at a meeting point: whether all passed ``ok``."""
-        highest, _ = self._status_of_all(_HERE_YES if ok else _HERE_NO)
-        if highest == _ENDED:
+        codes = self._codes(self._round(_HERE_YES if ok else _HERE_NO))[:, 0]
+        if (codes == _ENDED).any():
             raise BarrierAborted("another machine stopped before this meeting point")
-        return highest == _HERE_YES
+        return bool((codes == _HERE_YES).all())
 
     def exchange(self) -> None:
         """Before moving data between machines: every machine is here (or raise)."""
-        if self._status_of_all(_HERE_YES)[0] == _ENDED:
+        if (self._codes(self._round(_HERE_YES))[:, 0] == _ENDED).any():
             raise BarrierAborted("another machine stopped before this exchange")
 
-    def finish(self) -> None:
-        """The end of a command on this machine: wait until every machine has ended."""
-        while self._status_of_all(_ENDED)[1] != _ENDED:
-            pass
+    def finish(self, payload: bytes = b"") -> list[bytes] | None:
+        """The end of a command on this machine: wait until every machine has ended;
+        the master gets every machine's ``payload`` (its replies), by machine."""
+        while True:
+            records = self._round(_ENDED, payload)
+            heads = self._codes(records)
+            if (heads[:, 0] == _ENDED).all():
+                break
+        lengths = [int(length) for length in heads[:, 1]]
+        rest = None
+        if max(lengths) > _CARRIED:  # every leader sees it: a gather for the rest
+            rest = self.mpi.gather(np.frombuffer(payload[_CARRIED:], np.uint8), root=0)
+        if self.node != 0:
+            return None
+        return [records[m, _HEAD:_HEAD + min(length, _CARRIED)].tobytes()
+                + (rest[m].tobytes() if rest is not None and length > _CARRIED else b"")
+                for m, length in enumerate(lengths)]
 
     # -- failures ------------------------------------------------------------------------
     def report(self, exc: BaseException) -> None:

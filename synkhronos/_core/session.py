@@ -316,8 +316,7 @@ class Session:
                     else:
                         replies[rank] = value
                 control.release_external_payload(ctx.arena)
-            machines.finish()
-            parts = machines.gather(None)
+            parts = machines.finish()
             assert parts is not None
             for part in parts[1:]:
                 for rank, failed, value in pickle.loads(part):

@@ -70,7 +70,8 @@ from ._dataref import DataRef, mapping, release_segment
 from ._runtime import shmem
 from ._runtime.arena import Segment
 
-__all__ = ["Data", "DataRef", "data", "DataWrite", "DataSetItem", "LEADER_HANDLERS"]
+__all__ = ["Data", "DataRef", "data", "DataWrite", "DataSetItem", "DataRows",
+           "LEADER_HANDLERS"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,26 @@ def _apply_write(ctx: RankContext, message: DataWrite) -> None:
     ctx.leaders.mpi.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
 
 
+@dataclass(frozen=True)
+class DataRows(Message):
+    """To the other machines' leaders: each machine's rows (``bounds[machine]``) of the
+    master's ``segment`` follow, scattered between leaders (a function's staged input,
+    of which each machine takes only its own rows)."""
+
+    segment: str
+    dtype: str
+    shape: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...]
+
+
+def _apply_rows(ctx: RankContext, message: DataRows) -> None:
+    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
+    lo, hi = message.bounds[ctx.node]
+    assert ctx.leaders is not None
+    received = ctx.leaders.mpi.scatter(None, root=0)
+    view[lo:hi] = received.view(view.dtype).reshape((hi - lo,) + view.shape[1:])
+
+
 def _apply_set_item(ctx: RankContext, message: DataSetItem) -> None:
     view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
     view[message.key] = message.value
@@ -107,6 +128,7 @@ def _apply_set_item(ctx: RankContext, message: DataSetItem) -> None:
 LEADER_HANDLERS: dict[type[Message], Any] = {
     DataWrite: _apply_write,
     DataSetItem: _apply_set_item,
+    DataRows: _apply_rows,
 }
 
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
@@ -358,6 +380,24 @@ class Data:
         session.replicate(DataWrite(self._segment, nbytes),
                           np.frombuffer(self._map, np.uint8, nbytes))
 
+    def _stage_rows(self, array: np.ndarray, oversize: float,
+                    bounds: list[tuple[int, int]]) -> None:
+        """The function layer's staging over several machines: write ``array`` here and
+        send each machine only its rows (``bounds``, by machine)."""
+        self._write(array, False, False, oversize, replicate=False)
+        self._replicate_rows(bounds)
+
+    def _replicate_rows(self, bounds: list[tuple[int, int]]) -> None:
+        session = self._session
+        if (session is None or session.machines is None or not session.usable()
+                or self._map is None):
+            return
+        view, empty = self._view, np.empty(0, np.uint8)
+        parts = [view[lo:hi].reshape(-1).view(np.uint8) if machine else empty
+                 for machine, (lo, hi) in enumerate(bounds)]
+        session.replicate(DataRows(self._segment, self._dtype.str, self._shape,
+                                   tuple(bounds)), scatter=parts)
+
     def _replicate_item(self, session: Session, key: Any, value: Any) -> None:
         """Replay ``x[key] = value`` on the other machines' replicas."""
         if self._map is None:
@@ -456,7 +496,8 @@ class Data:
         self._show((0,) + self._shape[1:])
 
     # -- internals ---------------------------------------------------------------------------
-    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float):
+    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float,
+               replicate: bool = True):
         """Validate ``array`` against dtype and ndim, make room, and copy it in."""
         if array.dtype != self._dtype and not force_cast:
             # A safe cast (uint8 -> int32, float32 -> float64) loses nothing: taken as a
@@ -484,7 +525,8 @@ class Data:
         self._show(array.shape)
         np.copyto(self._view, array, casting="unsafe")
         session = self._session
-        if session is not None and session.machines is not None and session.usable():
+        if (session is not None and session.machines is not None and replicate
+                and session.usable()):
             self._replicate_values(session)
 
     def _resize(self, shape: tuple[int, ...], oversize: float) -> None:

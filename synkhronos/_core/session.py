@@ -342,10 +342,11 @@ class Session:
             _raise_failure(master, own)
         return replies
 
-    def replicate(self, message: Message, buffer: Any = None) -> None:
+    def replicate(self, message: Message, buffer: Any = None, scatter: Any = None) -> None:
         """Over several machines: ``message`` to the other machines' leaders alone (their
-        workers are not woken), then ``buffer``'s bytes broadcast to them (a ``Data``
-        write). With the arena's journal, as every command."""
+        workers are not woken), then ``buffer``'s bytes broadcast to them, or each its
+        part of ``scatter`` (one array per machine): a ``Data`` write. With the arena's
+        journal, as every command."""
         machines = self.machines
         assert machines is not None
         took = self.enter()
@@ -353,6 +354,8 @@ class Session:
             machines.send(LEADERS_ONLY, message, self.ctx.arena.take_journal())
             if buffer is not None:
                 machines.mpi.broadcast(buffer)
+            if scatter is not None:
+                machines.mpi.scatter(scatter, root=0)
         except BaseException as exc:
             error = machines.error(exc)
             self._fail(error)

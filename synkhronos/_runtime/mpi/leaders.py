@@ -356,7 +356,9 @@ class Leaders:
         timeout = self.timeout if timeout is None else timeout
         spin = self.spin if spin is None else spin
         start = time.monotonic()
-        next_check = start  # the first check comes after the first unfinished test
+        # the first check comes one interval in: most waits end sooner, and the checks
+        # (the caller's liveness, the alarm channel) cost more than a round of tests
+        next_check = start + CHECK_INTERVAL
         pause = 0.0
         pending = list(requests)
         try:

@@ -66,7 +66,6 @@ def trials_for(nbytes: int) -> int:
 
 def _library_role(sizes: list[int], scheme: str, processes: int, reduction: str) -> None:
     import pytensor
-    import pytensor.tensor as pt
 
     import synkhronos as synk
     from synkhronos import testing
@@ -224,7 +223,20 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=int, default=SIZES[-1])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--draw", type=Path, metavar="JSON",
+                        help="only draw the PNG of an earlier report (beside it)")
     args = parser.parse_args()
+    if args.draw is not None:
+        report = json.loads(args.draw.read_text())
+        idle = report["machine"]["idle_percent"]
+        title = (f"all-reduce of float32, 4 processes, {report['mpi']['library']} over "
+                 f"{report['transport']} ({report['machine']['cpus']} cores, idle "
+                 f"{idle['before']}%/{idle['after']}%)")
+        note = draw(report["results"], args.draw.with_suffix(".png"), title)
+        if note is None:
+            report["png"] = str(args.draw.with_suffix(".png"))
+            args.draw.write_text(json.dumps(report, indent=1))
+        sys.exit(note)
     sizes = [s for s in SIZES if s <= args.max_bytes]
     if args.role == "hierarchical":
         return role_hierarchical(sizes, args.mode)

@@ -81,6 +81,16 @@ def _spans(buffer: Any, layout: FusedLayout, base: int,
             for dtype, offset, count in _runs(layout, triples)]
 
 
+def _zero_gaps(buffer: Any, layout: FusedLayout) -> None:
+    """Zero the padding between the variables of ``layout`` at the start of ``buffer``
+    (a scratch reused by other layouts: a span over it must not reduce old bytes)."""
+    ends = [offset + nbytes for offset, nbytes in zip(layout.offsets, layout.nbytes,
+                                                       strict=True)]
+    for end, start in zip(ends[:-1], layout.offsets[1:], strict=True):
+        if start > end:
+            np.frombuffer(buffer, np.uint8, start - end, end)[:] = 0
+
+
 def _whole(layout: FusedLayout) -> list[tuple[int, int, int]]:
     return [(i, 0, size) for i, size in enumerate(layout.sizes) if size]
 
@@ -309,6 +319,7 @@ def reduce(ctx: RankContext, group: Group, op: ReduceOp, values: list[np.ndarray
         combine_into(out[i][lo:hi], pieces[0], pieces[1:], summed)
     ctx.local_barrier()
     if leaders is not None:
+        _zero_gaps(scratch, group.layout)
         leaders.exchange()
         for span in _spans(scratch, group.layout, 0, _whole(group.layout)):
             leaders.mpi.all_reduce(span, summed.value, mode="fast")

@@ -102,3 +102,17 @@ def test_ctrl_c_in_the_master_ends_every_machine(launcher, tmp_path, transport):
     assert master["error"] == "KeyboardInterrupt", result.describe()
     assert result.returncode != 0
     report("interrupt", transport, job=result.elapsed)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_killed_master_ends_every_machine_cleanly(library, launcher, tmp_path, transport):
+    ft = library == "openmpi"  # with ULFM the other leader hears of it and cleans up
+    out = tmp_path / "kill_master"
+    result = launcher("failures_session.py", "--case", "kill_master", transport=transport,
+                      out=out, ft=ft, timeout=120)
+    assert result.returncode != 0, result.describe()
+    assert result.stragglers == [], result.describe()
+    pids = json.loads((out / "session.json").read_text())["pids"]
+    assert harness.alive(pids) == [], result.describe()
+    assert harness.leftovers(pids) == [], result.describe()
+    report("kill_master" + ("+ulfm" if ft else ""), transport, job=result.elapsed)

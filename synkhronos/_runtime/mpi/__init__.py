@@ -27,7 +27,9 @@ How the core uses it (master = leader of machine 0)::
     leaders.all_reduce(buffer, "sum", mode="fast")   # or mode="exact"
     leaders.all_reduce_pieces(pieces, "sum")    # exact over every local process's piece
     leaders.broadcast(buffer) / .scatter(arrays) / .gather(array) / .all_gather(array)
+    leaders.all_gather_fixed(record)            # one collective, same shape everywhere
     leaders.barrier()
+    leaders.check_alarms()   # a wait outside MPI (its own workers): reports, abort notices
 
     leaders.close()          # normal end, every leader, after its workers stopped
     leaders.report_failure(text)  # another leader: a local worker died (master raises

@@ -11,6 +11,8 @@
 - ``stop_worker``: rank 3 is stopped (SIGSTOP) with ``fork(timeout=1)``:
   ``WorkerTimeoutError`` naming machine 1's host.
 - ``interrupt``: SIGINT reaches the master during a long call on every machine.
+- ``kill_master``: the master SIGKILLs itself between calls (it records nothing; the
+  test checks that every machine's processes end and remove their segments).
 
 The master writes what it saw into ``--out``/``master.json`` (exception type, message,
 host, seconds from the failure to the error); after it, ``synk.close()`` ends the job.
@@ -78,6 +80,8 @@ def main() -> None:
         elif case == "stop_worker":
             failed_at = time.monotonic()
             os.kill(pids[3], signal.SIGSTOP)
+        elif case == "kill_master":
+            os.kill(os.getpid(), signal.SIGKILL)
         elif case == "interrupt":
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
             failed_at = time.monotonic() + 0.5

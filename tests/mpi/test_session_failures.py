@@ -110,7 +110,8 @@ def test_killed_master_ends_every_machine_cleanly(library, launcher, tmp_path, t
     out = tmp_path / "kill_master"
     result = launcher("failures_session.py", "--case", "kill_master", transport=transport,
                       out=out, ft=ft, timeout=120)
-    assert result.returncode != 0, result.describe()
+    if not ft:  # (with ULFM, Open MPI 5's mpiexec was seen to exit with 0 here)
+        assert result.returncode != 0, result.describe()
     assert result.stragglers == [], result.describe()
     pids = json.loads((out / "session.json").read_text())["pids"]
     assert harness.alive(pids) == [], result.describe()

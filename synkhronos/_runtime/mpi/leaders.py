@@ -309,6 +309,7 @@ class Leaders:
     _abandoned: list = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     _failed_ranks: set = field(default_factory=set, repr=False)
+    _next_check: float = field(default=0.0, repr=False)  # when waits check again
     _inline: np.ndarray = field(default_factory=lambda: np.zeros(_INLINE, np.uint8),
                                 repr=False)
 
@@ -356,9 +357,10 @@ class Leaders:
         timeout = self.timeout if timeout is None else timeout
         spin = self.spin if spin is None else spin
         start = time.monotonic()
-        # the first check comes one interval in: most waits end sooner, and the checks
-        # (the caller's liveness, the alarm channel) cost more than a round of tests
-        next_check = start + CHECK_INTERVAL
+        # checks come every CHECK_INTERVAL of waiting, counted across waits: a loop of
+        # short waits checks as often as one long wait, and not at every wait (the
+        # caller's liveness and the alarm channel cost more than a round of tests)
+        next_check = self._next_check
         pause = 0.0
         pending = list(requests)
         try:
@@ -377,7 +379,7 @@ class Leaders:
                         raise LeaderTimeoutError(
                             f"{what} did not finish within {timeout:g} s "
                             f"(machines: {', '.join(self.hosts)})", self.hosts)
-                    next_check = now + CHECK_INTERVAL
+                    next_check = self._next_check = now + CHECK_INTERVAL
                 if now - start < spin:
                     os.sched_yield()
                 else:

@@ -91,32 +91,43 @@ def machine_rows(ctx: RankContext) -> Callable[[int, int], list[tuple[int, int]]
 class Staging:
     """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices.
 
+    One command may hold several calls of the same variant (``synkhronos.steps``):
+    each gets its own buffers (``epoch`` tells which command is being prepared), so no
+    call overwrites the arrays of another still waiting to run.
+
     ``split``: over several machines, the rows each machine takes (``machine_rows``).
     """
 
-    buffers: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
     split: Callable[[int, int], list[tuple[int, int]]] | None = None
-    rows: dict = field(default_factory=dict)  # slot -> each machine's rows, last put
+    rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
+    _epoch: int = -1
+    _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
 
-    def put(self, slot: Any, array: np.ndarray,
+    def put(self, slot: Any, array: np.ndarray, epoch: int = -1,
             rows: list[tuple[int, int]] | None = None) -> DataRef:
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref.
 
         ``rows``: over several machines, send each machine only these rows."""
-        buffer = self.buffers.get(slot)
+        if epoch != self._epoch:
+            self._epoch, self._uses = epoch, {}
+        use = self._uses.get(slot, 0)
+        self._uses[slot] = use + 1
+        key = (slot, use)
+        buffer = self.buffers.get(key)
         if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
             if rows is None:
-                buffer = self.buffers[slot] = data(value=array, oversize=1.25)
+                buffer = self.buffers[key] = data(value=array, oversize=1.25)
             else:
-                buffer = self.buffers[slot] = data(dtype=array.dtype,
-                                                   shape=(0,) + array.shape[1:])
+                buffer = self.buffers[key] = data(dtype=array.dtype,
+                                                  shape=(0,) + array.shape[1:])
                 buffer._stage_rows(array, 1.25, rows)
         elif rows is None:
             buffer.set_value(array, oversize=1.25)
         else:
             buffer._stage_rows(array, 1.25, rows)
         if self.split is not None:
-            self.rows[slot] = rows
+            self.rows[key] = rows
         return buffer.ref()
 
     def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
@@ -130,24 +141,24 @@ class Staging:
         reads, and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
         """
         for i in arrays:
-            buffer = self.buffers.get(i)
+            buffer = self.buffers.get((i, 0))
             if buffer is None or not buffer.holds(refs[i]):
                 return False
         for i in arrays:
-            np.copyto(self.buffers[i].data, args[i], casting="unsafe")
+            np.copyto(self.buffers[(i, 0)].data, args[i], casting="unsafe")
         return True
 
     def sync(self, arrays: list[int]) -> None:
         """Over several machines: the refilled buffers to every machine's replica (the
         rows each takes, as their last put sent)."""
         for i in arrays:
-            rows = self.rows.get(i)
+            rows = self.rows.get((i, 0))
             if rows is None:
-                self.buffers[i].sync()
+                self.buffers[(i, 0)].sync()
             else:
-                self.buffers[i]._replicate_rows(rows)
+                self.buffers[(i, 0)]._replicate_rows(rows)
 
-    def stage(self, checked: Checked, n_scattered: int = 0
+    def stage(self, checked: Checked, epoch: int, n_scattered: int = 0
               ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
         selection = checked.batch
@@ -157,14 +168,14 @@ class Staging:
             rows = self.split(selection.start, selection.stop)
         refs = [
             value.ref() if isinstance(value, Data)
-            else self.put(i, value, rows if i < n_scattered else None)
+            else self.put(i, value, epoch, rows if i < n_scattered else None)
             for i, value in enumerate(checked.values)
         ]
         if selection is None or selection.indices is None:
             indices = None
             span = (selection.start, selection.stop) if selection is not None else (0, 0)
         else:
-            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64))
+            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64), epoch)
             span = (0, 0)
         return refs, span, indices
 
@@ -190,10 +201,14 @@ class PreparedCall:
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
-                profile: bool) -> Call:
-        """The ``Call`` for validated arguments; numpy inputs are staged now."""
+                profile: bool, epoch: int) -> Call:
+        """The ``Call`` for validated arguments; numpy inputs are staged now.
+
+        ``epoch``: which command this call will run in (calls prepared for the same
+        command never share staging buffers).
+        """
         self._warn_casts(checked.casts)
-        refs, span, indices = self._staging.stage(checked, self._n_scattered)
+        refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered)
         n = self._n_scattered
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,

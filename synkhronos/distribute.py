@@ -30,6 +30,8 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,6 +96,40 @@ class Distribute(Message):
     """The pickle of new functions and shared variables, for every worker."""
 
     payload: bytes
+
+
+_DEEP_RECURSION = 200_000  # pickle recurses once per level of a graph
+_DEEP_STACK = 1 << 30  # bytes of (lazily committed) stack for that recursion
+
+
+def _deep(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with room for a deep graph's pickling: in a thread of a large stack,
+    with a high recursion limit for the time of the call (a ResNet's functions nest
+    far deeper than Python's default 1000; the original Synkhronos raised the limit for
+    the whole program when imported)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # raised again in the calling thread
+            outcome["error"] = exc
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _DEEP_RECURSION))
+    try:
+        size = threading.stack_size(_DEEP_STACK)
+        try:
+            thread = threading.Thread(target=run, name="synkhronos-pickle")
+            thread.start()
+        finally:
+            threading.stack_size(size)
+        thread.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # Values that may be shared (interned) objects: never pickled by reference.
@@ -169,7 +205,7 @@ def distribute() -> None:
                 known[id(value)] = ("value", uid)
         try:
             buffer = io.BytesIO()
-            _ReferencePickler(buffer, known).dump((functions, new_shared))
+            _deep(_ReferencePickler(buffer, known).dump, (functions, new_shared))
             replies = session.run(Distribute(buffer.getvalue()))
         except Exception:
             # These functions did not reach the workers. They leave the queue, so that
@@ -192,7 +228,7 @@ def _load(ctx: RankContext, message: Distribute) -> tuple[dict[int, Any], float]
         faults.hit("unpickle")
     reg = REGISTRY.get(ctx)
     start = time.perf_counter()
-    functions, new_shared = _ReferenceUnpickler(io.BytesIO(message.payload), reg).load()
+    functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)

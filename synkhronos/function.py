@@ -319,7 +319,8 @@ class Function:
             self._check_sliceable_outputs(subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
-        call = prepared.message(checked, selections, num_slices, observer is not None)
+        call = prepared.message(checked, selections, num_slices, observer is not None,
+                                session.commands)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None and num_slices == 1
             and subset is None and observer is None) else None

@@ -112,9 +112,10 @@ def pieces(shared_var: Any) -> list[tuple[int, int]]:
     if targets.ndims != (1,):
         raise ValueError(f"steps.pieces takes one 1-d shared variable; got {targets.labels}")
     layout = FusedLayout(targets.dtypes, [value(targets.variables[0]).shape])
-    bounds = []
+    bounds, end = [], 0
     for mine in layout.pieces(session.n):
-        bounds.append((mine[0][1], mine[0][2]) if mine else (0, 0))
+        start, end = (mine[0][1], mine[0][2]) if mine else (end, end)  # empty: where it is
+        bounds.append((start, end))
     return bounds
 
 

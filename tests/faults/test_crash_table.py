@@ -37,6 +37,7 @@ from synkhronos.testing import (
 )
 
 from ..conftest import child_pids, segments_of
+from ..processes import poll, shm_entries, sweep
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,17 +49,6 @@ BALLAST = 2 << 20  # a message larger than the control block's 1 MiB mailbox
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _poll(predicate, timeout: float, step: float = 0.005) -> bool:
-    """Wait for external process state: True once ``predicate()`` holds, False at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
 
 
 def _alive(pid: int) -> bool:
@@ -109,20 +99,6 @@ def _kill(*pids: int) -> None:
 
 def _exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
-
-
-def _entries(prefix: str) -> list[str]:
-    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
-    return sorted(e for e in os.listdir(SHM) if e.startswith((prefix, "sem." + prefix)))
-
-
-def _sweep(prefix: str) -> None:
-    """Remove whatever a killed test program left under ``prefix`` (clean-up only)."""
-    for entry in _entries(prefix):
-        try:
-            os.unlink(os.path.join(SHM, entry))
-        except FileNotFoundError:
-            pass
 
 
 def _one_off(entries: list[str], *keep: str) -> list[str]:
@@ -428,15 +404,15 @@ def run_ctrl_c_script(mode: str, tmp_path: Path) -> dict:
         assert proc.returncode == 0 and len(lines) == 2, err
         info = json.loads(lines[0])
         result = json.loads(lines[1])
-        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert _entries(info["prefix"]) == []
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
         return result
     finally:
         _kill(proc.pid)
         proc.communicate()
         if info is not None:
             _kill(*info["workers"])
-            _sweep(info["prefix"])
+            sweep(info["prefix"])
 
 
 def test_ctrl_c_in_master_during_a_command_closes_and_reraises(tmp_path):
@@ -492,9 +468,9 @@ class Master:
         """Read the script's JSON line, then wait until it is in its long command or idle."""
         self.read_info()
         names = ["idle"] if self.idle else [f"started-{r}" for r in range(1, len(self.workers) + 1)]
-        assert _poll(lambda: all((self.markers / m).exists() for m in names), 20)
+        assert poll(lambda: all((self.markers / m).exists() for m in names), 20)
         assert all(_alive(pid) for pid in self.workers)
-        entries = _entries(self.prefix)
+        entries = shm_entries(self.prefix)
         assert self.data in entries
         if not self.idle:  # the oversized payload of the running command
             assert _one_off(entries, self.data), entries
@@ -507,7 +483,7 @@ class Master:
         self.proc.stdout.close()
         self.proc.stderr.close()
         if self.prefix is not None:
-            _sweep(self.prefix)
+            sweep(self.prefix)
 
 
 @pytest.fixture
@@ -574,8 +550,8 @@ def test_master_death(master, case):
     assert code != 0
     assert code in codes, m.proc.stderr.read()
     remaining = GONE_S - (time.monotonic() - start)
-    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), remaining)
-    assert _poll(lambda: _entries(m.prefix) == [], 1.0), f"left behind: {_entries(m.prefix)}"
+    assert poll(lambda: not any(_alive(pid) for pid in m.workers), remaining)
+    assert poll(lambda: shm_entries(m.prefix) == [], 1.0), f"left behind: {shm_entries(m.prefix)}"
 
 
 def test_master_sigkilled_workers_sweep_with_threaded_master(master):
@@ -597,9 +573,9 @@ def test_master_sigkilled_workers_sweep_with_threaded_master(master):
     for m in masters:
         assert m.proc.wait(GONE_S) == -signal.SIGKILL
     workers = [pid for m in masters for pid in m.workers]
-    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
-    _poll(lambda: all(_entries(m.prefix) == [] for m in masters), 1.0)
-    left = [_entries(m.prefix) for m in masters]
+    assert poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    poll(lambda: all(shm_entries(m.prefix) == [] for m in masters), 1.0)
+    left = [shm_entries(m.prefix) for m in masters]
     assert left == [[]] * len(masters), f"left behind: {left}"
 
 
@@ -613,18 +589,18 @@ def test_next_fork_sweeps_what_a_dead_program_left(master):
     m.proc.wait(GONE_S)
     for pid in m.workers:
         os.kill(pid, signal.SIGKILL)
-    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
-    left = _entries(m.prefix)
+    assert poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
+    left = shm_entries(m.prefix)
     assert m.data in left and _one_off(left, m.data), left
     # The program is gone once no process holds its lock entry open; say who does if
     # that never happens.
     lock = m.prefix + "lock"
     assert lock in left
-    assert _poll(lambda: _holders(lock) == [], GONE_S, step=0.05), _holders(lock)
+    assert poll(lambda: _holders(lock) == [], GONE_S, step=0.05), _holders(lock)
 
     synk.fork(1)
     try:
-        assert _entries(m.prefix) == []
+        assert shm_entries(m.prefix) == []
     finally:
         synk.close()
 
@@ -661,11 +637,11 @@ def test_program_ends_without_close(mode, code, message):
         if message is not None:
             assert re.search(message, proc.stderr), proc.stderr
         assert "leaked" not in proc.stderr
-        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert _entries(info["prefix"]) == []
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
     finally:
         _kill(*info["workers"])
-        _sweep(info["prefix"])
+        sweep(info["prefix"])
 
 
 def test_ctrl_c_while_the_master_runs_its_own_share_closes_the_session():
@@ -681,12 +657,12 @@ def test_ctrl_c_while_the_master_runs_its_own_share_closes_the_session():
         _, err = proc.communicate(timeout=GONE_S * 3)
         assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
         assert "KeyboardInterrupt" in err and "WorkerError" not in err, err
-        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert _entries(info["prefix"]) == []
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
     finally:
         _kill(proc.pid, *info["workers"])
         proc.communicate()
-        _sweep(info["prefix"])
+        sweep(info["prefix"])
 
 
 def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
@@ -727,5 +703,5 @@ def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
         assert code in KILLS[kill][2], m.proc.stderr.read()
     assert hung == [], f"{len(hung)}/{len(masters)} masters still asleep 5 s after it: {hung}"
     workers = [pid for m in masters for pid in m.workers]
-    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
-    assert all(_entries(m.prefix) == [] for m in masters)
+    assert poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    assert all(shm_entries(m.prefix) == [] for m in masters)

@@ -28,23 +28,28 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import posix_ipc
 import pytensor
 import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos.testing import leftover_segments, program_prefix, run_on_ranks
+from synkhronos.testing import (
+    child_pids,
+    leftover_segments,
+    program_prefix,
+    run_on_ranks,
+    session_open,
+)
+
+from ..processes import SHM, leader_alive, poll, shm_entries, squat, squatter_intact, sweep
 
 pytestmark = pytest.mark.timeout(60)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PACKAGE = Path(synk.__file__).parent
-SHM = "/dev/shm"
 BALLAST = 2 << 20  # a message larger than the control block's 1 MiB mailbox
 GONE_S = 10.0  # workers of a killed master must be gone within this
 PREFIX_FORM = re.compile(r"^synk_(\d+)_([0-9a-f]{16,})_$")  # 64 random bits at least
@@ -52,39 +57,6 @@ ROOT = os.getuid() == 0
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _entries(prefix: str) -> list[str]:
-    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
-    return sorted(e for e in os.listdir(SHM) if e.startswith((prefix, "sem." + prefix)))
-
-
-def _sweep(prefix: str) -> None:
-    """Remove whatever a killed test program left under ``prefix`` (clean-up only)."""
-    for entry in _entries(prefix):
-        try:
-            os.unlink(os.path.join(SHM, entry))
-        except FileNotFoundError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
-
-
-def _poll(predicate, timeout: float) -> bool:
-    """Wait for another process's state: True once ``predicate()`` holds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class Program:
@@ -126,7 +98,7 @@ class Program:
         for stream in (self.proc.stdin, self.proc.stdout, self._stderr):
             stream.close()
         if self.prefix is not None:
-            _sweep(self.prefix)
+            sweep(self.prefix)
 
 
 @pytest.fixture
@@ -146,7 +118,7 @@ def program(tmp_path):
 
 def _assert_untouched(programs: list[Program], before: dict[str, list[str]]) -> None:
     for p in programs:
-        assert _entries(p.prefix) == before[p.prefix], f"program {p.pid} lost segments"
+        assert shm_entries(p.prefix) == before[p.prefix], f"program {p.pid} lost segments"
         assert p.ask("check") == {"ok": True}
 
 
@@ -172,7 +144,7 @@ def test_programs_running_together_leave_each_other_alone(program):
     tokens = [PREFIX_FORM.match(p.prefix) for p in programs]
     assert all(tokens) and len({m.group(2) for m in tokens}) == 3
     assert [int(m.group(1)) for m in tokens] == [p.pid for p in programs]
-    before = {p.prefix: _entries(p.prefix) for p in programs}
+    before = {p.prefix: shm_entries(p.prefix) for p in programs}
     for p in programs:
         assert p.segment in before[p.prefix]
     _assert_untouched(programs, before)
@@ -189,19 +161,19 @@ def test_programs_running_together_leave_each_other_alone(program):
     crashed, rest = programs[0], programs[1:]
     os.kill(crashed.pid, signal.SIGKILL)
     assert crashed.proc.wait(GONE_S) == -signal.SIGKILL
-    assert _poll(lambda: not any(_alive(pid) for pid in crashed.workers), GONE_S)
-    assert _poll(lambda: _entries(crashed.prefix) == [], 1.0), _entries(crashed.prefix)
+    assert poll(lambda: not any(leader_alive(pid) for pid in crashed.workers), GONE_S)
+    assert poll(lambda: shm_entries(crashed.prefix) == [], 1.0), shm_entries(crashed.prefix)
     _assert_untouched(rest, before)
 
     # the second closes
     closing, last = rest
     assert closing.ask("close") == {"closed": True}
     assert closing.proc.wait(GONE_S) == 0
-    assert _entries(closing.prefix) == []
+    assert shm_entries(closing.prefix) == []
     _assert_untouched([last], before)
     assert last.ask("close") == {"closed": True}
     assert last.proc.wait(GONE_S) == 0
-    assert _entries(last.prefix) == []
+    assert shm_entries(last.prefix) == []
 
 
 def test_a_sweeper_in_another_pid_namespace_leaves_a_live_program_alone():
@@ -309,30 +281,6 @@ def test_two_sessions_get_different_random_prefixes():
     assert {int(m.group(1)) for m in matches} == {os.getpid()}
 
 
-def _squat(name: str) -> None:
-    if name.startswith("sem."):
-        posix_ipc.Semaphore("/" + name[len("sem."):], posix_ipc.O_CREX, mode=0o600,
-                            initial_value=7).close()
-    else:
-        shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=4096)
-        os.pwrite(shm.fd, b"squatter", 0)
-        shm.close_fd()
-
-
-def _squatter_intact(name: str) -> bool:
-    if name.startswith("sem."):
-        sem = posix_ipc.Semaphore("/" + name[len("sem."):])
-        try:
-            return sem.value == 7
-        finally:
-            sem.close()
-    shm = posix_ipc.SharedMemory("/" + name)
-    try:
-        return shm.size == 4096 and os.pread(shm.fd, 8, 0) == b"squatter"
-    finally:
-        shm.close_fd()
-
-
 def test_data_never_takes_over_a_squatted_name():
     """A Data's segment name is predictable once the prefix shows in /dev/shm: the
     arena numbers its segments ``<prefix>s<id in hex>``, one after the other."""
@@ -346,14 +294,14 @@ def test_data_never_takes_over_a_squatted_name():
         match = re.fullmatch(re.escape(prefix) + r"s([0-9a-f]+)", probe.ref().segment)
         assert match, probe.ref().segment
         squatted = f"{prefix}s{int(match.group(1), 16) + 1:x}"
-        _squat(squatted)
+        squat(squatted)
         try:
             xd = synk.data(np.arange(4.0))
         except Exception as exc:  # a clean failure, and the session goes on
             assert "exist" in str(exc).lower(), exc
             xd = synk.data(np.arange(4.0))
         assert xd.ref().segment != squatted
-        assert _squatter_intact(squatted)
+        assert squatter_intact(squatted)
         assert f(xd) == 6.0
         assert f(probe) == 3.0
     finally:
@@ -483,7 +431,7 @@ def test_works_with_the_package_installed_read_only(private_run):
     assert result["ok"] is True
     assert Path(result["module"]).parent == private_run["install"] / "synkhronos"
     assert _tree(private_run["install"]) == private_run["tree"]
-    assert _entries(result["prefix"]) == []
+    assert shm_entries(result["prefix"]) == []
 
 
 def test_writes_nothing_outside_pytensors_compile_directory(private_run):
@@ -494,3 +442,37 @@ def test_writes_nothing_outside_pytensors_compile_directory(private_run):
     left = [p for p in private_run["tmp"].iterdir() if p != private_run["compiledir"]]
     assert left == [], f"left in TMPDIR: {left}"
     assert proc.stdout.count("\n") == 1  # the library wrote nothing on stdout
+
+
+@pytest.mark.parametrize("entry", ["control", "sem.wake1"])
+def test_fork_never_takes_over_a_squatted_name(entry, monkeypatch):
+    """Someone created a name fork() is about to use: fork fails cleanly or picks another.
+
+    A session's names carry a random token (``synk_<pid>_<token>_``), so no other program
+    can predict them; this test can, by fixing the token for one fork.
+    """
+    import secrets
+
+    tokens = iter(["5ad5ad5ad5ad5ad5"])
+    real = secrets.token_hex
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: next(tokens, None) or real(n))
+    squatted_prefix = f"synk_{os.getpid()}_5ad5ad5ad5ad5ad5_"
+    squatted = (f"sem.{squatted_prefix}{entry[4:]}" if entry.startswith("sem.")
+                else squatted_prefix + entry)
+    squat(squatted)
+    try:
+        try:
+            synk.fork(3)
+        except Exception as exc:  # a clean failure: nothing of the session is left
+            assert "exist" in str(exc).lower(), exc
+            assert not session_open()
+            assert child_pids() == []
+        else:
+            assert program_prefix() != squatted_prefix
+            assert run_on_ranks(os.getpid)[0] == os.getpid()
+            synk.close()
+        assert squatter_intact(squatted)
+        assert shm_entries(squatted_prefix) == [squatted]
+    finally:
+        sweep(squatted_prefix)
+        synk.close()

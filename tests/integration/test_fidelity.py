@@ -306,3 +306,16 @@ def test_apply_momentum_is_lasagnes_momentum():
         np.testing.assert_allclose(got, want, rtol=1e-12)
     with pytest.raises(TypeError, match="got both lr and learning_rate"):
         updates.sgd(loss, params, learning_rate=0.1, lr=0.1)
+
+
+def test_a_deep_graph_distributes(model):
+    """Pickling nests once per level of a graph: a chain of 300 ops passes Python's default
+    recursion limit, which the original raised for the whole program on import."""
+    x = pt.dvector("x")
+    w = pytensor.shared(1.0, name="depth_w")
+    y = x
+    for _ in range(300):
+        y = y * w + 1.0
+    f = synk.function([x], (y.sum(), "sum"), mode="FAST_COMPILE")
+    synk.distribute()
+    np.testing.assert_allclose(f(np.zeros(6)), f.as_pytensor(np.zeros(6)), rtol=RTOL)

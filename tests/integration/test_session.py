@@ -33,6 +33,7 @@ from synkhronos.testing import (
 )
 
 from ..conftest import child_pids, segments_of
+from ..processes import leader_alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -140,15 +141,6 @@ def _sig_ignored_in_proc(pid: int, signum: int) -> bool:
             if line.startswith("SigIgn:"):
                 return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     raise AssertionError("no SigIgn line")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
 
 
 def one_off_segments() -> list[str]:
@@ -565,7 +557,7 @@ def test_workers_ignore_sigint(n):
             os.kill(pids[r], signal.SIGINT)
         ping()
         assert _pids() == pids
-        assert all(_alive(pids[r]) for r in workers)
+        assert all(leader_alive(pids[r]) for r in workers)
         assert session_state() == "ready"
     finally:
         synk.close()

@@ -215,9 +215,13 @@ def fork(
     return n_parallel
 
 
-def _machine(n: int, device: str, rank: int, master_rank: int,
-             spin: float) -> tuple[RankContext, shmem.ProgramLock]:
-    """Steps 2-3 for one machine: its prefix, lock, control block and context."""
+def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
+             owner: bool = True) -> tuple[RankContext, shmem.ProgramLock]:
+    """Steps 2-3 for one machine: its prefix, lock, control block and context.
+
+    ``owner``: this process numbers the segments every process maps (the master);
+    another machine's leader holds replicas under the master's ids, so its own
+    segments (a command too large for the control block) take ids of their own."""
     prefix = shmem.new_session_prefix()
     lock = shmem.ProgramLock(prefix)  # inherited by the workers
     try:
@@ -228,7 +232,7 @@ def _machine(n: int, device: str, rank: int, master_rank: int,
     log_ = control.release_log if control is not None else None
     ctx = RankContext(
         rank=rank, size=n, master_rank=master_rank, prefix=prefix,
-        arena=Arena(prefix, rank, True, log_), control=control,
+        arena=Arena(prefix, rank, owner, log_), control=control,
         master_pid=os.getpid(), device=device,
     )
     return ctx, lock
@@ -300,7 +304,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
             session.close()
             raise
     else:
-        ctx, lock = _machine(n, device, 0, -1, spin)  # not the master until Join says
+        ctx, lock = _machine(n, device, 0, -1, spin, owner=False)  # not the master
         executor = Executor(handlers.TABLE)
         core_context.install(ctx)
         workers: list[processes.Worker] = []

@@ -96,6 +96,11 @@ def main() -> None:
         h(batch_s=[slice(0, 2)] * (n - 1) + [[7]])
     except ValueError as exc:
         notes["f/batch_s_refused"] = str(exc)
+    # a command larger than the control block's mailbox (1 MiB), and replies larger
+    # than their slots and than the record that ends a command between machines
+    large = np.arange(300_000, dtype=np.float64)
+    saved["f/large_message"] = np.array(testing.run_on_ranks(np.sum, large))
+    saved["f/large_replies"] = np.stack(testing.run_on_ranks(np.ones, 200_000))
     try:
         testing.run_on_ranks(raise_on, n - 1)
     except synk.WorkerError as exc:

@@ -127,7 +127,7 @@ def fork(
     Returns
     -------
     int
-        The number of processes.
+        The number of processes (under an MPI launcher: of every machine together).
 
     Raises
     ------

@@ -10,7 +10,9 @@ rest of the package asks this module, so a new PyTensor release is one file's wo
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +22,7 @@ try:  # PyTensor >= 3
     from pytensor.graph.traversal import ancestors as _ancestors
 except ImportError:  # pragma: no cover - PyTensor 2.x
     from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
+from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "value",
     "bind",
     "shared_inputs",
+    "reduce_for_pickle",
     "precompile",
 ]
 
@@ -74,6 +78,22 @@ def bind(var: Any, array: np.ndarray) -> None:
 def shared_inputs(fn: Any) -> list[Any]:
     """The shared variables a compiled function reads or updates."""
     return [inp.variable for inp in fn.maker.inputs if getattr(inp, "shared", False)]
+
+
+def reduce_for_pickle(obj: Any) -> Any:
+    """A pickler's ``reducer_override``: a reduction for the objects PyTensor cannot
+    pickle itself, ``NotImplemented`` for every other.
+
+    An ``OpFromGraph`` that was differentiated caches its gradient as a local closure,
+    which pickle refuses (PyTensor 3.3 keeps e.g. ``LogSumExp`` reachable from a
+    compiled function). Workers never differentiate, and the cache is rebuilt on
+    demand: the Op travels without it.
+    """
+    if isinstance(obj, OpFromGraph) and (obj._lop_op_cache or obj._rop_op_cache):
+        bare = copy.copy(obj)
+        bare._lop_op_cache, bare._rop_op_cache = {}, None
+        return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return NotImplemented
 
 
 def precompile(fn: Any) -> bool:

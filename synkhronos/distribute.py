@@ -144,6 +144,9 @@ class _ReferencePickler(pickle.Pickler):
     def persistent_id(self, obj):
         return self._known.get(id(obj))
 
+    def reducer_override(self, obj):
+        return _pytensor.reduce_for_pickle(obj)  # what PyTensor itself cannot pickle
+
 
 class _ReferenceUnpickler(pickle.Unpickler):
     def __init__(self, file, reg: Registry):

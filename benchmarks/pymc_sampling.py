@@ -1,0 +1,310 @@
+"""PyMC with the likelihood on every core (synkhronos.pymc) against PyMC itself.
+
+Two unmodified PyMC models of a large data set: a logistic regression (10 features) and
+a hierarchical GLM (100 groups, 5 features, a Normal likelihood). For each, in one run:
+
+- per evaluation of logp + gradient: PyMC's own compiled function
+  (``model.logp_dlogp_function``) at one BLAS thread and at its default threads, and
+  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores;
+- whole sampling (``--sample-rows`` rows): ``pm.sample`` at one BLAS thread (chains one
+  after another), ``pm.sample`` with PyMC's defaults (its choice of chain processes and
+  BLAS threads), and ``synkhronos.pymc.sample`` at n_parallel = 1 .. cores; wall time
+  (with compiling and initialisation) and PyMC's own sampling-loop time; the posterior
+  means are checked against the first peer (max gap in MCSE).
+
+Ratios are PyMC's time over synkhronos's (> 1: synkhronos is faster). The machine's
+load average is recorded next to every figure: on a busy machine, rerun. Prints JSON;
+``--out DIR`` also writes DIR/pymc_sampling.json and DIR/pymc_sampling.png.
+
+    python benchmarks/pymc_sampling.py [--quick] [--out docs/figures]
+    python benchmarks/pymc_sampling.py --rows 100000 1000000 --sample-rows 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+import pytensor
+from threadpoolctl import threadpool_limits
+
+import synkhronos as synk
+import synkhronos.pymc as synk_pymc
+
+
+# -- the models, as a PyMC user writes them ----------------------------------------------------
+def logistic(rows: int, seed: int = 0) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 10))
+    beta = rng.normal(scale=0.5, size=10)
+    y = (rng.random(rows) < 1 / (1 + np.exp(-(x @ beta - 0.5)))).astype("int64")
+    with pm.Model() as model:
+        b = pm.Normal("beta", 0, 1, shape=10)
+        a = pm.Normal("intercept", 0, 2)
+        pm.Bernoulli("y", logit_p=a + x @ b, observed=y)
+    return model
+
+
+def hierarchical(rows: int, seed: int = 0, groups: int = 100) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    group = rng.integers(groups, size=rows)
+    x = rng.normal(size=(rows, 5))
+    y = (rng.normal(1.0, 0.5, size=groups)[group] + x @ rng.normal(size=5)
+         + rng.normal(scale=0.8, size=rows))
+    with pm.Model(coords={"group": range(groups)}) as model:
+        mu_a = pm.Normal("mu_a", 0, 2)
+        sigma_a = pm.HalfNormal("sigma_a", 1)
+        a = pm.Normal("a", mu_a, sigma_a, dims="group")
+        b = pm.Normal("beta", 0, 1, shape=5)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", a[group] + x @ b, sigma, observed=y)
+    return model
+
+
+MODELS = {"logistic": logistic, "hierarchical": hierarchical}
+
+
+# -- measuring ------------------------------------------------------------------------------------
+def load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "pytensor": pytensor.__version__, "pymc": pm.__version__,
+        "pytensor_linker": type(pytensor.compile.mode.get_mode(None).linker).__name__,
+    }
+
+
+def per_call(fn, points: list[np.ndarray], repeats: int) -> float:
+    """Median seconds of one ``fn(point)`` call (after two warm-up calls)."""
+    fn(points[0])
+    fn(points[-1])
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(points[i % len(points)])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def points_for(model: pm.Model, count: int = 4) -> list[np.ndarray]:
+    size = sum(np.size(v) for v in model.initial_point().values())
+    rng = np.random.default_rng(1)
+    return [rng.normal(scale=0.1, size=size) for _ in range(count)]
+
+
+def mcse(draws: np.ndarray, batches: int = 10) -> np.ndarray:
+    chains, n = draws.shape[:2]
+    size = n // batches
+    means = draws[:, :batches * size].reshape(chains, batches, size, -1).mean(axis=2)
+    return means.reshape(chains * batches, -1).std(axis=0, ddof=1) / np.sqrt(chains * batches)
+
+
+def mcse_gap(got, want, model: pm.Model) -> float:
+    worst = 0.0
+    for rv in model.free_RVs:
+        a, b = got.posterior[rv.name].values, want.posterior[rv.name].values
+        error = np.sqrt(mcse(a) ** 2 + mcse(b) ** 2)
+        gap = np.abs(a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))).ravel()
+        worst = max(worst, float(np.max(gap / error)))
+    return round(worst, 3)
+
+
+def evaluations(model: pm.Model, sizes: list[int], repeats: int) -> dict:
+    """Per-evaluation logp + gradient seconds: PyMC's function, then synkhronos at each n."""
+    points = points_for(model)
+    serial = model.logp_dlogp_function(ravel_inputs=True)
+    serial.set_extra_values({})
+    record: dict = {"load_before": load()}
+    with threadpool_limits(limits=1):
+        record["pymc_1_thread_s"] = per_call(serial, points, repeats)
+    record["pymc_default_threads_s"] = per_call(serial, points, repeats)
+    del serial
+    record["synkhronos_s"] = {}
+    for n in sizes:
+        synk.fork(n)
+        try:
+            fn = synk_pymc.logp_dlogp_function(model)
+            fn.set_extra_values({})
+            record["synkhronos_s"][str(n)] = per_call(fn, points, repeats)
+            del fn
+        finally:
+            synk.close()
+    record["load_after"] = load()
+    one = record["pymc_1_thread_s"]
+    record["speedup_vs_pymc_1_thread"] = {
+        n: round(one / s, 3) for n, s in record["synkhronos_s"].items()}
+    record["speedup_vs_pymc_default_threads"] = {
+        n: round(record["pymc_default_threads_s"] / s, 3)
+        for n, s in record["synkhronos_s"].items()}
+    return record
+
+
+def sampling_time(idata) -> float | None:
+    value = idata.posterior.attrs.get("sampling_time")
+    return None if value is None else float(value)
+
+
+def samplings(model: pm.Model, sizes: list[int], options: dict) -> dict:
+    """Whole pm.sample runs: PyMC at one BLAS thread, PyMC's defaults, synkhronos at each n."""
+    record: dict = {"load_before": load(), "options": dict(options), "wall_s": {},
+                    "sampling_loop_s": {}, "mcse_gap_vs_pymc_1_thread": {}}
+
+    def run(label, call):
+        start = time.perf_counter()
+        idata = call()
+        record["wall_s"][label] = round(time.perf_counter() - start, 3)
+        record["sampling_loop_s"][label] = sampling_time(idata)
+        record.setdefault("load", {})[label] = load()
+        return idata
+
+    with threadpool_limits(limits=1):
+        peer = run("pymc_1_thread", lambda: pm.sample(
+            model=model, nuts_sampler="pymc", cores=1, **options))
+    default = run("pymc_defaults", lambda: pm.sample(model=model, nuts_sampler="pymc",
+                                                     **options))
+    record["mcse_gap_vs_pymc_1_thread"]["pymc_defaults"] = mcse_gap(default, peer, model)
+    for n in sizes:
+        synk.fork(n)
+        try:
+            got = run(f"synkhronos_n{n}", lambda: synk_pymc.sample(model, **options))
+        finally:
+            synk.close()
+        record["mcse_gap_vs_pymc_1_thread"][f"synkhronos_n{n}"] = mcse_gap(got, peer, model)
+    for kind in ("wall_s", "sampling_loop_s"):
+        times = record[kind]
+        record[f"speedup_{kind}_vs_pymc_1_thread"] = {
+            label: round(times["pymc_1_thread"] / t, 3) for label, t in times.items() if t}
+        record[f"speedup_{kind}_vs_pymc_defaults"] = {
+            label: round(times["pymc_defaults"] / t, 3) for label, t in times.items() if t}
+    return record
+
+
+# -- the figure -----------------------------------------------------------------------------------
+def draw(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, result in report["models"].items():
+        for rows, record in result["evaluations"].items():
+            speedups = record["speedup_vs_pymc_1_thread"]
+            ns = [int(n) for n in speedups]
+            left.plot(ns, list(speedups.values()), marker="o", label=f"{name}, {rows} rows")
+            left.axhline(record["pymc_1_thread_s"] / record["pymc_default_threads_s"],
+                         linestyle=":", color=left.lines[-1].get_color(), linewidth=1)
+        sampling = result.get("sampling")
+        if sampling:
+            loop = sampling["speedup_sampling_loop_s_vs_pymc_1_thread"]
+            labels = [k for k in loop if k != "pymc_1_thread"]
+            right.plot(range(len(labels)), [loop.get(k, np.nan) for k in labels], marker="s",
+                       label=f"{name}, {sampling['rows']} rows")
+            right.set_xticks(range(len(labels)))
+            right.set_xticklabels([k.replace("synkhronos_", "synk ").replace("_", " ")
+                                   for k in labels], rotation=20)
+    left.set_xticks(report["settings"]["n_parallel"])
+    left.axhline(1, color="grey", linewidth=0.8)
+    right.axhline(1, color="grey", linewidth=0.8)
+    left.set_xlabel("processes (n_parallel)")
+    left.set_ylabel("speed-up over PyMC at one BLAS thread")
+    left.set_title("logp + gradient, one evaluation\n(dotted: PyMC at its default threads)")
+    right.set_ylabel("speed-up over pm.sample at one BLAS thread")
+    right.set_title("sampling loop (pm.sample's sampling_time)")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    m = report["machine"]
+    fig.suptitle(f"synkhronos.pymc vs PyMC {m['pymc']} (PyTensor {m['pytensor']}), "
+                 f"{m['cores']} cores, load {report['load_at_start']} at start", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="20,000 rows, short chains: a check that it runs, not figures")
+    parser.add_argument("--rows", type=int, nargs="+", default=None)
+    parser.add_argument("--sample-rows", type=int, default=None)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--max-n", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--draws", type=int, default=None)
+    parser.add_argument("--tune", type=int, default=None)
+    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
+    sample_rows = args.sample_rows or max(rows)
+    repeats = args.repeats or (5 if args.quick else 30)
+    draws = args.draws or (50 if args.quick else 100)
+    tune = args.tune or (50 if args.quick else 100)
+    sizes = list(range(1, args.max_n + 1))
+    options = dict(draws=draws, tune=tune, chains=args.chains, random_seed=3,
+                   progressbar=False, compute_convergence_checks=False)
+
+    report: dict = {"benchmark": "pymc_sampling", "machine": machine(),
+                    "load_at_start": load(), "quick": args.quick,
+                    "settings": {"rows": rows, "sample_rows": sample_rows,
+                                 "repeats": repeats, "n_parallel": sizes, **options},
+                    "models": {}}
+    for name in args.models:
+        result: dict = {"evaluations": {}}
+        for n_rows in rows:
+            model = MODELS[name](n_rows)
+            result["evaluations"][str(n_rows)] = evaluations(model, sizes, repeats)
+            if n_rows == sample_rows:
+                result["sampling"] = {"rows": n_rows, **samplings(model, sizes, options)}
+            del model
+        if "sampling" not in result:
+            result["sampling"] = {"rows": sample_rows,
+                                  **samplings(MODELS[name](sample_rows), sizes, options)}
+        report["models"][name] = result
+    report["load_at_end"] = load()
+    two = str(min(2, args.max_n))
+    top = str(max(rows))
+    report["targets"] = {
+        name: {
+            "rows": max(rows), "n_parallel": int(two),
+            "per_eval_speedup_vs_pymc_1_thread": result["evaluations"][top][
+                "speedup_vs_pymc_1_thread"][two],
+            "per_eval_target": 1.8,
+            "sampling_loop_speedup_vs_pymc_1_thread": result["sampling"][
+                "speedup_sampling_loop_s_vs_pymc_1_thread"].get(f"synkhronos_n{two}"),
+            "sampling_wall_speedup_vs_pymc_1_thread": result["sampling"][
+                "speedup_wall_s_vs_pymc_1_thread"].get(f"synkhronos_n{two}"),
+            "sampling_target": 1.6,
+        }
+        for name, result in report["models"].items()
+    }
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "pymc_sampling.json").write_text(text + "\n")
+        draw(report, args.out / "pymc_sampling.png")
+        print(f"wrote {args.out / 'pymc_sampling.json'} and .png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""synkhronos.pymc.logp_dlogp_function equals PyMC's own compiled logp and dlogp.
+
+At n_parallel 1, 2 and 3 (3 splits unevenly on 2 cores), rtol 1e-9, on the models of
+``test_pymc.py``: a logistic regression written with numpy arrays, a hierarchical GLM
+written with ``pm.Data`` containers and dims; and out-of-support values give -inf, as in
+PyMC, never a ``WorkerError``. One session per size builds every function once (a
+module of its own: the session lives for the whole module).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ..conftest import session_fixture
+
+pm = pytest.importorskip(
+    "pymc", reason="PyMC is not installed here; .ci/run runs this module in its environments "
+    "with the pymc extra"
+)
+
+import synkhronos.pymc as synk_pymc  # noqa: E402
+
+from .test_pymc import bounded_model, hierarchical_model, logistic_model, reference  # noqa: E402
+
+
+class Built:
+    """The parallel and PyMC's own functions of each model, built once per session."""
+
+    def __init__(self):
+        self.models = {"logistic": logistic_model(), "hierarchical": hierarchical_model(),
+                       "bounded": bounded_model()}
+        self.parallel = {}
+        for name, model in self.models.items():
+            fn = synk_pymc.logp_dlogp_function(model)
+            fn.set_extra_values({})
+            self.parallel[name] = fn
+        self.serial = {name: reference(model) for name, model in self.models.items()}
+
+
+built = session_fixture(Built)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["logistic", "hierarchical"])
+def test_logp_dlogp_equal_pymc(built, name):
+    n_dim = sum(np.size(v) for v in built.models[name].initial_point().values())
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        point = rng.normal(scale=0.5, size=n_dim)
+        logp, dlogp = built.parallel[name](point)
+        want_logp, want_dlogp = built.serial[name](point)
+        np.testing.assert_allclose(logp, want_logp, rtol=1e-9)
+        np.testing.assert_allclose(dlogp, want_dlogp, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.timeout(900)
+def test_out_of_support_gives_minus_inf(built):
+    # sigma < 0: PyMC's logp is -inf; every process turns its failed check into -inf
+    point = np.array([0.5, -1.0])
+    logp, _ = built.parallel["bounded"](point)
+    want, _ = built.serial["bounded"](point)
+    assert want == -np.inf
+    assert logp == -np.inf
+    good = np.array([0.5, 2.0])
+    np.testing.assert_allclose(built.parallel["bounded"](good)[0], built.serial["bounded"](good)[0],
+                               rtol=1e-9)

@@ -9,7 +9,10 @@ which owns everything that running it needs in the master:
   the static part, sent with the variant's first call and kept by every rank by id,
   so later calls send only the id and what varies (``Call``);
 - its ``Staging``: shared-memory buffers for numpy inputs and ``batch`` indices,
-  reused call after call (grown only when too small);
+  reused call after call (grown only when too small); over several machines each
+  buffer has a replica per machine, and a scattered input selected by a range of rows
+  sends each machine only the rows its processes take (``machine_rows``), the other
+  inputs whole;
 - its repeats: the ``Call`` of a plain call whose inputs look like an earlier one's
   (the same ``Data``, or arrays of the same dtype and shape), reused with the arrays
   copied where that call's went, so a training loop validates once;
@@ -22,14 +25,17 @@ several in one command (a ``Sequence``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from ._core.context import RankContext
 from ._core.protocol import Message
 from ._dataref import DataRef
 from ._reducers import ReduceOp, reduce_values
+from ._scatter import block
 from ._validate import Checked
 from .data import Data, data
 
@@ -67,6 +73,20 @@ class Call(Message):
     prepared: Prepared | None = None  # sent with a variant's first call
 
 
+def machine_rows(ctx: RankContext) -> Callable[[int, int], list[tuple[int, int]]]:
+    """Over several machines: ``split(start, stop)``, the rows of ``[start, stop)`` that
+    each machine's processes take (by the rule that splits rows over ranks)."""
+    machines = list(zip(ctx.offsets, ctx.local_sizes, strict=True))
+
+    def split(start: int, stop: int) -> list[tuple[int, int]]:
+        length, size = stop - start, ctx.size
+        return [(start + block(length, size, first)[0],
+                 start + block(length, size, first + count - 1)[1])
+                for first, count in machines]
+
+    return split
+
+
 @dataclass
 class Staging:
     """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices.
@@ -74,14 +94,21 @@ class Staging:
     One command may hold several calls of the same variant (``synkhronos.steps``):
     each gets its own buffers (``epoch`` tells which command is being prepared), so no
     call overwrites the arrays of another still waiting to run.
+
+    ``split``: over several machines, the rows each machine takes (``machine_rows``).
     """
 
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
+    split: Callable[[int, int], list[tuple[int, int]]] | None = None
+    rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
     _epoch: int = -1
     _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
 
-    def put(self, slot: Any, array: np.ndarray, epoch: int = -1) -> DataRef:
-        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
+    def put(self, slot: Any, array: np.ndarray, epoch: int = -1,
+            rows: list[tuple[int, int]] | None = None) -> DataRef:
+        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref.
+
+        ``rows``: over several machines, send each machine only these rows."""
         if epoch != self._epoch:
             self._epoch, self._uses = epoch, {}
         use = self._uses.get(slot, 0)
@@ -89,9 +116,18 @@ class Staging:
         key = (slot, use)
         buffer = self.buffers.get(key)
         if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
-            buffer = self.buffers[key] = data(value=array, oversize=1.25)
-        else:
+            if rows is None:
+                buffer = self.buffers[key] = data(value=array, oversize=1.25)
+            else:
+                buffer = self.buffers[key] = data(dtype=array.dtype,
+                                                  shape=(0,) + array.shape[1:])
+                buffer._stage_rows(array, 1.25, rows)
+        elif rows is None:
             buffer.set_value(array, oversize=1.25)
+        else:
+            buffer._stage_rows(array, 1.25, rows)
+        if self.split is not None:
+            self.rows[key] = rows
         return buffer.ref()
 
     def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
@@ -112,14 +148,29 @@ class Staging:
             np.copyto(self.buffers[(i, 0)].data, args[i], casting="unsafe")
         return True
 
-    def stage(self, checked: Checked, epoch: int
+    def sync(self, arrays: list[int]) -> None:
+        """Over several machines: the refilled buffers to every machine's replica (the
+        rows each takes, as their last put sent)."""
+        for i in arrays:
+            rows = self.rows.get((i, 0))
+            if rows is None:
+                self.buffers[(i, 0)].sync()
+            else:
+                self.buffers[(i, 0)]._replicate_rows(rows)
+
+    def stage(self, checked: Checked, epoch: int, n_scattered: int = 0
               ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
+        selection = checked.batch
+        rows = None
+        if (self.split is not None and selection is not None
+                and selection.indices is None):
+            rows = self.split(selection.start, selection.stop)
         refs = [
-            value.ref() if isinstance(value, Data) else self.put(i, value, epoch)
+            value.ref() if isinstance(value, Data)
+            else self.put(i, value, epoch, rows if i < n_scattered else None)
             for i, value in enumerate(checked.values)
         ]
-        selection = checked.batch
         if selection is None or selection.indices is None:
             indices = None
             span = (selection.start, selection.stop) if selection is not None else (0, 0)
@@ -136,14 +187,16 @@ class PreparedCall:
     """One compiled variant's calls, seen from the master (see the module docstring)."""
 
     def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
-                 labels: list[str], prefix: str):
+                 labels: list[str], prefix: str,
+                 split: Callable[[int, int], list[tuple[int, int]]] | None = None):
         self.id = prepared_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
         self._n_scattered = n_scattered
         self._labels = labels
         self._prefix = prefix
-        self._staging = Staging()
+        self._replicated = split is not None  # several machines: staged values' replicas
+        self._staging = Staging(split=split)
         self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
         self._warned: set[int] = set()
 
@@ -155,7 +208,7 @@ class PreparedCall:
         command never share staging buffers).
         """
         self._warn_casts(checked.casts)
-        refs, span, indices = self._staging.stage(checked, epoch)
+        refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered)
         n = self._n_scattered
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,
@@ -185,6 +238,8 @@ class PreparedCall:
             return None
         call, arrays = entry
         if self._staging.refill(args, call.scattered + call.bcast, arrays):
+            if self._replicated:
+                self._staging.sync(arrays)
             return call
         return None
 

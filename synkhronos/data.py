@@ -32,6 +32,15 @@ workers to drop it), and by ``synk.close()``, which sweeps every segment of the
 program. A ``Data`` of zero items has no segment at all (POSIX cannot map zero bytes,
 and there is nothing to share).
 
+Over several machines (``mpiexec``) every machine holds a replica of each ``Data``,
+under the master's segment id in its own prefix (``_runtime/arena.py``): allocation,
+the copy that carries values over to a new allocation, and release travel in the
+arena's journal with the next message; the values the library writes (``set_value``,
+``x[i] = v``, and ``sync()`` after writes through ``x.data``) travel at once, to the
+other machines' leaders alone (``DataWrite``: the bytes, broadcast between leaders
+straight into each replica; ``DataSetItem``: the assignment, replayed). A machine's
+workers read its replica, and a ``DataRef`` naming the master's segment finds it there.
+
 Pickling a ``Data`` gives a small handle (segment name, dtype, shape, allocation);
 another process on the machine -- a worker, or a program started with the "spawn"
 method and no session -- unpickles it into a non-owner ``Data`` that maps the same
@@ -45,19 +54,82 @@ import mmap
 import numbers
 import operator
 import os
+import pickle
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ._core import context
+from ._core.context import RankContext
+from ._core.protocol import Message
 from ._core.session import Session, State, require
 from ._dataref import DataRef, mapping, release_segment
 from ._runtime import shmem
 from ._runtime.arena import Segment
 
-__all__ = ["Data", "DataRef", "data"]
+__all__ = ["Data", "DataRef", "data", "DataWrite", "DataSetItem", "DataRows",
+           "LEADER_HANDLERS"]
+
+
+@dataclass(frozen=True)
+class DataWrite(Message):
+    """To the other machines' leaders: the first ``nbytes`` of the master's ``segment``
+    follow, broadcast straight into each machine's replica."""
+
+    segment: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class DataSetItem(Message):
+    """To the other machines' leaders: ``replica[key] = value`` (``x[key] = value``)."""
+
+    segment: str
+    dtype: str
+    shape: tuple[int, ...]
+    key: Any
+    value: Any
+
+
+def _apply_write(ctx: RankContext, message: DataWrite) -> None:
+    buffer = ctx.arena.map(message.segment)
+    assert ctx.leaders is not None
+    ctx.leaders.mpi.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
+
+
+@dataclass(frozen=True)
+class DataRows(Message):
+    """To the other machines' leaders: each machine's rows (``bounds[machine]``) of the
+    master's ``segment`` follow, scattered between leaders (a function's staged input,
+    of which each machine takes only its own rows)."""
+
+    segment: str
+    dtype: str
+    shape: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...]
+
+
+def _apply_rows(ctx: RankContext, message: DataRows) -> None:
+    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
+    lo, hi = message.bounds[ctx.node]
+    assert ctx.leaders is not None
+    received = ctx.leaders.mpi.scatter(None, root=0)
+    view[lo:hi] = received.view(view.dtype).reshape((hi - lo,) + view.shape[1:])
+
+
+def _apply_set_item(ctx: RankContext, message: DataSetItem) -> None:
+    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
+    view[message.key] = message.value
+
+
+LEADER_HANDLERS: dict[type[Message], Any] = {
+    DataWrite: _apply_write,
+    DataSetItem: _apply_set_item,
+    DataRows: _apply_rows,
+}
 
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
@@ -167,6 +239,7 @@ class Data:
         self._session: Session | None = session
         self._pid = os.getpid()
         self._segment = ""
+        self._owned: Segment | None = None  # the segment this owner allocated
         self._map: mmap.mmap | None = None
         self._alloc_size = 0
         self._finalizer: weakref.finalize | None = None
@@ -234,6 +307,9 @@ class Data:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._view[key] = value
+        session = self._session
+        if session is not None and session.machines is not None and session.usable():
+            self._replicate_item(session, key, value)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy:
@@ -277,6 +353,63 @@ class Data:
         """``(segment, shape, dtype)``: equal keys, the same memory viewed the same way
         (a reallocation renames the segment)."""
         return (self._segment, self._shape, self._dtype)
+
+    def sync(self) -> None:
+        """Copy the visible values to every machine's replica (several machines only).
+
+        The library's own writes (``set_value``, ``x[i] = v``) reach every machine at
+        once; call this after writing through the ``data`` view directly (``x.data[...]
+        = ...``, ``np.copyto(x.data, ...)``), before a call uses the values. On one
+        machine it does nothing.
+
+        Raises
+        ------
+        RuntimeError
+            The owner's session was closed.
+        """
+        session = self._session
+        if session is not None and session.machines is not None:
+            self._check_session("sync()")
+            self._replicate_values(session)
+
+    def _replicate_values(self, session: Session) -> None:
+        """The visible values to the other machines' replicas, as bytes."""
+        if self._map is None:
+            return
+        nbytes = self._view.nbytes
+        session.replicate(DataWrite(self._segment, nbytes),
+                          np.frombuffer(self._map, np.uint8, nbytes))
+
+    def _stage_rows(self, array: np.ndarray, oversize: float,
+                    bounds: list[tuple[int, int]]) -> None:
+        """The function layer's staging over several machines: write ``array`` here and
+        send each machine only its rows (``bounds``, by machine)."""
+        self._write(array, False, False, oversize, replicate=False)
+        self._replicate_rows(bounds)
+
+    def _replicate_rows(self, bounds: list[tuple[int, int]]) -> None:
+        session = self._session
+        if (session is None or session.machines is None or not session.usable()
+                or self._map is None):
+            return
+        view, empty = self._view, np.empty(0, np.uint8)
+        parts = [view[lo:hi].reshape(-1).view(np.uint8) if machine else empty
+                 for machine, (lo, hi) in enumerate(bounds)]
+        session.replicate(DataRows(self._segment, self._dtype.str, self._shape,
+                                   tuple(bounds)), scatter=parts)
+
+    def _replicate_item(self, session: Session, key: Any, value: Any) -> None:
+        """Replay ``x[key] = value`` on the other machines' replicas."""
+        if self._map is None:
+            return
+        message = DataSetItem(self._segment, self._dtype.str, self._shape, key,
+                              np.asarray(value))
+        try:
+            pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # a key that does not pickle: send the values instead
+            self._replicate_values(session)
+            return
+        session.replicate(message)
 
     # -- writing and resizing ----------------------------------------------------------------
     def set_value(self, value: Any, force_cast: bool = False, oversize: float = 1) -> None:
@@ -363,7 +496,8 @@ class Data:
         self._show((0,) + self._shape[1:])
 
     # -- internals ---------------------------------------------------------------------------
-    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float):
+    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float,
+               replicate: bool = True):
         """Validate ``array`` against dtype and ndim, make room, and copy it in."""
         if array.dtype != self._dtype and not force_cast:
             # A safe cast (uint8 -> int32, float32 -> float64) loses nothing: taken as a
@@ -390,6 +524,10 @@ class Data:
             self._reallocate(_alloc_items(size, oversize), keep=0)
         self._show(array.shape)
         np.copyto(self._view, array, casting="unsafe")
+        session = self._session
+        if (session is not None and session.machines is not None and replicate
+                and session.usable()):
+            self._replicate_values(session)
 
     def _resize(self, shape: tuple[int, ...], oversize: float) -> None:
         size = _size(shape)
@@ -409,21 +547,23 @@ class Data:
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""
         session = self._check_session("growing the allocation")
-        segment: Segment = session.ctx.arena.create(items * self._dtype.itemsize)
+        arena = session.ctx.arena
+        segment: Segment = arena.create(items * self._dtype.itemsize)
         finalizer = weakref.finalize(self, release_segment, session.ctx, segment.id, self._pid,
                                      session.is_closed)
         if keep:
-            new = shmem.array_view(segment.buffer, self._dtype, (keep,))
-            new[:] = self._view.reshape(-1)[:keep]
+            assert self._owned is not None
+            arena.copy(self._owned, segment, keep * self._dtype.itemsize)
         self._release()
         self._segment, self._map, self._alloc_size = segment.name, segment.buffer, items
-        self._finalizer = finalizer
+        self._owned, self._finalizer = segment, finalizer
 
     def _release(self) -> None:
         """Drop the current allocation here and, with the next command, in the workers."""
         if self._finalizer is not None:
             self._finalizer()
         self._segment, self._map, self._alloc_size, self._finalizer = "", None, 0, None
+        self._owned = None
 
     def _check_owner(self, what: str) -> None:
         if not self.is_owner:
@@ -476,6 +616,7 @@ def _attach(
     self._session = None
     self._pid = os.getpid()
     self._segment = segment
+    self._owned = None
     self._map = mapping(segment, context.current()) if segment else None
     self._alloc_size = alloc_size
     self._finalizer = None

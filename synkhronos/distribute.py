@@ -19,6 +19,10 @@ So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
    reference (its uid);
 3. runs one ``Distribute`` command: each worker unpickles, resolving references to its
    own objects, and registers the new functions and variables under the master's ids.
+
+Over several machines the same pickle goes to every machine; there the leader first
+unpickles and compiles it (``prepare``, before its workers see the command), so that
+each machine compiles once and its workers load from its on-disk cache.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from ._core.context import RankContext, RankVar
 from ._core.protocol import Message
 from ._core.session import require
 
-__all__ = ["distribute", "Distribute", "Registry", "REGISTRY", "receive"]
+__all__ = ["distribute", "Distribute", "Registry", "REGISTRY", "receive", "prepare"]
 
 log = logging.getLogger("synkhronos")
 
@@ -61,6 +65,8 @@ class Registry:
         self.unpickle_seconds: list[float] = []  # each worker's, for the last distribute
         self.compile_seconds = 0.0  # the master's, for the last distribute
         self.distributed_once = False
+        self.prepared: Distribute | None = None  # another machine's leader: unpickled
+        self.prepared_seconds: float | None = None
 
     def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
@@ -219,11 +225,8 @@ def distribute() -> None:
     reg.pending.clear()
 
 
-def receive(ctx: RankContext, message: Distribute) -> float | None:
-    """Every rank: a worker unpickles and registers the functions; replies with the
-    seconds it took (the master has them already)."""
-    if ctx.is_master:
-        return None
+def _load(ctx: RankContext, message: Distribute) -> tuple[dict[int, Any], float]:
+    """Unpickle and register the functions of ``message`` in this process."""
     if faults.ARMED:
         faults.hit("unpickle")
     reg = REGISTRY.get(ctx)
@@ -232,4 +235,30 @@ def receive(ctx: RankContext, message: Distribute) -> float | None:
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)
-    return time.perf_counter() - start
+    return functions, time.perf_counter() - start
+
+
+def receive(ctx: RankContext, message: Distribute) -> float | None:
+    """Every rank: a worker unpickles and registers the functions; replies with the
+    seconds it took (the master has them already)."""
+    if ctx.is_master:
+        return None
+    reg = REGISTRY.get(ctx)
+    if reg.prepared is message:  # another machine's leader did it before posting
+        reg.prepared = None
+        return reg.prepared_seconds
+    return _load(ctx, message)[1]
+
+
+def prepare(ctx: RankContext, message: Distribute) -> None:
+    """Another machine's leader, before posting ``message`` to its workers: unpickle,
+    register and compile the functions (the workers then load the compiled code from
+    this machine's on-disk cache instead of each compiling it)."""
+    reg = REGISTRY.get(ctx)
+    reg.prepared = None
+    functions, seconds = _load(ctx, message)
+    start = time.perf_counter()
+    for fn in functions.values():
+        _pytensor.precompile(fn)
+    reg.prepared = message
+    reg.prepared_seconds = seconds + time.perf_counter() - start

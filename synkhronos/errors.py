@@ -10,6 +10,9 @@ still usable:
 - ``WorkerTimeoutError``: a process did not finish within the configured timeout
   (e.g. stopped with SIGSTOP). Its state is unknown, so the session is broken too.
 
+On several machines (``mpiexec``) both name the host of the process (``host``); a
+machine that is lost altogether is reported as its leader's death.
+
 Misuse (``fork`` twice, a collective before ``distribute``) is a plain ``RuntimeError``;
 bad arguments are ``TypeError`` / ``ValueError``.
 """
@@ -49,6 +52,10 @@ class WorkerError(SynkhronosError):
         return type(self), (self.rank, self.exc_type, self.message, self.remote_traceback)
 
 
+def _on(host: str | None) -> str:
+    return f" on host {host}" if host else ""
+
+
 class WorkerDiedError(SynkhronosError):
     """Process ``rank`` (``pid``) died; the session is broken until ``close()``.
 
@@ -58,19 +65,22 @@ class WorkerDiedError(SynkhronosError):
         The dead worker.
     reason : str
         How it ended, e.g. ``"killed by SIGKILL"`` or ``"exited with code 3"``.
+    host : str or None
+        The machine it ran on, in a session over several machines (else None).
     """
 
-    def __init__(self, rank: int, pid: int, reason: str):
+    def __init__(self, rank: int, pid: int, reason: str, host: str | None = None):
         self.rank = rank
         self.pid = pid
         self.reason = reason
+        self.host = host
         super().__init__(
-            f"worker rank {rank} (pid {pid}) died: {reason}; the session is broken, "
-            "call synk.close() (and synk.fork() again to continue)"
+            f"worker rank {rank} (pid {pid}){_on(host)} died: {reason}; the session is "
+            "broken, call synk.close() (and synk.fork() again to continue)"
         )
 
     def __reduce__(self):
-        return type(self), (self.rank, self.pid, self.reason)
+        return type(self), (self.rank, self.pid, self.reason, self.host)
 
 
 class WorkerTimeoutError(SynkhronosError, TimeoutError):
@@ -84,16 +94,20 @@ class WorkerTimeoutError(SynkhronosError, TimeoutError):
         The first worker that had not finished.
     timeout : float
         The limit set by ``fork(timeout=...)`` or ``SYNK_TIMEOUT``.
+    host : str or None
+        The machine it ran on, in a session over several machines (else None).
     """
 
-    def __init__(self, rank: int, pid: int, timeout: float):
+    def __init__(self, rank: int, pid: int, timeout: float, host: str | None = None):
         self.rank = rank
         self.pid = pid
         self.timeout = timeout
+        self.host = host
         super().__init__(
-            f"worker rank {rank} (pid {pid}) did not finish within the {timeout:g} s "
-            "timeout (stopped or stuck?); the session is broken, call synk.close()"
+            f"worker rank {rank} (pid {pid}){_on(host)} did not finish within the "
+            f"{timeout:g} s timeout (stopped or stuck?); the session is broken, call "
+            "synk.close()"
         )
 
     def __reduce__(self):
-        return type(self), (self.rank, self.pid, self.timeout)
+        return type(self), (self.rank, self.pid, self.timeout, self.host)

@@ -38,7 +38,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
 from . import _pytensor, _validate
-from ._call import Call, Prepared, PreparedCall, combine, repeat_key
+from ._call import Call, Prepared, PreparedCall, combine, machine_rows, repeat_key
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
 from .distribute import REGISTRY, distribute
@@ -226,7 +226,8 @@ class Function:
             tuple(self._update_ops) if sliced else (),
         )
         prepared = self._prepared[fn_id] = PreparedCall(
-            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix
+            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix,
+            None if self._session.machines is None else machine_rows(self._session.ctx),
         )
         if key == (None, False):
             self._plain = prepared

@@ -12,6 +12,12 @@ message                handler                        owner
 ``Distribute``         ``distribute.receive``         shipping compiled functions
 collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather, ...
 =====================  =============================  ==============================
+
+Over several machines, two more tables serve the leaders of the other machines
+(``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write to
+each machine's replica: ``data.LEADER_HANDLERS``), and ``PREPARE``, what a leader does
+with a command before its workers see it (``distribute.prepare``: this machine
+unpickles and compiles the functions once, before its workers load them).
 """
 
 from __future__ import annotations
@@ -21,12 +27,19 @@ from ._core.execute import Handler
 from ._core.protocol import Message
 from ._shard import run_call
 from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
-from .distribute import Distribute, receive
+from .data import LEADER_HANDLERS
+from .distribute import Distribute, prepare, receive
 
-__all__ = ["TABLE"]
+__all__ = ["TABLE", "LEADERS_ONLY", "PREPARE"]
 
 TABLE: dict[type[Message], Handler] = {
     Call: run_call,
     Distribute: receive,
     **COLLECTIVE_HANDLERS,
+}
+
+LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADER_HANDLERS)
+
+PREPARE: dict[type[Message], Handler] = {
+    Distribute: prepare,
 }

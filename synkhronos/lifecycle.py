@@ -11,6 +11,14 @@ failure at any step leaves nothing behind:
    are in place, so Ctrl-C closes the session.
 
 ``close()`` undoes all of it (``Session.close``) and runs at interpreter exit.
+
+Under an MPI launcher (``mpiexec``, ``srun``; ``launch`` tells from the environment,
+before anything else) every MPI process is its machine's leader and does steps 1-4
+for its own machine -- the workers are forked before MPI starts -- then starts MPI
+(``_runtime.mpi.start``), learns the machine table, and tells its processes their
+global ranks (a ``Join`` command). On machine 0 ``fork()`` returns; on every other
+machine the leader serves commands (``_core.leader``) and its process ends when the
+master closes.
 """
 
 from __future__ import annotations
@@ -28,18 +36,24 @@ from ._core import context as core_context
 from ._core import session as core_session
 from ._core.context import RankContext
 from ._core.execute import Executor
+from ._core.leader import Leader
+from ._core.machines import Machines
+from ._core.protocol import Join
 from ._core.session import Session
-from ._runtime import devices, processes, shmem, signals
+from ._runtime import devices, mpi, processes, shmem, signals
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
 from ._threads import limit_threads
+from .errors import WorkerDiedError
 
 __all__ = ["fork", "close", "n_parallel", "device", "master_rank", "get_n_gpu"]
 
 log = logging.getLogger("synkhronos")
 
 _DEFAULT_SPIN = 1e-3
+_REDUCTIONS = ("fast", "exact")
 _atexit_registered = False
+_mpi_started = False  # MPI cannot start twice in one process
 PREIMPORT_BACKEND = True  # False: fork() skips the Numba pre-import (testing's switch)
 
 
@@ -52,17 +66,24 @@ def fork(
     timeout: float | None = None,
     pin: bool = False,
     use_gpu: bool | None = None,
+    launcher: Literal["auto", "mpi", "local"] = "auto",
+    reduction: Literal["fast", "exact"] | None = None,
     profile_workers: Any = None,
     max_n_var: Any = None,
     max_dim: Any = None,
 ) -> int:
     """Fork the worker processes; the caller becomes the master and rank ``master_rank``.
 
+    Under an MPI launcher (``mpiexec``, ``srun``), every machine runs this: each forks
+    its own processes, and ``fork()`` returns on the first machine only (see
+    :doc:`/several_machines`).
+
     Parameters
     ----------
     n_parallel : int, optional
         Number of processes, the master included. Default: one per usable CPU core.
-        ``1`` forks nothing: every call runs in the master alone.
+        ``1`` forks nothing: every call runs in the master alone. Under an MPI
+        launcher: the processes of each machine (default: its usable cores).
     device : {"cpu", "gpu"}, default "cpu"
         ``"gpu"`` is not implemented yet: it raises ``RuntimeError`` naming what is
         missing (no GPU, or the ``gpu`` extra not installed) or saying so.
@@ -85,6 +106,19 @@ def fork(
         The original Synkhronos' way to choose the device: ``True`` means
         ``device="gpu"``, ``False`` ``device="cpu"``. A bool passed second,
         positionally (``synk.fork(2, False)``), means the same.
+    launcher : {"auto", "mpi", "local"}, default "auto"
+        ``"auto"``: run on several machines when an MPI launcher started this
+        process (read from its environment variables), else on this machine alone;
+        ``"mpi"``: insist on an MPI launch (``RuntimeError`` otherwise); ``"local"``:
+        this machine alone, whatever the environment says.
+    reduction : {"fast", "exact"}, optional
+        How reductions (function outputs are always exact) combine values between
+        machines: ``"fast"`` (default) lets the MPI library choose the summation
+        order, which differs from one machine's by rounding; ``"exact"`` folds every
+        process's value in rank order, bit-identical to one machine with the same
+        number of processes, at the cost of more traffic and memory (every machine
+        holds every process's values of a collective). ``SYNK_REDUCTION`` in the
+        environment sets the default. On one machine both are the same.
     profile_workers, max_n_var, max_dim
         The original's options, no longer needed (there is no fixed-size variable
         table, and profiling is :func:`synk.profile <synkhronos.profile>`): accepted
@@ -93,15 +127,18 @@ def fork(
     Returns
     -------
     int
-        The number of processes.
+        The number of processes (under an MPI launcher: of every machine together).
 
     Raises
     ------
     RuntimeError
-        ``fork`` was already called, JAX was initialised before forking, or the
-        requested device cannot be used here.
+        ``fork`` was already called, JAX was initialised before forking, the
+        requested device cannot be used here, ``launcher="mpi"`` without an MPI
+        launch, MPI was initialised before ``fork()``, or (under MPI) ``fork()`` was
+        called a second time in the program.
     ValueError
-        ``device``, ``n_parallel``, ``master_rank`` or ``timeout`` is not valid.
+        ``device``, ``n_parallel``, ``master_rank``, ``timeout``, ``launcher`` or
+        ``reduction`` is not valid.
     """
     global _atexit_registered
     if core_session.current() is not None:
@@ -112,6 +149,9 @@ def fork(
             f"synk.fork() cannot be called inside a worker (rank {ctx.rank}): only the "
             "master process forks"
         )
+    launch = mpi.detect_launch(launcher)  # the environment only: no MPI yet
+    exact = _exact_of(reduction)
+    several = launch.is_mpi and launch.size != 1
     for option, value in (("profile_workers", profile_workers), ("max_n_var", max_n_var),
                           ("max_dim", max_dim)):
         if value is not None:
@@ -133,7 +173,7 @@ def fork(
     if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or n_parallel < 1:
         raise ValueError(f"n_parallel must be an integer >= 1; got {n_parallel!r}")
     if isinstance(master_rank, bool) or not isinstance(master_rank, int) or not (
-        0 <= master_rank < n_parallel
+        0 <= master_rank < (n_parallel if launch.is_master else master_rank + 1)
     ):
         raise ValueError(
             f"master_rank must be an integer in [0, {n_parallel}); got {master_rank!r}"
@@ -149,9 +189,19 @@ def fork(
             "JAX was initialised before synk.fork(): forked children of a JAX process "
             "hang; call synk.fork() before any JAX computation"
         )
+    if several:
+        mpi.check_not_initialized()
+        if _mpi_started:
+            raise RuntimeError(
+                "under an MPI launcher synk.fork() can run once per program (MPI cannot "
+                "start again after synk.close()); keep one session for the whole script"
+            )
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     _preimport_backend()
     shmem.sweep_dead_programs()
+    if several:
+        return _fork_machines(launch, n_parallel, device, master_rank, spin, timeout,
+                              cores if pin else None, exact)
     session = _build(n_parallel, device, master_rank, spin, timeout)
     try:
         _start(session, [cores[r % len(cores)] for r in range(n_parallel)] if pin else None)
@@ -165,9 +215,13 @@ def fork(
     return n_parallel
 
 
-def _build(n: int, device: str, master_rank: int, spin: float,
-           timeout: float | None) -> Session:
-    """Steps 2-3: the program's prefix, lock, control block, context and session."""
+def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
+             owner: bool = True) -> tuple[RankContext, shmem.ProgramLock]:
+    """Steps 2-3 for one machine: its prefix, lock, control block and context.
+
+    ``owner``: this process numbers the segments every process maps (the master);
+    another machine's leader holds replicas under the master's ids, so its own
+    segments (a command too large for the control block) take ids of their own."""
     prefix = shmem.new_session_prefix()
     lock = shmem.ProgramLock(prefix)  # inherited by the workers
     try:
@@ -177,16 +231,31 @@ def _build(n: int, device: str, master_rank: int, spin: float,
         raise
     log_ = control.release_log if control is not None else None
     ctx = RankContext(
-        rank=master_rank, size=n, master_rank=master_rank, prefix=prefix,
-        arena=Arena(prefix, master_rank, True, log_), control=control,
+        rank=rank, size=n, master_rank=master_rank, prefix=prefix,
+        arena=Arena(prefix, rank, owner, log_), control=control,
         master_pid=os.getpid(), device=device,
     )
+    return ctx, lock
+
+
+def _build(n: int, device: str, master_rank: int, spin: float,
+           timeout: float | None) -> Session:
+    """Steps 2-3: the program's prefix, lock, control block, context and session."""
+    ctx, lock = _machine(n, device, master_rank, master_rank, spin)
     session = Session(ctx, Executor(handlers.TABLE), timeout, lock)
     core_session.install(session)
     return session
 
 
-def _start(session: Session, cores: list[int] | None) -> None:
+def _own_group() -> object:
+    """In a worker of an MPI job: leave the leader's process group, so that the MPI
+    launcher's signals to the job (which reach a process's whole group) do not end the
+    worker before it sees its leader die (it then removes the machine's segments)."""
+    os.setpgid(0, 0)
+    return limit_threads()
+
+
+def _start(session: Session, cores: list[int] | None, mpi_job: bool = False) -> None:
     """Step 4: fork the workers, limit threads, take over the signals."""
     ctx = session.ctx
     if ctx.control is not None:
@@ -195,13 +264,122 @@ def _start(session: Session, cores: list[int] | None) -> None:
         ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
         session.workers = processes.fork_workers(
             ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores,
-            setup=limit_threads,
+            setup=_own_group if mpi_job else limit_threads,
         )
     if cores is not None:
         os.sched_setaffinity(0, {cores[ctx.master_rank]})
     session.on_close(limit_threads().restore)
     old_handlers = signals.install()
     session.on_close(lambda: signals.restore(old_handlers))
+
+
+def _exact_of(reduction: Any) -> bool:
+    """Whether reductions between machines are exact (``reduction`` or SYNK_REDUCTION)."""
+    if reduction is None:
+        reduction = os.environ.get("SYNK_REDUCTION") or "fast"
+        what = "SYNK_REDUCTION"
+    else:
+        what = "reduction"
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, _REDUCTIONS))}; "
+                         f"got {reduction!r}")
+    return reduction == "exact"
+
+
+def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, spin: float,
+                   timeout: float | None, cores: list[int] | None, exact: bool) -> int:
+    """``fork()`` under an MPI launcher: this machine's part (see the module docstring).
+
+    Returns the total number of processes on machine 0; never returns elsewhere.
+    """
+    global _mpi_started, _atexit_registered
+    on_master = launch.is_master
+    local = master_rank if on_master else 0  # the leader's local rank
+    if on_master:
+        session = _build(n, device, master_rank, spin, timeout)
+        ctx, executor = session.ctx, session.executor
+        try:
+            _start(session, cores, mpi_job=True)
+        except BaseException:
+            session.close()
+            raise
+    else:
+        ctx, lock = _machine(n, device, 0, -1, spin, owner=False)  # not the master
+        executor = Executor(handlers.TABLE)
+        core_context.install(ctx)
+        workers: list[processes.Worker] = []
+        try:
+            if ctx.control is not None:
+                forked_seq = ctx.control.seq
+                workers = processes.fork_workers(
+                    list(range(1, n)), ctx.prefix,
+                    lambda rank: worker.main(ctx, executor, rank, forked_seq),
+                    [cores[r % len(cores)] for r in range(n)] if cores else None,
+                    setup=_own_group)
+            if cores is not None:
+                os.sched_setaffinity(0, {cores[0]})
+            limit_threads()
+            signals.install()
+        except BaseException:
+            processes.stop_workers(workers, timeout=0.0)
+            shmem.sweep_prefix(ctx.prefix)
+            lock.close()
+            raise
+
+    def watch_before_start() -> None:
+        signals.reraise_lost()
+        for child in (session.workers if on_master else workers):
+            reason = child.poll()
+            if reason is not None:
+                raise WorkerDiedError(child.rank, child.pid, reason)
+
+    try:
+        leaders = mpi.start(n, liveness=watch_before_start, spin=max(spin, 1e-3),
+                            expected_rank=launch.rank)
+    except BaseException:
+        if on_master:
+            session.close()
+        else:
+            processes.stop_workers(workers, timeout=0.0)
+            shmem.sweep_prefix(ctx.prefix)
+            lock.close()
+        raise
+    _mpi_started = True
+    if on_master:
+        # atexit runs the last registered first: the session's close comes before the
+        # leaders' own exit hook (which would end the job if close() had not run)
+        atexit.register(_at_exit)
+        _atexit_registered = True
+    if leaders.size == 1:  # mpiexec -n 1 (a launcher that did not say its size)
+        leaders.close()
+        log.info("synkhronos forked %d processes (%s)", n, device)
+        return n
+    setup = (ctx.prefix, master_rank, exact, timeout) if on_master else None
+    try:
+        master_prefix, master_rank, exact, timeout = leaders.broadcast_object(setup)
+    except BaseException as exc:
+        if on_master:
+            session.close()
+        leaders.abort(f"starting the session failed: {exc}")
+    machines = Machines(leaders)
+    join = Join(leaders.rank, machines.offsets, machines.local_sizes, master_rank,
+                machines.offsets[leaders.rank] + local, master_prefix, exact)
+    ctx.leaders = machines
+    if on_master:
+        session.run(join)  # this machine's processes only: no machines in the session yet
+        session.machines = machines
+        ctx.arena.start_journal()
+        # a little over the workers' limit: the leader of a machine whose worker is late
+        # reports which one first (WorkerTimeoutError naming it)
+        leaders.timeout = None if timeout is None else timeout + 0.5
+        leaders.liveness = session._watch
+        log.info("synkhronos forked %d processes on %d machines (%s)", ctx.size,
+                 leaders.size, device)
+        return ctx.size
+    leader = Leader(ctx, executor, workers, lock, timeout, handlers.LEADERS_ONLY,
+                    handlers.PREPARE)
+    leader.join(join)
+    leader.serve()  # never returns
 
 
 def _device_of(device: Any, use_gpu: Any) -> Any:

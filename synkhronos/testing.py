@@ -15,7 +15,8 @@ modules:
   :func:`assert_clean`;
 - the session's state: :func:`session_open`, :func:`session_state`,
   :func:`program_prefix`, :func:`process_pids`, :func:`commands_run` (to count round
-  trips), :func:`distribute_seconds`;
+  trips), :func:`distribute_seconds`; over several machines, where each rank runs:
+  :func:`rank_hosts`, :func:`rank_machines`;
 - the rule that splits rows over processes: :func:`split_bounds`.
 
 Collective: the functions that run code on the processes are commands like any other
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -56,6 +58,8 @@ __all__ = [
     "session_state",
     "commands_run",
     "process_pids",
+    "rank_hosts",
+    "rank_machines",
     "distribute_seconds",
     "session_open",
     "program_prefix",
@@ -230,13 +234,31 @@ def session_state() -> str | None:
 
 
 def process_pids() -> list[int]:
-    """The pid of every process of the session, by rank."""
+    """The pid of every process of the session, by rank (over several machines, each
+    on its own machine: a command asks them)."""
     session = require("synkhronos.testing.process_pids()")
+    if session.machines is not None:
+        return run_on_ranks(os.getpid)
     pids = [0] * session.n
     pids[session.ctx.master_rank] = session.ctx.master_pid
     for worker in session.workers:
         pids[worker.rank] = worker.pid
     return pids
+
+
+def rank_hosts() -> list[str]:
+    """The host name of the machine of every rank (one machine: this host's name)."""
+    session = require("synkhronos.testing.rank_hosts()")
+    machines = session.machines
+    if machines is None:
+        return [socket.gethostname()] * session.n
+    return [machines.host_of(rank) for rank in range(session.n)]
+
+
+def rank_machines() -> list[int]:
+    """The machine (0 is the master's) of every rank (one machine: all 0)."""
+    session = require("synkhronos.testing.rank_machines()")
+    return [session.ctx.machine_of(rank) for rank in range(session.n)]
 
 
 def distribute_seconds() -> dict[str, Any]:

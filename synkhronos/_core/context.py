@@ -4,12 +4,18 @@ A ``RankContext`` is built once per process: by ``fork()`` for the master, and b
 each worker right after the fork, from the master's (so the fields a worker inherits
 are rewritten before it runs anything). It holds what every layer may ask:
 
-- who this process is: ``rank``, ``size``, ``master_rank``; ``node``, ``n_nodes``,
-  ``local_rank`` and ``local_size`` for sessions that span machines (one machine
-  today: node 0, local rank = rank);
-- the program's shared-memory owner (``arena``) and control block (``control``);
+- who this process is: ``rank``, ``size``, ``master_rank`` (global: ranks are numbered
+  machine by machine); ``node``, ``n_nodes``, ``local_rank``, ``local_size``,
+  ``offsets`` and ``local_sizes`` for sessions that span machines (one machine: node 0,
+  local rank = rank); ``leader_rank``, the rank of this machine's leader (the master
+  on machine 0); ``exact``, the reduction mode between machines;
+- the program's shared-memory owner (``arena``) and control block (``control``; local
+  ranks index it);
+- ``leaders``: on a machine's leader in a session over several machines, its link to
+  the other leaders (``_core.machines.Machines``); None elsewhere;
 - the meeting points inside a command (``barrier``, ``agree``), which watch that the
-  peers are alive while they wait.
+  peers are alive while they wait. Over several machines a meeting spans them: the
+  local ranks meet, the leaders meet, then the local ranks learn the outcome.
 
 State owned by a layer above the core (the registry of distributed functions, the
 prepared calls, a collective backend's buffers) is declared by its owner as a
@@ -22,10 +28,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._runtime.arena import Arena
 from .._runtime.control import ControlBlock
+
+if TYPE_CHECKING:
+    from .machines import Machines
 
 __all__ = ["RankContext", "RankVar", "current", "install"]
 
@@ -53,6 +62,11 @@ class RankContext:
     n_nodes: int = 1
     local_rank: int = -1
     local_size: int = -1
+    offsets: tuple[int, ...] = (0,)  # global rank of each machine's first process
+    local_sizes: tuple[int, ...] = ()  # processes on each machine
+    leader_rank: int = -1  # global rank of this machine's leader
+    exact: bool = False  # reductions between machines bit-identical to one machine
+    leaders: Machines | None = None  # this machine's leader, over several machines
     watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
     _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
 
@@ -61,6 +75,18 @@ class RankContext:
             self.local_rank = self.rank
         if self.local_size < 0:
             self.local_size = self.size
+        if not self.local_sizes:
+            self.local_sizes = (self.local_size,)
+        if self.leader_rank < 0:
+            self.leader_rank = self.master_rank
+
+    def machine_of(self, rank: int) -> int:
+        """The machine (node) that runs global ``rank``."""
+        machine = 0
+        for node, offset in enumerate(self.offsets):
+            if offset <= rank:
+                machine = node
+        return machine
 
     @property
     def is_master(self) -> bool:
@@ -74,14 +100,39 @@ class RankContext:
 
     def barrier(self) -> None:
         """Inside a command: wait until every rank reaches this point."""
-        if self.control is not None:
+        if self.n_nodes > 1:
+            self._meet(True)
+        elif self.control is not None:
             self.control.barrier(self.rank, self.watch)
 
     def agree(self, ok: bool) -> bool:
         """Inside a command: a barrier that says whether every rank passed ``ok``."""
+        if self.n_nodes > 1:
+            return self._meet(ok)
         if self.control is None:
             return ok
         return self.control.agree(self.rank, ok, self.watch)
+
+    def local_barrier(self) -> None:
+        """Inside a command: wait until every rank of this machine reaches this point."""
+        if self.control is not None:
+            self.control.barrier(self.local_rank, self.watch)
+
+    def _meet(self, ok: bool) -> bool:
+        """A meeting point of every rank of every machine: local ranks agree, leaders
+        agree (``Machines.meet``), local ranks read the outcome."""
+        control = self.control
+        if control is not None:
+            ok = control.agree(self.local_rank, ok, self.watch)
+        leaders = self.leaders
+        if leaders is not None:
+            ok = leaders.meet(ok)
+            if control is not None:
+                control.set_cross(ok)
+        if control is not None:
+            control.barrier(self.local_rank, self.watch)
+            ok = control.cross()
+        return ok
 
 
 class RankVar(Generic[T]):

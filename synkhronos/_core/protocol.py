@@ -5,10 +5,11 @@ hands it to ``execute``, which looks its type up in the handler table. Messages 
 small and picklable, and equal messages mean the same command, so a message that
 repeats (a training loop) is pickled once and decoded once per worker.
 
-The core defines the messages of the core: ``Exit``, ``Ping``, ``RunCallable``, and
+The core defines the messages of the core: ``Exit``, ``Ping``, ``RunCallable``,
 ``Sequence`` (several messages run in order in one command: one round trip for a whole
-training step). The layers above define theirs as subclasses of ``Message`` beside
-their handlers (a function call in ``_call.py``, collectives in
+training step), and ``Join`` (a machine's processes learn their place among several
+machines, once, after MPI starts). The layers above define theirs as subclasses of
+``Message`` beside their handlers (a function call in ``_call.py``, collectives in
 ``collectives/fused.py``, distribution in ``distribute.py``).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Message", "Exit", "Ping", "RunCallable", "Sequence"]
+__all__ = ["Message", "Exit", "Ping", "RunCallable", "Sequence", "Join"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,21 @@ class Sequence(Message):
     """
 
     steps: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """Every process of one machine learns its place in a session over several
+    machines (the first command after MPI started; the processes were forked before).
+
+    Global ranks are ``offsets[node] + local rank``; ``master_prefix`` names the
+    master's segments, which this machine holds as replicas under its own prefix.
+    """
+
+    node: int
+    offsets: tuple[int, ...]
+    local_sizes: tuple[int, ...]
+    master_rank: int
+    leader_rank: int
+    master_prefix: str
+    exact: bool

@@ -22,6 +22,15 @@ Every command goes through ``Session.run(message)``:
 
 An observer (``synk.profile()``) may watch commands; without one, a command costs one
 attribute check for it.
+
+Over several machines (``machines`` set, ``_run_nodes``) the same steps frame the
+other machines' part: the message goes to their leaders first (``Machines.send``,
+with the arena's journal), the master's machine runs as above, the leaders meet at
+the end of the command (``Machines.finish``), and the other machines' replies come
+back by global rank (``Machines.gather``); failures are chosen by the same rule. A
+failure between machines (a machine lost, a worker dead there) breaks the session as
+a local death does, and ``close()`` then ends the whole MPI job. Without machines,
+that branch costs one attribute check.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +50,7 @@ from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .context import RankContext
 from .execute import Executor, Outcome
+from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
 from .protocol import Exit, Message
 
 __all__ = ["Session", "State", "Observer", "current", "require", "install"]
@@ -88,6 +99,7 @@ class Session:
         self.broken: BaseException | None = None
         self.workers: list[processes.Worker] = []
         self.observer: Observer | None = None
+        self.machines: Machines | None = None  # the link to the other machines' leaders
         self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
         self._program_lock = program_lock
         self._command_lock = threading.Lock()
@@ -110,6 +122,9 @@ class Session:
 
     def is_closed(self) -> bool:
         return self.state is State.CLOSED
+
+    def usable(self) -> bool:
+        return self.state is State.READY
 
     def on_close(self, cleanup: Callable[[], None]) -> None:
         """Run ``cleanup`` when the session closes (last registered, first run)."""
@@ -138,9 +153,9 @@ class Session:
     def _broken_error(self) -> BaseException:
         error = self.broken
         if isinstance(error, WorkerDiedError):
-            return WorkerDiedError(error.rank, error.pid, error.reason)
+            return WorkerDiedError(error.rank, error.pid, error.reason, error.host)
         if isinstance(error, WorkerTimeoutError):
-            return WorkerTimeoutError(error.rank, error.pid, error.timeout)
+            return WorkerTimeoutError(error.rank, error.pid, error.timeout, error.host)
         return RuntimeError("the synkhronos session is broken; call synk.close()")
 
     def enter(self) -> bool:
@@ -181,6 +196,8 @@ class Session:
         try:
             if self.observer is not None:
                 return self._observed(message, repeats)
+            if self.machines is not None:
+                return self._run_nodes(message, repeats)
             if self.ctx.control is None:
                 return [self._run_alone(message)]
             return self._run_all(message, repeats)
@@ -190,7 +207,9 @@ class Session:
 
     def _observed(self, message: Message, repeats: bool) -> list[Any]:
         start = time.perf_counter()
-        if self.ctx.control is None:
+        if self.machines is not None:
+            replies = self._run_nodes(message, repeats, timed=True)
+        elif self.ctx.control is None:
             replies = [self._run_alone(message)]
         else:
             replies = self._run_all(message, repeats, timed=True)
@@ -256,13 +275,106 @@ class Session:
             _raise_failure(master, own)
         return replies
 
+    def _run_nodes(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
+        """``_run_all`` over several machines (see the module docstring)."""
+        ctx, control = self.ctx, self.ctx.control
+        machines = self.machines
+        assert machines is not None
+        local = ctx.local_rank
+        signals.forget()
+        try:
+            if self.timeout is not None:
+                self._started = time.monotonic()
+            if timed:
+                start = time.perf_counter()
+            machines.send(COMMAND, message, ctx.arena.take_journal(),
+                          message if repeats else None)
+            seq = 0
+            if control is not None:
+                seq = control.post(message, local, ctx.arena, message if repeats else None)
+                self._seq = seq
+            own = self.executor.run(ctx, message, keep_exception=False)
+            if own.failure is not None:
+                if control is not None:
+                    control.mark_failed(local, seq)
+                if fatal(own.exception) or machines.mpi.broken is not None:
+                    assert own.exception is not None
+                    raise own.exception
+            if timed:
+                shared = time.perf_counter()
+            replies: list[Any] = [None] * ctx.size
+            replies[ctx.rank] = own.reply
+            first: tuple[int, Outcome] | None = None
+            if control is not None:
+                workers = self._worker_ranks
+                control.wait(local, lambda: control.all_done(seq, workers), self._watch)
+                for rank in workers:  # on machine 0, local ranks are global ranks
+                    value: Any = control.reply(rank, ctx.arena)
+                    if control.failed(rank):
+                        if first is None or (_secondary(first[1]) and not value.secondary):
+                            first = (rank, Outcome(None, value))
+                    else:
+                        replies[rank] = value
+                control.release_external_payload(ctx.arena)
+            parts = machines.finish()
+            assert parts is not None
+            for part in parts[1:]:
+                for rank, failed, value in pickle.loads(part):
+                    if failed:
+                        if first is None or (_secondary(first[1]) and not value.secondary):
+                            first = (rank, Outcome(None, value))
+                    else:
+                        replies[rank] = value
+            if timed:
+                self.last_timing = (shared - start, time.perf_counter() - shared)
+        except BaseException as exc:
+            error = machines.error(exc)
+            self._fail(error)
+            if error is exc:
+                raise
+            raise error from exc
+        master = ctx.master_rank
+        if own.failure is not None and not own.failure.secondary:
+            _raise_failure(master, own)
+        if first is not None:
+            _raise_failure(*first)
+        if own.failure is not None:
+            _raise_failure(master, own)
+        return replies
+
+    def replicate(self, message: Message, buffer: Any = None, scatter: Any = None) -> None:
+        """Over several machines: ``message`` to the other machines' leaders alone (their
+        workers are not woken), then ``buffer``'s bytes broadcast to them, or each its
+        part of ``scatter`` (one array per machine): a ``Data`` write. With the arena's
+        journal, as every command."""
+        machines = self.machines
+        assert machines is not None
+        took = self.enter()
+        try:
+            machines.send(LEADERS_ONLY, message, self.ctx.arena.take_journal())
+            if buffer is not None:
+                machines.mpi.broadcast(buffer)
+            if scatter is not None:
+                machines.mpi.scatter(scatter, root=0)
+        except BaseException as exc:
+            error = machines.error(exc)
+            self._fail(error)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self.leave(took)
+
     def _watch(self) -> None:
         """The master's liveness check while it waits (every poll interval)."""
         signals.reraise_lost()
         for worker in self.workers:
             reason = worker.poll()
             if reason is not None:
-                raise WorkerDiedError(worker.rank, worker.pid, reason)
+                host = None if self.machines is None else self.machines.host
+                raise WorkerDiedError(worker.rank, worker.pid, reason, host)
+        if self.machines is not None:  # another machine's report, while waiting here
+            self.machines.mpi.check_alarms()
         control = self.ctx.control
         if self.timeout is not None and time.monotonic() - self._started > self.timeout:
             for worker in self.workers:
@@ -279,8 +391,10 @@ class Session:
             self.ctx.control.abort(self._seq)
         if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
             log.error("synkhronos session broken: %s", exc)
-        else:  # Ctrl-C, SIGTERM: leave nothing behind
+        elif self.machines is None:  # Ctrl-C, SIGTERM: leave nothing behind
             self.close()
+        # Over several machines the exception goes up first (Python prints it), and
+        # close() at exit ends the job: closing here would end the process now.
 
     # -- stop --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -297,7 +411,17 @@ class Session:
         # another thread's) is not waited for: the workers are stopped under it, and
         # its wait then fails on its own.
         owned = self._holder is None and self._command_lock.acquire(timeout=5.0)
+        machines = self.machines
+        healthy = (machines is not None and was_ready and owned
+                   and machines.mpi.broken is None)
         try:
+            if healthy:
+                assert machines is not None
+                try:
+                    machines.send(END, None, ())
+                except BaseException as exc:  # the others cannot be reached: abort below
+                    healthy = False
+                    self.broken = exc
             if self.workers:
                 control = self.ctx.control
                 if was_ready and owned and control is not None:
@@ -322,6 +446,21 @@ class Session:
                     self._command_lock.release()
                 if _current is self:
                     install(None)
+                if machines is not None:
+                    self._leave_machines(machines, healthy)
+
+    def _leave_machines(self, machines: Machines, healthy: bool) -> None:
+        """After this machine is clean: leave MPI with the others, or end the job."""
+        if healthy:
+            machines.mpi.liveness = None  # the workers are gone, as they should be
+            try:
+                machines.mpi.close(timeout=30.0)
+                return
+            except BaseException as exc:
+                self.broken = exc
+        reason = (f"{type(self.broken).__name__}: {self.broken}" if self.broken is not None
+                  else "the master closed the session during a command")
+        machines.mpi.abort(reason)  # never returns: ends every machine's processes
 
 
 def _secondary(outcome: Outcome) -> bool:

@@ -25,6 +25,15 @@ its slot) is created, named, mapped and released here, and nowhere else.
 A mapping outlives its name: unlinking only stops new opens, so memory goes when the
 last process that maps it drops it. ``close()`` of the session sweeps every name under
 the prefix, whatever is left.
+
+**Several machines.** Every machine has its own prefix (its leader's), and a replica of
+every segment the master creates for all to read (a ``Data``, a collective's buffers),
+under the same id. On the master the arena keeps a **journal** (``start_journal``) of
+what happened to those segments -- created, copied from another, released, unlinked --
+which travels to the other machines with the next command; each machine's leader
+replays it (``replay``) on its own arena. Commands name the master's segments; another
+machine's arena maps them under its own prefix (``alias``): the translation is a swap of
+prefixes, no table.
 """
 
 from __future__ import annotations
@@ -32,7 +41,12 @@ from __future__ import annotations
 import mmap
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import shmem
+
+JournalEntry = tuple  # ("create", id, nbytes) | ("copy", source, target, nbytes) |
+#                       ("release", id) | ("unlink", id)
 
 __all__ = ["Arena", "ReleaseLog", "Segment", "WORKER_ID_SHIFT"]
 
@@ -104,6 +118,57 @@ class Arena:
         self._maps: dict[str, mmap.mmap] = {}
         self._seen = log.count if log is not None else 0
         self.generation = 0
+        self._prefixes: str | tuple[str, ...] = prefix  # names this arena maps and caches
+        self.alias: str | None = None  # the master's prefix, on another machine
+        self.journal: list[JournalEntry] | None = None  # the master's, with several machines
+
+    # -- several machines ---------------------------------------------------------------
+    def start_journal(self) -> None:
+        """The master of several machines: record what the other machines must replay."""
+        self.journal = []
+
+    def set_alias(self, master_prefix: str) -> None:
+        """Another machine: names under ``master_prefix`` are this machine's replicas."""
+        self.alias = master_prefix
+        self._prefixes = (self.prefix, master_prefix)
+
+    def local_name(self, name: str) -> str:
+        """The name of ``name``'s segment on this machine (the master's name swapped for
+        this machine's prefix)."""
+        alias = self.alias
+        if alias is not None and name.startswith(alias):
+            return self.prefix + name[len(alias):]
+        return name
+
+    def take_journal(self) -> tuple[JournalEntry, ...]:
+        """The journal entries since the last call (the master, before each command)."""
+        journal = self.journal
+        if not journal:
+            return ()
+        count = len(journal)  # a finalizer may append meanwhile: keep what came later
+        entries = tuple(journal[:count])
+        del journal[:count]
+        return entries
+
+    def replay(self, entries: tuple[JournalEntry, ...]) -> None:
+        """Another machine's leader: apply the master's journal to this machine's
+        replicas (before the command it came with)."""
+        for entry in entries:
+            kind = entry[0]
+            if kind == "create":
+                segment_id, nbytes = entry[1], entry[2]
+                name = self.name_of(segment_id)
+                buffer = shmem.create_segment(name, nbytes)
+                self._maps[name] = buffer
+                if self.alias is not None:
+                    self._maps[self.alias + name[len(self.prefix):]] = buffer
+            elif kind == "copy":
+                _copy_bytes(self.map(self.name_of(entry[1])),
+                            self.map(self.name_of(entry[2])), entry[3])
+            elif kind == "release":
+                self.release(entry[1])
+            elif kind == "unlink":
+                shmem.unlink_segment(self.name_of(entry[1]))
 
     # -- names --------------------------------------------------------------------------
     def name_of(self, segment_id: int) -> str:
@@ -111,24 +176,36 @@ class Arena:
 
     def owns(self, name: str) -> bool:
         """Whether ``name`` belongs to this program (and so to this arena's log)."""
-        return name.startswith(self.prefix)
+        return name.startswith(self._prefixes)
 
     # -- create, map, release -----------------------------------------------------------
-    def create(self, nbytes: int) -> Segment:
-        """A new segment of ``nbytes`` (at least one page), mapped here."""
+    def create(self, nbytes: int, replicated: bool = True) -> Segment:
+        """A new segment of ``nbytes`` (at least one page), mapped here.
+
+        ``replicated``: with several machines, every machine gets a replica (a
+        one-off segment for one machine's control block passes False).
+        """
         self._next += 1
         name = self.name_of(self._next)
         buffer = shmem.create_segment(name, nbytes)
         self._maps[name] = buffer
+        if self.journal is not None and replicated:
+            self.journal.append(("create", self._next, nbytes))
         return Segment(self._next, name, buffer)
+
+    def copy(self, source: Segment, target: Segment, nbytes: int) -> None:
+        """The first ``nbytes`` of ``source`` into ``target`` (on every machine)."""
+        _copy_bytes(source.buffer, target.buffer, nbytes)
+        if self.journal is not None:
+            self.journal.append(("copy", source.id, target.id, nbytes))
 
     def map(self, name: str) -> mmap.mmap:
         """This process's mapping of segment ``name`` (mapped on first use)."""
         buffer = self._maps.get(name)
         if buffer is None:
-            if not self.owns(name):  # another program's (an unpickled Data): not cached
+            if not name.startswith(self._prefixes):  # another program's: not cached
                 return shmem.open_segment(name)
-            buffer = self._maps[name] = shmem.open_segment(name)
+            buffer = self._maps[name] = shmem.open_segment(self.local_name(name))
         return buffer
 
     def release(self, segment_id: int) -> None:
@@ -138,6 +215,8 @@ class Arena:
         self._drop(name)
         if self._log is not None:
             self._log.append(segment_id)
+        if self.journal is not None:
+            self.journal.append(("release", segment_id))
 
     def hand_over(self, segment: Segment) -> None:
         """Drop this process's mapping of a one-off segment it created and filled: the
@@ -156,9 +235,12 @@ class Arena:
             if unlink:
                 shmem.unlink_segment(name)
 
-    def discard(self, name: str) -> None:
-        """Unlink a one-off segment whose readers are done."""
+    def discard(self, name: str, replicated: bool = False) -> None:
+        """Unlink a segment whose readers all mapped it (``replicated``: one created for
+        every machine, whose replicas go too), or a one-off segment once read."""
         shmem.unlink_segment(name)
+        if replicated and self.journal is not None:
+            self.journal.append(("unlink", int(name[len(self.prefix) + 1:], 16)))
 
     def catch_up(self) -> None:
         """Drop the mappings of every segment released since the last call."""
@@ -177,6 +259,9 @@ class Arena:
     def _drop(self, name: str) -> None:
         if self._maps.pop(name, None) is not None:
             self.generation += 1
+        if self.alias is not None:  # a replica is kept under the master's name too
+            if self._maps.pop(self.alias + name[len(self.prefix):], None) is not None:
+                self.generation += 1
 
     def __contains__(self, name: str) -> bool:
         return name in self._maps
@@ -184,3 +269,10 @@ class Arena:
     def __len__(self) -> int:
         return len(self._maps)
 
+
+
+def _copy_bytes(source: mmap.mmap, target: mmap.mmap, nbytes: int) -> None:
+    """The first ``nbytes`` of ``source`` into ``target``, without a temporary."""
+    if nbytes:
+        np.copyto(np.frombuffer(target, np.uint8, nbytes), np.frombuffer(source, np.uint8,
+                                                                          nbytes))

@@ -30,7 +30,9 @@ measurements), and it is also when a waiter checks that its peers are alive.
 
 Inside a command, ranks meet at ``barrier`` (epoch counters) and ``agree`` (a barrier
 that also tells whether every rank voted yes: all-or-nothing checks done where the
-data lives).
+data lives). With several machines, a meeting spans them: the local ranks agree, the
+machine's leader agrees with the other leaders and writes the outcome (``set_cross``),
+and a second barrier lets every local rank read it (``cross``).
 
 Messages or replies larger than their slot travel in a one-off segment of the arena
 whose name is written in the slot instead; the reader unlinks it once read.
@@ -62,7 +64,7 @@ __all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES", "ReleaseLog"]
 MAILBOX_BYTES = 1 << 20
 REPLY_BYTES = 1 << 16
 
-_SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID = 0, 1, 2, 3
+_SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
 _DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE = 0, 1, 2, 3, 4, 5, 6
@@ -306,6 +308,13 @@ class ControlBlock:
 
         self.wait(rank, ready, on_poll)
 
+    def set_cross(self, ok: bool) -> None:
+        """The leader: the outcome of a meeting across machines (read after a barrier)."""
+        self.header[_CROSS] = 1 if ok else 0
+
+    def cross(self) -> bool:
+        return self.header[_CROSS] == 1
+
     def agree(self, rank: int, ok: bool, on_poll: Callable[[], None]) -> bool:
         """A barrier that returns whether every rank passed ``ok=True`` to it."""
         header = self.header
@@ -324,7 +333,7 @@ class ControlBlock:
             self._buffer[at : at + len(data)] = data
             self.header[length_field] = len(data)
             return data
-        segment = arena.create(len(data))
+        segment = arena.create(len(data), replicated=False)
         segment.buffer[: len(data)] = data
         encoded = pickle.dumps((segment.name, len(data)))
         arena.hand_over(segment)  # the reader unlinks it once read

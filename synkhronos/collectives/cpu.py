@@ -35,6 +35,14 @@ A segment is created by the master and mapped by every rank in the command that 
 names it; the master unlinks the name right after that command (``settle``; mappings
 stay valid), so ``/dev/shm`` holds nothing of ours between commands. A replaced
 segment is released through the arena, whose log tells the workers to drop it.
+
+Over several machines every machine has its own replica of each segment (the arena's
+journal), laid out the same everywhere: in ``fast`` mode a group holds one slot per
+process of a machine (the largest machine's count), each process's at its local rank;
+in ``exact`` mode one slot per process of the whole session, each at its global rank,
+so that every machine can hold every process's values. ``Group`` indexes its views by
+global rank either way (``None`` where a rank has no slot here); the primitives
+between machines are in ``hierarchy.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from .._runtime.arena import Segment
 from ..distribute import REGISTRY
 from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
 
-__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS"]
+__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "slot_count"]
 
 SMALL_BYTES = 1 << 16  # lists up to this size take the one-barrier path
 MAX_GROUPS = 64  # resident groups kept; the least recently used one goes first
@@ -76,25 +84,63 @@ def _complement(size: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]
     return free
 
 
+def _foreign(layout: FusedLayout, pieces: list) -> list:
+    """Per part, per variable: the ranges outside the part's own pieces."""
+    return [[_complement(size, [(lo, hi) for j, lo, hi in mine if j == i])
+             for i, size in enumerate(layout.sizes)]
+            for mine in pieces]
+
+
+def slot_count(ctx: RankContext) -> int:
+    """Slots in a group's segment: one per process (one machine, or ``exact`` mode over
+    several), else one per process of the largest machine."""
+    if ctx.n_nodes == 1 or ctx.exact:
+        return ctx.size
+    return max(ctx.local_sizes)
+
+
 class Group:
-    """One list of variables, its fused layout, and its segment (per process)."""
+    """One list of variables, its fused layout, and its segment (per process).
+
+    ``slots``, ``flats``, ``pieces`` and ``foreign`` are indexed by (global) rank;
+    ``columns`` holds, per variable, the slots of this machine's processes.
+    """
 
     def __init__(self, key: int, name: str, buffer: Any, layout: FusedLayout,
-                 variables: list, n: int):
+                 variables: list, ctx: RankContext):
         self.key, self.name, self.layout, self.variables = key, name, layout, variables
+        self.buffer = buffer
         stride = self.stride(layout)
-        self.slots = [layout.views(buffer, r * stride) for r in range(n)]
-        self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
-        self.columns = [list(views) for views in zip(*self.slots, strict=True)]  # var -> ranks
-        self.small = layout.data_bytes <= SMALL_BYTES
-        self.pair = self.small and n == 2  # all_reduce without a barrier, see pair_reduce
+        n = ctx.size
         self.pieces = layout.pieces(n)
-        self.foreign = [  # rank -> variable -> ranges outside the rank's own pieces
-            [_complement(size, [(lo, hi) for j, lo, hi in mine if j == i])
-             for i, size in enumerate(layout.sizes)]
-            for mine in self.pieces
-        ]
+        self.small = layout.data_bytes <= SMALL_BYTES
         self.pairs: list[tuple] | None = None  # the worker's (variable, master's, own view)
+        self.slots: list[Any]  # rank -> its slot's views (None: no slot on this machine)
+        self.flats: list[Any]
+        self.foreign: list[Any]
+        if ctx.n_nodes == 1:
+            self.slots = [layout.views(buffer, r * stride) for r in range(n)]
+            self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
+            self.columns = [list(views) for views in zip(*self.slots, strict=True)]
+            self.pair = self.small and n == 2  # all_reduce without a barrier: pair_reduce
+            self.foreign = _foreign(layout, self.pieces)  # rank -> variable -> ranges
+            return
+        first = ctx.offsets[ctx.node]
+        local = range(first, first + ctx.local_size)
+        self.base = 0 if ctx.exact else first  # slot index = rank - base
+        present = range(n) if ctx.exact else local
+        self.slots = [None] * n
+        for rank in present:
+            self.slots[rank] = layout.views(buffer, (rank - self.base) * stride)
+        self.flats = [None if slot is None else [view.reshape(-1) for view in slot]
+                      for slot in self.slots]
+        self.columns = [list(views) for views in zip(*(self.slots[r] for r in local),
+                                                     strict=True)]
+        self.pair = False
+        self.local_pieces = layout.pieces(ctx.local_size)  # this machine's own split
+        self.foreign = [None] * n
+        for rank, ranges in zip(local, _foreign(layout, self.local_pieces), strict=True):
+            self.foreign[rank] = ranges
 
     @staticmethod
     def stride(layout: FusedLayout) -> int:
@@ -130,7 +176,7 @@ class CpuBackend(Backend):
 
     def settle(self, ctx: RankContext, new: Sequence[str]) -> None:
         for name in new:  # every rank mapped it: the name is no longer needed
-            ctx.arena.discard(name)
+            ctx.arena.discard(name, replicated=True)
 
     def discard(self, ctx: RankContext, new: Sequence[str]) -> None:
         for name in new:  # some rank may not have mapped it: start afresh
@@ -157,9 +203,9 @@ class CpuBackend(Backend):
         key = self._next_key
         self._next_key += 1
         layout = FusedLayout(targets.dtypes, shapes)
-        segment = self._create(ctx, Group.segment_bytes(layout, ctx.size))
+        segment = self._create(ctx, Group.segment_bytes(layout, slot_count(ctx)))
         group = Group(key, segment.name, segment.buffer, layout, list(targets.variables),
-                      ctx.size)
+                      ctx)
         self._groups[targets.uids] = self._by_key[key] = group
         spec = GroupSpec(key, segment.name, tuple(d.str for d in layout.dtypes), shapes,
                          targets.uids, tuple(self._evicted))
@@ -212,7 +258,7 @@ class CpuBackend(Backend):
         shared = REGISTRY.get(ctx).shared
         group = Group(key, spec.name, ctx.arena.map(spec.name),
                       FusedLayout(spec.dtypes, spec.shapes),
-                      [shared[uid] for uid in spec.uids], ctx.size)
+                      [shared[uid] for uid in spec.uids], ctx)
         self._by_key[key] = group
         return group
 

@@ -15,7 +15,10 @@ owns what is the same on every device:
   its result (``_rebind``), so the next collective on the same variables copies
   nothing in.
 
-The backend (``backend.py``; ``cpu.py`` today) only moves and combines bytes.
+The backend (``backend.py``; ``cpu.py`` today) only moves and combines bytes. Over
+several machines each rank's half goes through ``hierarchy.py`` after the same load
+and vote: within each machine through shared memory, between machines through the
+leaders (one attribute check, ``ctx.n_nodes``, on one machine).
 
 Per-rank example: ``all_reduce([w, b], op="sum")`` at two ranks builds one group for
 ``(w, b)``; each rank copies the parts of ``w`` and ``b`` the other rank reduces into
@@ -41,6 +44,7 @@ from .._dataref import DataRef
 from .._reducers import ReduceOp, combined
 from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
+from . import hierarchy
 from .backend import BACKEND, Backend, FusedLayout, GroupSpec, Targets
 
 __all__ = ["HANDLERS", "Step", "run_steps", "Mismatch"]
@@ -116,6 +120,7 @@ class GetValue(Message):
     scratch: str
     uids: tuple[int, ...]
     rank: int
+    nbytes: int = 0  # the region's size (what travels from another machine)
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,7 @@ def reduce_step(session: Session, backend: Backend, targets: Targets, op: Reduce
     shapes = group.layout.shapes
     scratch: str | None = None
     new: tuple[str, ...] = ()
-    if not in_place and not group.small:
+    if ctx.n_nodes > 1 or (not in_place and not group.small):  # machines: always a scratch
         buffer, name = backend.regions(ctx, group.layout.total)
         scratch = backend.scratch_name
         new = (name,) if name else ()
@@ -331,7 +336,7 @@ def get_value_step(session: Session, backend: Backend, targets: Targets, rank: i
     def finish(replies: list) -> list[np.ndarray]:
         return [np.array(view) for view in layout.views(buffer)]
 
-    return Step(GetValue(backend.scratch_name, targets.uids, rank), finish,
+    return Step(GetValue(backend.scratch_name, targets.uids, rank, layout.total), finish,
                 new=(name,) if name else ())
 
 
@@ -415,6 +420,9 @@ def _on_shapes(ctx: RankContext, message: Shapes) -> tuple:
 def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
+    if ctx.n_nodes > 1:
+        _rebind(group.variables, hierarchy.broadcast(ctx, group))
+        return
     if ctx.is_master:
         return  # its slot was filled and bound before the command
     backend.broadcast(ctx, group, ctx.master_rank)
@@ -429,6 +437,12 @@ def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
             return None
         mismatch = backend.pair_reduce(ctx, group, message.op)
         return None if mismatch is None else Mismatch(mismatch)
+    if ctx.n_nodes > 1:
+        values = _loaded(ctx, group, whole=group.small or ctx.exact)
+        if values is None:
+            return _own_shapes(group.variables)
+        _rebind(group.variables, hierarchy.all_reduce(ctx, group, message.op, values))
+        return None
     values = _loaded(ctx, group, whole=group.small)
     if values is None:
         return _own_shapes(group.variables)
@@ -439,6 +453,8 @@ def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
 def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
+    if ctx.n_nodes > 1:
+        return _reduce_machines(ctx, backend, group, message)
     values = _loaded(ctx, group, whole=group.small)
     if values is None:
         return _own_shapes(group.variables)
@@ -460,13 +476,33 @@ def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
     return None
 
 
+def _reduce_machines(ctx: RankContext, backend: Any, group: Any, message: Reduce) -> Any:
+    """``reduce`` over several machines: the result in the scratch, then (in place) in
+    the master's variables."""
+    values = _loaded(ctx, group, whole=group.small or ctx.exact)
+    if values is None:
+        return _own_shapes(group.variables)
+    assert message.scratch is not None
+    scratch = backend.scratch(ctx, message.scratch)
+    hierarchy.reduce(ctx, group, message.op, values, scratch)
+    if message.in_place and ctx.is_master:
+        master = group.slots[ctx.rank]
+        for view, result in zip(master, group.layout.views(scratch), strict=True):
+            np.copyto(view, result)
+        _rebind(group.variables, master)
+    return None
+
+
 def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    values = _loaded(ctx, group, whole=False)
+    values = _loaded(ctx, group, whole=ctx.exact)
     if values is None:
         return _own_shapes(group.variables)
-    backend.reduce_scatter(ctx, group, message.op, values)
+    if ctx.n_nodes > 1:
+        hierarchy.reduce_scatter(ctx, group, message.op, values)
+    else:
+        backend.reduce_scatter(ctx, group, message.op, values)
     _rebind(group.variables, group.slots[ctx.rank])  # its own piece is the result
     return None
 
@@ -479,7 +515,10 @@ def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
         value = _pytensor.value(group.variables[i])
         if value is not group.slots[rank][i]:
             own[i][lo:hi] = value.reshape(-1)[lo:hi]
-    backend.all_gather(ctx, group)
+    if ctx.n_nodes > 1:
+        hierarchy.all_gather(ctx, group)
+    else:
+        backend.all_gather(ctx, group)
     _rebind(group.variables, group.slots[rank])
 
 
@@ -516,6 +555,8 @@ def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
 
 def _on_place(ctx: RankContext, message: Place) -> None:
     buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
+    if ctx.n_nodes > 1:
+        hierarchy.place(ctx, message, buffer)
     if message.rank is not None and message.rank != ctx.rank:
         return
     for var, source, batch in zip(_variables(ctx, message.uids), message.sources,
@@ -544,9 +585,12 @@ def _on_gather(ctx: RankContext, message: Gather) -> None:
     variables = _variables(ctx, message.uids)
     if message.everyone or not ctx.is_master:
         _write_region(ctx, buffer, variables, message.bases[ctx.rank])
+    if ctx.n_nodes > 1:
+        hierarchy.regions(ctx, message, buffer, [var.type.dtype for var in variables])
+    elif message.everyone:
+        ctx.barrier()
     if not message.everyone:
         return
-    ctx.barrier()
     if faults.ARMED:
         faults.hit("exchange")
     dtypes = [var.type.dtype for var in variables]
@@ -560,6 +604,8 @@ def _on_get_value(ctx: RankContext, message: GetValue) -> None:
     buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
     if ctx.rank == message.rank:
         _write_region(ctx, buffer, _variables(ctx, message.uids), 0)
+    if ctx.n_nodes > 1:
+        hierarchy.get_value(ctx, message, buffer)
 
 
 def _with_points(handler: Callable[[RankContext, Any], Any]) -> Callable[[RankContext, Any], Any]:

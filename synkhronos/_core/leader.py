@@ -1,0 +1,263 @@
+"""The leader of a machine other than the master's: it serves commands until the end.
+
+Under ``mpiexec`` every machine's first process forks its local workers, as the master
+does, and starts MPI; on the master's machine ``fork()`` then returns, and on every
+other machine it calls ``serve``, which never returns. For each envelope from the
+master (``Machines.receive``) the leader
+
+1. replays the arena's journal (replicas of the master's segments created, copied,
+   released) on this machine;
+2. for a message to the leaders alone (a ``Data`` write): applies it, and waits for the
+   next envelope -- the local workers are not woken;
+3. for a command: prepares what must come before the workers see it (``prepare``: the
+   functions of ``distribute()`` are unpickled and compiled here first, so this
+   machine compiles once), posts it on the machine's control block, runs its own
+   share through the same ``Executor`` as every process, waits for its workers,
+   meets the other leaders at the end of the command (``Machines.finish``) and sends
+   the replies of its processes, by global rank, to the master;
+4. at the end (the master closed): stops its workers, removes its segments, leaves
+   MPI, and ends the process (``os._exit``: nothing of the script after ``fork()`` runs
+   on this machine).
+
+Failure: a local worker that dies (or outlives the timeout), an error between
+machines, a signal: the leader reports it to the master (``Machines.report``: the
+master raises ``WorkerDiedError`` naming this host), stops its workers, removes its
+segments, and ends the job (``Leaders.abort``): after a failure between machines, no
+machine can trust a collective half done. It waits ``FAILURE_GRACE`` seconds for the
+master to end the job first (its ``close()``, or the end of its script).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, NoReturn
+
+from .._runtime import mpi, processes, shmem, signals
+from .._runtime.remote import RemoteFailure
+from ..errors import WorkerDiedError, WorkerTimeoutError
+from . import faults
+from .context import RankContext
+from .execute import Executor, Outcome
+from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
+from .protocol import Exit, Message
+
+__all__ = ["Leader", "FAILURE_GRACE"]
+
+log = logging.getLogger("synkhronos")
+
+FAILURE_GRACE = 60.0  # seconds a failed machine waits for the master to end the job
+_STOP_GRACE = 5.0  # seconds workers get to leave after Exit
+
+
+class Leader:
+    """This machine's leader, serving the master's commands (see the module docstring).
+
+    Parameters
+    ----------
+    ctx
+        The leader's context (``leaders`` set).
+    executor
+        The handler table every process runs.
+    workers
+        This machine's forked workers (local ranks).
+    program_lock
+        This machine's program lock (held until the end).
+    timeout
+        Seconds a command may wait for a local worker, or None.
+    leaders_only
+        Handlers of the messages to the leaders alone (``Data`` writes).
+    prepare
+        Per message type: what the leader does before posting the command.
+    """
+
+    def __init__(self, ctx: RankContext, executor: Executor,
+                 workers: list[processes.Worker], program_lock: shmem.ProgramLock,
+                 timeout: float | None, leaders_only: Mapping[type, Callable[..., Any]],
+                 prepare: Mapping[type, Callable[..., Any]]):
+        assert ctx.leaders is not None
+        self.ctx = ctx
+        self.machines: Machines = ctx.leaders
+        self.executor = executor
+        self.workers = workers
+        self.timeout = timeout
+        self._lock = program_lock
+        self._leaders_only = leaders_only
+        self._prepare = prepare
+        self._local = ctx.local_rank
+        self._ranks = [worker.rank for worker in workers]  # local ranks
+        self._seq = 0
+        self._started: float | None = None  # while a command runs (for the timeout)
+        ctx.watch = self.watch
+        self.machines.mpi.liveness = self.watch
+
+    # -- liveness ------------------------------------------------------------------------
+    def watch(self) -> None:
+        """Raise if a local worker died, or outlived the timeout in a command, or the
+        master ended the job."""
+        signals.reraise_lost()
+        self.machines.mpi.check_alarms()
+        ctx = self.ctx
+        offset = ctx.offsets[ctx.node]
+        for worker in self.workers:
+            reason = worker.poll()
+            if reason is not None:
+                raise WorkerDiedError(offset + worker.rank, worker.pid, reason,
+                                      self.machines.host)
+        started = self._started
+        if (self.timeout is not None and started is not None
+                and time.monotonic() - started > self.timeout):
+            control = ctx.control
+            for worker in self.workers:
+                if control is not None and control.done(worker.rank) != self._seq:
+                    raise WorkerTimeoutError(offset + worker.rank, worker.pid, self.timeout,
+                                             self.machines.host)
+
+    # -- the loop --------------------------------------------------------------------------
+    def join(self, message: Message) -> None:
+        """Run ``message`` on this machine's processes only (``Join``, at the start)."""
+        ctx, control = self.ctx, self.ctx.control
+        try:
+            seq = 0
+            if control is not None:
+                seq = control.post(message, self._local, ctx.arena)
+            own = self.executor.run(ctx, message, keep_exception=True)
+            if own.failure is not None:
+                raise RuntimeError(f"joining the machines failed: {own.failure.message}")
+            if control is not None:
+                ranks = self._ranks
+                control.wait(self._local, partial(control.all_done, seq, ranks), self.watch)
+                for rank in ranks:
+                    reply: Any = control.reply(rank, ctx.arena)
+                    if control.failed(rank):
+                        raise RuntimeError(f"joining the machines failed in local process "
+                                           f"{rank}: {reply.message}")
+        except BaseException as exc:
+            self._fail(exc)
+
+    def serve(self) -> NoReturn:
+        """Serve commands until the master closes; never returns."""
+        try:
+            while True:
+                journal, kind, ident, message = self.machines.receive()
+                self.ctx.arena.replay(journal)
+                if kind == END:
+                    break
+                if kind == LEADERS_ONLY:
+                    self._leaders_only[type(message)](self.ctx, message)
+                elif kind == COMMAND:
+                    self._command(message, ident)
+        except BaseException as exc:
+            self._fail(exc)
+        self._close()
+
+    def _command(self, message: Message, ident: int) -> None:
+        ctx, control = self.ctx, self.ctx.control
+        if faults.PENDING:
+            faults.activate()
+        prepared: Outcome | None = None
+        prepare = self._prepare.get(type(message))
+        if prepare is not None:
+            try:
+                prepare(ctx, message)
+            except (Exception, SystemExit) as exc:
+                prepared = Outcome(None, RemoteFailure.from_exception(exc), exc)
+        seq = 0
+        if control is not None:
+            seq = control.post(message, self._local, ctx.arena, ident or None)
+        self._seq = seq
+        self._started = time.monotonic()
+        try:
+            own = prepared or self.executor.run(ctx, message, keep_exception=True)
+            if faults.ARMED:
+                try:
+                    faults.hit("reply")
+                except (Exception, SystemExit) as exc:
+                    own = Outcome(None, RemoteFailure.from_exception(exc), exc)
+            failed = own.failure is not None
+            if failed and control is not None:
+                control.mark_failed(self._local, seq)
+            if failed and (fatal(own.exception) or self.machines.mpi.broken is not None):
+                assert own.exception is not None
+                raise own.exception
+            part = [(ctx.rank, failed, own.failure if failed else own.reply)]
+            if control is not None:
+                ranks = self._ranks
+                control.wait(self._local, partial(control.all_done, seq, ranks), self.watch)
+                offset = ctx.offsets[ctx.node]
+                for rank in ranks:
+                    part.append((offset + rank, control.failed(rank),
+                                 control.reply(rank, ctx.arena)))
+                control.release_external_payload(ctx.arena)
+        finally:
+            self._started = None
+        self.machines.finish(_pickled(part))
+
+    # -- the end -----------------------------------------------------------------------------
+    def _cleanup(self) -> None:
+        """Stop the workers at once and remove this machine's segments."""
+        try:
+            processes.stop_workers(self.workers, timeout=0.0)
+        finally:
+            shmem.sweep_prefix(self.ctx.prefix)
+            self._lock.close()
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        """Report, clean up, end the job (never returns)."""
+        leaders = self.machines.mpi
+        master_lost = isinstance(exc, mpi.PeerLostError) and 0 in exc.ranks
+        told = isinstance(exc, mpi.JobAbortedError) or master_lost
+        if not told:
+            try:
+                self.machines.report(exc)
+            except Exception:  # best effort: abort below ends the job anyway
+                log.debug("reporting a failure to the master failed", exc_info=True)
+            log.error("synkhronos on %s: %s: %s; ending the job", self.machines.host,
+                      type(exc).__name__, exc)
+        try:
+            self._cleanup()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                leaders.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
+                              grace=2.0 if told else FAILURE_GRACE)
+            finally:  # a signal during the wait (the launcher ending the job): go now
+                os._exit(1)
+
+    def _close(self) -> NoReturn:
+        """The master closed: stop the workers, clean up, leave MPI, end the process."""
+        ctx, control = self.ctx, self.ctx.control
+        try:
+            if control is not None and self.workers:
+                control.post(Exit(), self._local, ctx.arena)
+                processes.stop_workers(self.workers, timeout=_STOP_GRACE)
+            shmem.sweep_prefix(ctx.prefix)
+            self._lock.close()
+            self.machines.mpi.liveness = None  # the workers are gone, as they should be
+            self.machines.mpi.close(timeout=30.0)
+        except BaseException as exc:
+            self._fail(exc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _pickled(part: list) -> bytes:
+    """This machine's replies, pickled; a reply that cannot be becomes its failure."""
+    try:
+        return pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        kept = []
+        for rank, failed, value in part:
+            try:
+                pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                failed, value = True, RemoteFailure.from_exception(exc, keep=False)
+            kept.append((rank, failed, value))
+        return pickle.dumps(kept, protocol=pickle.HIGHEST_PROTOCOL)

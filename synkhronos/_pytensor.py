@@ -33,6 +33,7 @@ __all__ = [
     "bind",
     "shared_inputs",
     "reduce_for_pickle",
+    "graph_nodes",
     "precompile",
 ]
 
@@ -94,6 +95,30 @@ def reduce_for_pickle(obj: Any) -> Any:
         bare._lop_op_cache, bare._rop_op_cache = {}, None
         return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     return NotImplemented
+
+
+def graph_nodes(fn: Any) -> list[Any]:
+    """Every Apply node of a compiled function's graph and of its Ops' inner graphs
+    (Composite, OpFromGraph, Scan), each listed after the nodes it reads from.
+
+    Pickling this list before the function keeps pickle's nesting shallow: each node
+    finds its inputs already pickled. Without it the nesting grows with the graph's
+    depth, past Python 3.12's fixed C recursion limit, which no
+    ``sys.setrecursionlimit`` raises.
+    """
+    nodes: list[Any] = []
+    graphs, seen = [fn.maker.fgraph], set()
+    while graphs:
+        graph = graphs.pop()
+        if id(graph) in seen:
+            continue
+        seen.add(id(graph))
+        order = graph.toposort()
+        nodes[:0] = order  # an inner graph's nodes before the graph holding it
+        graphs.extend(
+            inner for node in order if (inner := getattr(node.op, "fgraph", None)) is not None
+        )
+    return nodes
 
 
 def precompile(fn: Any) -> bool:

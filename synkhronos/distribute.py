@@ -106,7 +106,9 @@ def _deep(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` with room for a deep graph's pickling: in a thread of a large stack,
     with a high recursion limit for the time of the call (a ResNet's functions nest
     far deeper than Python's default 1000; the original Synkhronos raised the limit for
-    the whole program when imported)."""
+    the whole program when imported). Python 3.12 also caps C recursion at a fixed
+    depth, so ``distribute`` pickles graph nodes in order first (``graph_nodes``);
+    this covers whatever else nests deeply."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -208,7 +210,8 @@ def distribute() -> None:
                 known[id(value)] = ("value", uid)
         try:
             buffer = io.BytesIO()
-            _deep(_ReferencePickler(buffer, known).dump, (functions, new_shared))
+            nodes = [n for fn in functions.values() for n in _pytensor.graph_nodes(fn)]
+            _deep(_ReferencePickler(buffer, known).dump, (nodes, functions, new_shared))
             replies = session.run(Distribute(buffer.getvalue()))
         except Exception:
             # These functions did not reach the workers. They leave the queue, so that
@@ -231,7 +234,7 @@ def _load(ctx: RankContext, message: Distribute) -> tuple[dict[int, Any], float]
         faults.hit("unpickle")
     reg = REGISTRY.get(ctx)
     start = time.perf_counter()
-    functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
+    _, functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)

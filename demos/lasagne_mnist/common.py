@@ -121,7 +121,9 @@ def parse_args(doc, parallel=True):
     parser.add_argument("--min-accuracy", type=float, default=0.9,
                         help="fail unless the final validation accuracy reaches this")
     parser.add_argument("--mode", choices=["NUMBA", "JAX"], default=None,
-                        help="PyTensor backend (default: PyTensor's, Numba)")
+                        help="PyTensor backend (default: PyTensor's, Numba); JAX needs a "
+                             "model without dropout (PyTensor cannot unpickle a JAX "
+                             "function that holds a random generator)")
     add_data_arguments(parser)
     return parser.parse_args()
 

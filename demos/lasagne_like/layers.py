@@ -14,8 +14,11 @@ slices of every row offset along the channel axis, then those of every column
 offset (``(rows, out_h, out_w, h * w * channels)``), and multiplies by the weight
 laid out as a matrix. Pooling takes the maximum (or mean) over the strided slices of
 every row offset, then of every column offset, or reshapes when the windows tile
-the image. Both have cheap gradients (slices and one matrix product),
-and both compile with Numba and with JAX.
+the image. Both have cheap gradients (slices and one matrix product) and compile
+with Numba and with JAX. Slicing the two axes in turn (``h + w`` slices, not
+``h * w``) and sizing every padding block by the input variable's rows
+(``get_output`` passes them to the layers as ``input_rows``) keep the graph of a
+ResNet-50 small enough for PyTensor to build and rewrite in seconds.
 
 Dropout and batch normalization keep Lasagne's behaviour: their state moves by
 PyTensor's default updates, so a training function needs no extra ``updates``.
@@ -23,14 +26,14 @@ Dropout draws its masks from a ``RandomStream``, whose generator advances by its
 at every call. PyTensor 3 deprecates default updates (and ``RandomStream``); this
 module silences those two warnings so the scripts can stay as Lasagne wrote them.
 
-Batch normalization keeps Lasagne's behaviour: in a training pass
-(``deterministic=False``) it normalizes with the statistics of the rows at hand and
-updates its running averages ``mean`` and ``inv_std`` through PyTensor's
-``default_update`` on a clone of them that only the training graph holds, so a
-training function updates them without being told and a validation function
-(``deterministic=True``) reads them. In a data-parallel program each process
-normalizes its own rows and updates its own copy of the averages; average them with
-``synk.all_reduce`` before validating (see ``demos/resnet/train_resnet.py``).
+In a training pass (``deterministic=False``) batch normalization normalizes with the
+statistics of the rows at hand and updates its running averages ``mean`` and
+``inv_std`` through ``default_update`` on a clone of them that only the training
+graph holds, so a training function updates them without being told and a
+validation function (``deterministic=True``) reads them. In a data-parallel program
+each process normalizes its own rows and updates its own copy of the averages;
+average them with ``synk.all_reduce`` before validating (see
+``demos/resnet/train_resnet.py``).
 """
 
 from __future__ import annotations

@@ -99,14 +99,10 @@ def summarize(nbytes: int, times: list[float]) -> dict:
 
 
 # -- synkhronos ---------------------------------------------------------------------------
-def _set_private(uid: int, size: int) -> None:
-    """In every process: give variable ``uid`` a new private zero array as storage."""
-    from synkhronos import session as synk_session
-    from synkhronos.distribute import registry
-
-    var = registry(synk_session.current()).shared[uid]
+def _set_private(var, rank: int, size: int) -> None:
+    """In every process: give ``var`` a new private zero array as storage."""
     cache = _set_private.__dict__.setdefault("arrays", {})
-    arrays = cache.setdefault(uid, [np.full(size, 0.0, "float32") for _ in range(2)])
+    arrays = cache.setdefault(id(var), [np.full(size, 0.0, "float32") for _ in range(2)])
     arrays.reverse()
     var.set_value(arrays[0], borrow=True)
 
@@ -115,8 +111,7 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
     import pytensor
 
     import synkhronos as synk
-    from synkhronos import session as synk_session
-    from synkhronos.distribute import registry
+    from synkhronos import testing
 
     synk.fork(n, pin=pin, spin=spin)
     try:
@@ -124,16 +119,15 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
                      for s in SIZES]
         synk.function([], [v.sum() for v in variables])
         synk.distribute()
-        session = synk_session.current()
         results: dict[str, list] = {"resident": [], "copy-in": []}
         pings = []
         for i in range(trials_for(4, scale) + 200):
             start = time.perf_counter()
-            session.run(synk_session.Opcode.PING)
+            testing.ping()
             if i >= 200:
                 pings.append(time.perf_counter() - start)
         results["ping"] = summarize(0, pings)
-        results["spin"] = session.control.spin if session.control is not None else 0.0
+        results["spin"] = testing.spin_seconds()
         for nbytes, var in zip(SIZES, variables, strict=True):
             count = trials_for(nbytes, scale)
             for _ in range(min(count, 20)):
@@ -144,10 +138,9 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
                 synk.all_reduce(var, op)
                 times.append(time.perf_counter() - start)
             results["resident"].append(summarize(nbytes, times))
-            uid = registry(session).uid(var)
             times = []
             for _ in range(count):
-                session.run(synk_session.Opcode.CALLABLE, (_set_private, (uid, nbytes // 4), None))
+                testing.on_variable(var, _set_private, nbytes // 4)
                 start = time.perf_counter()
                 synk.all_reduce(var, op)
                 times.append(time.perf_counter() - start)

@@ -24,13 +24,16 @@ import time
 import posix_ipc
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import shmem
+from synkhronos import testing
 
 
 def _default_spin(n: int) -> float:
-    # what fork() picks when spin=None (see synkhronos.session.fork)
-    return S._DEFAULT_SPIN if n <= len(os.sched_getaffinity(0)) else 0.0
+    """What fork() picks when spin=None, read from a session of ``n``."""
+    synk.fork(n)
+    try:
+        return testing.spin_seconds()
+    finally:
+        synk.close()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,15 +56,14 @@ def ping_times(n: int, rounds: int, warmup: int, spin: float | None = None) -> l
     """Time ``rounds`` empty commands, one by one, in a fresh session of ``n``."""
     synk.fork(n, spin=spin)
     try:
-        session = S.current()
-        run, ping = session.run, S.Opcode.PING
+        ping = testing.ping
         for _ in range(warmup):
-            run(ping)
+            ping()
         clock = time.perf_counter
         times = []
         for _ in range(rounds):
             start = clock()
-            run(ping)
+            ping()
             times.append(clock() - start)
         return times
     finally:
@@ -70,7 +72,7 @@ def ping_times(n: int, rounds: int, warmup: int, spin: float | None = None) -> l
 
 def semaphore_pingpong_times(rounds: int, warmup: int) -> list[float]:
     """Time ``rounds`` round trips master -> child -> master over two semaphores."""
-    prefix = shmem.new_session_prefix()
+    prefix = f"synk_bench_{os.getpid()}_"
     ping = posix_ipc.Semaphore(f"/{prefix}ping", posix_ipc.O_CREX, mode=0o600)
     pong = posix_ipc.Semaphore(f"/{prefix}pong", posix_ipc.O_CREX, mode=0o600)
     ping.unlink()

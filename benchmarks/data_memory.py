@@ -2,7 +2,7 @@
 
 For each process count ``n``: fork, create a float32 ``synk.data`` of ``--gib`` GiB, fill
 it in the master, and have every process read all of it (a CALLABLE command that maps it
-through ``DataRef.view(session)`` and sums it). Then add up the proportional set size
+through ``DataRef.view()`` and sums it). Then add up the proportional set size
 (PSS, ``/proc/<pid>/smaps_rollup``) of the master and every worker: a page mapped by k
 processes counts 1/k in each, so shared data counts once in the total. With no copies
 the total is the data plus the interpreters' own memory; the goal is below 1.1 x data.
@@ -21,9 +21,8 @@ import time
 import numpy as np
 
 import synkhronos as synk
-from synkhronos import session as synk_session
+from synkhronos import testing
 from synkhronos.data import DataRef
-from synkhronos.session import Opcode
 
 GIB = 1 << 30
 
@@ -39,25 +38,20 @@ def pss_bytes(pid: int) -> int:
 
 def sum_all(ref: DataRef) -> float:
     """Runs in every process: map the data (no copy) and read every item."""
-    return float(ref.view(synk_session.current()).sum(dtype=np.float64))
-
-
-def process_pids(session: synk_session.Session) -> list[int]:
-    return [session.master_pid] + [worker.pid for worker in session.workers]
+    return float(ref.view().sum(dtype=np.float64))
 
 
 def measure(n: int, data_bytes: int) -> dict:
     synk.fork(n)
     try:
-        session = synk_session.require()
-        pids = process_pids(session)
+        pids = testing.process_pids()
         baseline = [pss_bytes(pid) for pid in pids]
         items = data_bytes // 4
         x = synk.data(dtype="float32", shape=(items,))
         start = time.perf_counter()
         x.data.fill(1.0)
         filled = time.perf_counter()
-        sums = session.run(Opcode.CALLABLE, (sum_all, (x.ref(),), None))
+        sums = testing.run_on_ranks(sum_all, x.ref())
         summed = time.perf_counter()
         per_process = [pss_bytes(pid) for pid in pids]
         total = sum(per_process)

@@ -25,7 +25,7 @@ import pytensor
 import pytensor.tensor as pt
 
 import synkhronos as synk
-from synkhronos._runtime import shmem
+from synkhronos import testing
 
 
 def children() -> int:
@@ -44,14 +44,12 @@ def children() -> int:
 
 def snapshot() -> dict:
     gc.collect()
-    mine = f"{shmem.PREFIX}{os.getpid()}_"
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     return {
         "children": children(),
         "open_fds": len(os.listdir("/proc/self/fd")),
-        "shm_entries": sum(e.startswith(mine) or e.startswith("sem." + mine)
-                           for e in os.listdir(shmem.SHM_DIR)),
+        "shm_entries": len(testing.leftover_segments()),
         "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
     }
 

@@ -13,6 +13,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 
+from synk_docs import intersphinx_mapping as _inventories  # noqa: E402
+
 import synkhronos  # noqa: E402
 
 project = "synkhronos"
@@ -23,12 +25,16 @@ version = ".".join(release.split(".")[:2])
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
     "numpydoc",
     "synk_docs",  # docs/_ext/synk_docs.py: benchmark figures, API coverage check
 ]
 
 exclude_patterns = ["_build"]
+
+# Links to Python, numpy and PyTensor, from inventories written locally (no network).
+intersphinx_mapping = _inventories(HERE / "_build" / "intersphinx")
 templates_path: list[str] = []
 html_static_path: list[str] = []
 nitpicky = False

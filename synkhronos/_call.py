@@ -69,15 +69,27 @@ class Call(Message):
 
 @dataclass
 class Staging:
-    """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices."""
+    """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices.
 
-    buffers: dict = field(default_factory=dict)
+    One command may hold several calls of the same variant (``synkhronos.steps``):
+    each gets its own buffers (``epoch`` tells which command is being prepared), so no
+    call overwrites the arrays of another still waiting to run.
+    """
 
-    def put(self, slot: Any, array: np.ndarray) -> DataRef:
+    buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
+    _epoch: int = -1
+    _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
+
+    def put(self, slot: Any, array: np.ndarray, epoch: int = -1) -> DataRef:
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref."""
-        buffer = self.buffers.get(slot)
+        if epoch != self._epoch:
+            self._epoch, self._uses = epoch, {}
+        use = self._uses.get(slot, 0)
+        self._uses[slot] = use + 1
+        key = (slot, use)
+        buffer = self.buffers.get(key)
         if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
-            buffer = self.buffers[slot] = data(value=array, oversize=1.25)
+            buffer = self.buffers[key] = data(value=array, oversize=1.25)
         else:
             buffer.set_value(array, oversize=1.25)
         return buffer.ref()
@@ -93,17 +105,18 @@ class Staging:
         reads, and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
         """
         for i in arrays:
-            buffer = self.buffers.get(i)
+            buffer = self.buffers.get((i, 0))
             if buffer is None or not buffer.holds(refs[i]):
                 return False
         for i in arrays:
-            np.copyto(self.buffers[i].data, args[i], casting="unsafe")
+            np.copyto(self.buffers[(i, 0)].data, args[i], casting="unsafe")
         return True
 
-    def stage(self, checked: Checked) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
+    def stage(self, checked: Checked, epoch: int
+              ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
         refs = [
-            value.ref() if isinstance(value, Data) else self.put(i, value)
+            value.ref() if isinstance(value, Data) else self.put(i, value, epoch)
             for i, value in enumerate(checked.values)
         ]
         selection = checked.batch
@@ -111,7 +124,7 @@ class Staging:
             indices = None
             span = (selection.start, selection.stop) if selection is not None else (0, 0)
         else:
-            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64))
+            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64), epoch)
             span = (0, 0)
         return refs, span, indices
 
@@ -135,10 +148,14 @@ class PreparedCall:
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
-                profile: bool) -> Call:
-        """The ``Call`` for validated arguments; numpy inputs are staged now."""
+                profile: bool, epoch: int) -> Call:
+        """The ``Call`` for validated arguments; numpy inputs are staged now.
+
+        ``epoch``: which command this call will run in (calls prepared for the same
+        command never share staging buffers).
+        """
         self._warn_casts(checked.casts)
-        refs, span, indices = self._staging.stage(checked)
+        refs, span, indices = self._staging.stage(checked, epoch)
         n = self._n_scattered
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,

@@ -19,7 +19,7 @@ import numpy as np
 try:  # PyTensor >= 3
     from pytensor.graph.traversal import ancestors as _ancestors
 except ImportError:  # pragma: no cover - PyTensor 2.x
-    from pytensor.graph.basic import ancestors as _ancestors
+    from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
 from pytensor.graph.replace import clone_replace
 
 __all__ = [

@@ -114,8 +114,8 @@ class Accumulator:
     inexact, else float64. ``sum``, ``prod``, ``max`` and ``min`` are elementwise
     in the first value's dtype, computed in place in a private copy. ``gather``
     concatenates along axis 0 in arrival order (0-d values are stacked into 1-d).
-    ``none`` keeps the last value (the original Synkhronos' rule for the slices of
-    an output that is not reduced).
+    ``none`` (an output not reduced over processes) also concatenates: it puts one
+    process's slices back together in row order.
 
     Parameters
     ----------
@@ -127,10 +127,10 @@ class Accumulator:
         self._op = parse_op(op)
         self._count = 0
         self._total_weight = 0
-        self._first_dtype: np.dtype | None = None
-        self._shape: tuple[int, ...] | None = None
-        self._acc: np.ndarray | None = None
-        self._scratch: np.ndarray | None = None
+        self._first_dtype: Any = None
+        self._shape: Any = None
+        self._acc: Any = None  # the running result (an ndarray once a value came)
+        self._scratch: Any = None
         self._pieces: list[np.ndarray] = []
         self._handed_out = False  # result() returned self._acc; copy before changing it
 
@@ -161,11 +161,8 @@ class Accumulator:
         """
         weight = _check_weight(weight)
         arr = np.asarray(value)
-        if self._op is ReduceOp.GATHER:
+        if self._op in _PER_PROCESS:  # one process's slices, back in row order
             self._add_gather(arr)
-        elif self._op is ReduceOp.NONE:  # no reduction: the last value stands
-            self._acc = np.array(arr, copy=True)
-            self._handed_out = False
         elif self._acc is None:
             self._first_dtype, self._shape = arr.dtype, arr.shape
             if self._op is ReduceOp.AVG:
@@ -219,7 +216,7 @@ class Accumulator:
         """The combined value so far (an ndarray, 0-d for scalars), or None if empty."""
         if self._count == 0:
             return None
-        if self._op is ReduceOp.GATHER:
+        if self._op in _PER_PROCESS:
             if self._pieces[0].ndim == 0:
                 return np.stack(self._pieces)
             return np.concatenate(self._pieces, axis=0)

@@ -292,6 +292,7 @@ def split_batch_s(batch_s: Any, parts: int) -> tuple | None:
     parts = _check_int(parts, "parts", 1)
     if batch_s is None:
         return None
+    shared: list[Any]
     if isinstance(batch_s, (slice, np.ndarray)):
         shared = [batch_s] * parts
     elif isinstance(batch_s, (list, tuple)):
@@ -317,6 +318,7 @@ def split_batch_s(batch_s: Any, parts: int) -> tuple | None:
             raw.append(done[key])
             continue
         what = f"batch_s for rank {rank}:"
+        form: Any
         if item is None:
             form = None
         elif isinstance(item, slice):

@@ -26,7 +26,10 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import sys
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +62,7 @@ class Registry:
         self.compile_seconds = 0.0  # the master's, for the last distribute
         self.distributed_once = False
 
-    def add_function(self, fn: Any, extra_shared: list[Any] = ()) -> int:
+    def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
         fn_id = self.next_function
         self.next_function += 1
@@ -87,6 +90,40 @@ class Distribute(Message):
     """The pickle of new functions and shared variables, for every worker."""
 
     payload: bytes
+
+
+_DEEP_RECURSION = 200_000  # pickle recurses once per level of a graph
+_DEEP_STACK = 1 << 30  # bytes of (lazily committed) stack for that recursion
+
+
+def _deep(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with room for a deep graph's pickling: in a thread of a large stack,
+    with a high recursion limit for the time of the call (a ResNet's functions nest
+    far deeper than Python's default 1000; the original Synkhronos raised the limit for
+    the whole program when imported)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # raised again in the calling thread
+            outcome["error"] = exc
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _DEEP_RECURSION))
+    try:
+        size = threading.stack_size(_DEEP_STACK)
+        try:
+            thread = threading.Thread(target=run, name="synkhronos-pickle")
+            thread.start()
+        finally:
+            threading.stack_size(size)
+        thread.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # Values that may be shared (interned) objects: never pickled by reference.
@@ -162,7 +199,7 @@ def distribute() -> None:
                 known[id(value)] = ("value", uid)
         try:
             buffer = io.BytesIO()
-            _ReferencePickler(buffer, known).dump((functions, new_shared))
+            _deep(_ReferencePickler(buffer, known).dump, (functions, new_shared))
             replies = session.run(Distribute(buffer.getvalue()))
         except Exception:
             # These functions did not reach the workers. They leave the queue, so that
@@ -188,7 +225,7 @@ def receive(ctx: RankContext, message: Distribute) -> float | None:
         faults.hit("unpickle")
     reg = REGISTRY.get(ctx)
     start = time.perf_counter()
-    functions, new_shared = _ReferenceUnpickler(io.BytesIO(message.payload), reg).load()
+    functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
     for uid, var in new_shared.items():
         reg.shared[uid] = var
     reg.functions.update(functions)

@@ -314,9 +314,12 @@ class Function:
             self._signature, len(self.inputs), values, batch,
             self._kwargs.get("allow_input_downcast"),
         )
+        if num_slices > 1:
+            self._check_sliceable_outputs(subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
-        call = prepared.message(checked, selections, num_slices, observer is not None)
+        call = prepared.message(checked, selections, num_slices, observer is not None,
+                                session.commands)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None and num_slices == 1
             and subset is None and observer is None) else None
@@ -339,6 +342,20 @@ class Function:
             return results
 
         return call, finish
+
+    def _check_sliceable_outputs(self, subset: tuple[int, ...] | None) -> None:
+        """An output with op None has no rule to combine the master's slices by: its
+        sliced result could not equal the unsliced one (the original Synkhronos
+        returned the last slice's, silently)."""
+        chosen = range(len(self._outputs)) if subset is None else subset
+        for i in chosen:
+            if self._output_ops[i] is ReduceOp.NONE:
+                raise ValueError(
+                    f"output {i} has op None (not reduced), so its slices cannot be "
+                    "combined into the unsliced result: give it an op (\"gather\" for "
+                    "per-row values), leave it out with output_subset, or call with "
+                    "num_slices=1"
+                )
 
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import handlers, worker
+from ._core import context as core_context
 from ._core import session as core_session
 from ._core.context import RankContext
 from ._core.execute import Executor
@@ -31,6 +32,7 @@ from ._core.session import Session
 from ._runtime import devices, processes, shmem, signals
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
+from ._threads import limit_threads
 
 __all__ = ["fork", "close", "n_parallel", "device", "master_rank", "get_n_gpu"]
 
@@ -38,6 +40,7 @@ log = logging.getLogger("synkhronos")
 
 _DEFAULT_SPIN = 1e-3
 _atexit_registered = False
+PREIMPORT_BACKEND = True  # False: fork() skips the Numba pre-import (testing's switch)
 
 
 def fork(
@@ -103,6 +106,12 @@ def fork(
     global _atexit_registered
     if core_session.current() is not None:
         raise RuntimeError("synk.fork() was already called; call synk.close() first")
+    ctx = core_context.current()
+    if ctx is not None:
+        raise RuntimeError(
+            f"synk.fork() cannot be called inside a worker (rank {ctx.rank}): only the "
+            "master process forks"
+        )
     for option, value in (("profile_workers", profile_workers), ("max_n_var", max_n_var),
                           ("max_dim", max_dim)):
         if value is not None:
@@ -185,11 +194,12 @@ def _start(session: Session, cores: list[int] | None) -> None:
         executor = session.executor
         ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
         session.workers = processes.fork_workers(
-            ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores
+            ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores,
+            setup=limit_threads,
         )
     if cores is not None:
         os.sched_setaffinity(0, {cores[ctx.master_rank]})
-    session.on_close(processes.limit_threads().restore)
+    session.on_close(limit_threads().restore)
     old_handlers = signals.install()
     session.on_close(lambda: signals.restore(old_handlers))
 
@@ -220,6 +230,8 @@ def get_n_gpu() -> int:
 
 def _preimport_backend() -> None:
     """Import the Numba dispatch before forking: each worker then skips ~0.5 s of it."""
+    if not PREIMPORT_BACKEND:
+        return
     try:
         import pytensor.link.numba.dispatch  # noqa: F401
     except Exception as exc:  # pragma: no cover - best effort

@@ -46,23 +46,37 @@ class CallRecord:
 
 @dataclass
 class Profile:
-    """The records of one ``synk.profile()`` block."""
+    """The records of one ``synk.profile()`` block.
+
+    A step of several calls and collectives in one command (``synkhronos.steps``, a
+    training step) is one ``"step"`` record, holding the command's wait for the
+    slowest worker; its calls are ``"call"`` records with their own phases.
+    """
 
     records: list[CallRecord] = field(default_factory=list)
+    _calls_in_step: int = 0  # calls of the last step still to report (their wait is its)
 
     # -- the session's observer protocol --------------------------------------------------
     def command(self, message: Message, total: float, own: float, wait: float) -> None:
         """A command finished (function calls also report their phases, in ``call``)."""
         if isinstance(message, Call):
             return
-        kind = "step" if isinstance(message, Sequence) else "collective"
-        self.records.append(CallRecord(kind, None, total=total, straggler=wait))
+        if isinstance(message, Sequence):
+            self._calls_in_step = sum(isinstance(m, Call) for m in message.steps)
+            self.records.append(CallRecord("step", None, total=total, straggler=wait))
+            return
+        self.records.append(CallRecord("collective", None, total=total, straggler=wait))
 
     def call(self, name: str | None, *, start: float, staged: float, ran: float, done: float,
              straggler: float, gather: list[float], function: list[float]) -> None:
         """A function call's phases (``perf_counter`` times, per-rank seconds)."""
+        total = done - start
+        if self._calls_in_step:  # part of a step: the step's record holds the command
+            self._calls_in_step -= 1
+            straggler = 0.0
+            total = (staged - start) + (done - ran)  # its parts outside the command
         self.records.append(CallRecord(
-            "call", name, total=done - start, stage=staged - start, straggler=straggler,
+            "call", name, total=total, stage=staged - start, straggler=straggler,
             reduce=done - ran, gather=gather, function=function,
         ))
 
@@ -75,6 +89,7 @@ class Profile:
         """
         calls = [r for r in self.records if r.kind == "call"]
         collectives = [r for r in self.records if r.kind == "collective"]
+        steps = [r for r in self.records if r.kind == "step"]
 
         def mean(values: list[float]) -> float:
             return sum(values) / len(values) if values else 0.0
@@ -82,12 +97,13 @@ class Profile:
         return {
             "calls": len(calls),
             "collectives": len(collectives),
+            "steps": len(steps),
             "total": sum(r.total for r in self.records),
             "stage": sum(r.stage for r in calls),
             "gather": sum(mean(r.gather) for r in calls),
             "function": sum(mean(r.function) for r in calls),
             "function_max": sum(max(r.function, default=0.0) for r in calls),
-            "straggler": sum(r.straggler for r in calls),
+            "straggler": sum(r.straggler for r in calls + steps),
             "reduce": sum(r.reduce for r in calls),
             "collective": sum(r.total for r in collectives),
         }

@@ -24,11 +24,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._core.session import Session, require
+from ._pytensor import value
 from .collectives import fused
 from .collectives._checks import FRONT, begin, reduce_op
+from .collectives.backend import FusedLayout
 from .function import Function
 
-__all__ = ["Step", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "run"]
+__all__ = ["Step", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "views",
+           "pieces", "run"]
 
 
 class Step:
@@ -82,6 +85,38 @@ def all_gather_pieces(shared_vars: Any) -> Step:
     session, front, targets, _ = begin("all_gather_pieces", shared_vars)
     return Step(lambda s: fused.all_gather_pieces_step(s, front.backend, targets),
                 "all_gather_pieces")
+
+
+def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:
+    """Each process's ``variables`` become views of their places in its ``flat``.
+
+    ``flat`` is a 1-d shared variable laid out as ``variables`` flattened and
+    concatenated, in order, of their dtype. Afterwards, writing ``flat`` (an
+    ``all_gather_pieces``, an update in place) changes the variables without a copy.
+    ``copy_in``: a variable that does not view its place (a first step, or a value
+    set since) first gives its value to ``flat``; otherwise ``flat`` wins.
+    """
+    session, front, targets, _ = begin("views", [flat, *variables])
+    dtype = targets.dtypes[0]
+    if targets.ndims[0] != 1 or any(d != dtype for d in targets.dtypes):
+        raise ValueError("steps.views needs a 1-d flat variable and variables of its dtype")
+    return Step(lambda s: fused.views_step(s, front, flat, tuple(variables), copy_in),
+                "views")
+
+
+def pieces(shared_var: Any) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each process's piece of a 1-d shared variable, by rank: the
+    pieces :func:`reduce_scatter` and :func:`all_gather_pieces` cut it into (about
+    equal, on cache-line boundaries; a piece may be empty)."""
+    session, front, targets, _ = begin("pieces", shared_var)
+    if targets.ndims != (1,):
+        raise ValueError(f"steps.pieces takes one 1-d shared variable; got {targets.labels}")
+    layout = FusedLayout(targets.dtypes, [value(targets.variables[0]).shape])
+    bounds, end = [], 0
+    for mine in layout.pieces(session.n):
+        start, end = (mine[0][1], mine[0][2]) if mine else (end, end)  # empty: where it is
+        bounds.append((start, end))
+    return bounds
 
 
 def run(steps: Sequence[Step]) -> list[Any]:

@@ -3,9 +3,10 @@
 Everything a test needs to look inside a session without reaching into private
 modules:
 
-- run code on chosen ranks: :func:`run_on_ranks`, :func:`ping`;
+- run code on chosen ranks: :func:`run_on_ranks`, :func:`ping`; inside it,
+  :func:`this_rank` and :func:`mapped` (whether a segment is mapped there);
 - read and set every process's value of a shared variable: :func:`rank_values`,
-  :func:`set_rank_values`;
+  :func:`set_rank_values`, :func:`on_variable`;
 - break a process on purpose: :func:`crash` (raise, ``sys.exit``, ``os._exit``,
   SIGKILL, SIGSEGV, SIGABRT, SIGSTOP), now, or at a named point of a later command
   (:func:`fault_at`: unpickling, gathering rows, running, replying, inside a
@@ -13,7 +14,8 @@ modules:
 - check that nothing is left behind: :func:`child_pids`, :func:`leftover_segments`,
   :func:`assert_clean`;
 - the session's state: :func:`session_open`, :func:`session_state`,
-  :func:`program_prefix`;
+  :func:`program_prefix`, :func:`process_pids`, :func:`commands_run` (to count round
+  trips), :func:`distribute_seconds`;
 - the rule that splits rows over processes: :func:`split_bounds`.
 
 Collective: the functions that run code on the processes are commands like any other
@@ -41,19 +43,28 @@ from .distribute import REGISTRY
 __all__ = [
     "run_on_ranks",
     "ping",
+    "spin_seconds",
+    "this_rank",
+    "mapped",
     "rank_values",
     "set_rank_values",
+    "on_variable",
     "crash",
     "CRASHES",
     "fault_at",
     "POINTS",
     "session_state",
+    "commands_run",
+    "process_pids",
+    "distribute_seconds",
     "session_open",
     "program_prefix",
     "child_pids",
     "leftover_segments",
     "assert_clean",
     "split_bounds",
+    "barrier",
+    "skip_backend_preimport",
 ]
 
 Crash = Literal["raise", "sys_exit", "exit", "kill", "segv", "abort", "stop"]
@@ -73,9 +84,36 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, ranks: Sequence[int] | None
     return session.run(RunCallable(fn, tuple(args), chosen))
 
 
+def this_rank() -> int:
+    """The rank of the calling process (inside a function run by :func:`run_on_ranks`)."""
+    ctx = context.current()
+    if ctx is None:
+        raise RuntimeError("this_rank() needs an open session in this process")
+    return ctx.rank
+
+
+def mapped(segment: str) -> bool:
+    """Whether the calling process holds a mapping of the shared-memory ``segment``
+    (for example a ``Data``'s, ``x.ref().segment``)."""
+    ctx = context.current()
+    return ctx is not None and segment in ctx.arena
+
+
+_PING = Ping()
+
+
 def ping() -> None:
-    """The empty command: every process wakes, does nothing, and replies."""
-    require("synkhronos.testing.ping()").run(Ping())
+    """The empty command: every process wakes, does nothing, and replies (a benchmark
+    of one round trip)."""
+    session = current() or require("synkhronos.testing.ping()")
+    session.run(_PING)
+
+
+def spin_seconds() -> float:
+    """How long a waiting process spins before it sleeps (``fork(spin=...)``; 0 with
+    one process)."""
+    control = require("synkhronos.testing.spin_seconds()").ctx.control
+    return control.spin if control is not None else 0.0
 
 
 def _value_of(uid: int) -> np.ndarray:
@@ -96,6 +134,23 @@ def _uid(var: Any) -> int:
     if uid is None:
         raise ValueError(f"shared variable {var} is not used by any distributed function")
     return uid
+
+
+def _apply(uid: int, fn: Callable[..., Any], args: tuple) -> Any:
+    ctx = context.current()
+    assert ctx is not None
+    return fn(REGISTRY.get(ctx).shared[uid], ctx.rank, *args)
+
+
+def on_variable(var: Any, fn: Callable[..., Any], *args: Any,
+                ranks: Sequence[int] | None = None) -> list[Any]:
+    """Run ``fn(variable, rank, *args)`` in each process of ``ranks`` (default: all),
+    with that process's own copy of the distributed shared variable ``var``.
+
+    For tests that set or inspect a value in place (a strided array, a storage that
+    must be a given object), which pickled values cannot do.
+    """
+    return run_on_ranks(_apply, _uid(var), fn, tuple(args), ranks=ranks)
 
 
 def rank_values(var: Any) -> list[np.ndarray]:
@@ -131,7 +186,7 @@ def crash(rank: int, how: Crash = "kill", code: int = 3) -> Any:
 
 
 def _arm(point: str, how: str, code: int) -> None:
-    faults.arm(point, how, code)
+    faults.arm(point, how, code, now=False)  # from the next command on
 
 
 @contextlib.contextmanager
@@ -142,10 +197,11 @@ def fault_at(point: str, how: Crash, ranks: Sequence[int], code: int = 3) -> Ite
     ``point``: ``"unpickle"`` (a worker unpickling distributed functions),
     ``"gather"`` (a rank gathering its rows of a call), ``"function"`` (before its
     PyTensor function runs), ``"reply"`` (a worker after its part, before its reply),
-    ``"collective"`` (inside a collective, before the first barrier), ``"exchange"``
-    (after it). ``how`` as for :func:`crash`. Arming is itself a command; points armed
-    in a process that did not pass them are disarmed at the end of the block when the
-    session is still usable.
+    ``"collective"`` (inside any collective, before it moves data), ``"exchange"``
+    (after its first barrier, or after it moved its data). ``how`` as for
+    :func:`crash`. Arming is itself a command (its own reply passes no point); points
+    armed in a process that did not pass them are disarmed at the end of the block
+    when the session is still usable.
     """
     if point not in POINTS:
         raise ValueError(f"point must be one of {', '.join(POINTS)}; got {point!r}")
@@ -157,7 +213,7 @@ def fault_at(point: str, how: Crash, ranks: Sequence[int], code: int = 3) -> Ite
     if workers:
         run_on_ranks(_arm, point, how, code, ranks=workers)
     if master in ranks:
-        faults.arm(point, how, code)
+        faults.arm(point, how, code)  # after the arming command: it passes no point
     try:
         yield
     finally:
@@ -171,6 +227,28 @@ def session_state() -> str | None:
     ``"closed"``, or None without a session."""
     session = current()
     return None if session is None else session.state.value
+
+
+def process_pids() -> list[int]:
+    """The pid of every process of the session, by rank."""
+    session = require("synkhronos.testing.process_pids()")
+    pids = [0] * session.n
+    pids[session.ctx.master_rank] = session.ctx.master_pid
+    for worker in session.workers:
+        pids[worker.rank] = worker.pid
+    return pids
+
+
+def distribute_seconds() -> dict[str, Any]:
+    """What the last ``synk.distribute()`` that shipped something cost: the master's
+    compile time (``"compile"``) and each worker's unpickling time (``"unpickle"``)."""
+    reg = REGISTRY.get(require("synkhronos.testing.distribute_seconds()").ctx)
+    return {"compile": reg.compile_seconds, "unpickle": list(reg.unpickle_seconds)}
+
+
+def commands_run() -> int:
+    """How many commands the session has run (each a round trip to every worker)."""
+    return require("synkhronos.testing.commands_run()").commands
 
 
 def session_open() -> bool:
@@ -220,3 +298,27 @@ def assert_clean(pid: int | None = None) -> None:
     assert children == [], f"child processes left behind: {children}"
     left = leftover_segments(pid)
     assert left == [], f"shared-memory entries left behind: {left}"
+
+
+# -- added for the fault suite (tests/faults) ---------------------------------------------------
+
+
+def barrier() -> None:
+    """Inside a function run by :func:`run_on_ranks` on every rank: wait until every
+    process reaches this point (the meeting point collectives use; it watches that
+    the peers are alive while it waits, and raises if one failed before it)."""
+    ctx = context.current()
+    if ctx is None:
+        raise RuntimeError("barrier() needs an open session in this process")
+    ctx.barrier()
+
+
+def skip_backend_preimport() -> None:
+    """Make this program's later ``fork()`` calls skip the pre-import of PyTensor's Numba
+    backend (a second or more per program), which only saves the workers compile time.
+
+    For test programs that compile nothing for Numba (process handling, fault tests).
+    """
+    from . import lifecycle
+
+    lifecycle.PREIMPORT_BACKEND = False

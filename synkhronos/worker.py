@@ -18,7 +18,7 @@ from ._core import faults
 from ._core import session as core_session
 from ._core.context import RankContext, install
 from ._core.execute import Executor, Outcome
-from ._core.protocol import Exit
+from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
@@ -75,6 +75,8 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         control.wait(rank, partial(_is_new, control, seen), ctx.watch)
         seen = control.seq
         arena.catch_up()
+        if faults.PENDING:
+            faults.activate()
         try:
             message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import
@@ -83,6 +85,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
             continue
         if isinstance(message, Exit):
             return
+        assert isinstance(message, Message)
         outcome = executor.run(ctx, message, keep_exception=True)
         if faults.ARMED:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import zlib
 from pathlib import Path
 
 from docutils import nodes
@@ -73,6 +74,9 @@ def _public_names() -> list[str]:
     import synkhronos
 
     names = [f"synkhronos.{name}" for name in synkhronos.__all__]
+    for public in ("synkhronos.steps", "synkhronos.testing"):
+        module = importlib.import_module(public)
+        names += [f"{public}.{name}" for name in module.__all__]
     try:
         extensions = importlib.import_module("synkhronos.extensions")
     except ImportError:
@@ -96,3 +100,55 @@ def setup(app):
     app.add_directive("benchmark-figure", BenchmarkFigure)
     app.connect("env-check-consistency", check_api_coverage)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+# -- intersphinx without the network ------------------------------------------------------
+# The docs build where nothing leaves the machine, so intersphinx reads inventories
+# written here: the objects of Python, numpy and PyTensor the docs link to, at their
+# pages on the projects' own sites (the links work for any reader who has a network).
+INVENTORIES = {
+    "python": ("https://docs.python.org/3/", [
+        ("RuntimeError", "py:exception", "library/exceptions.html#RuntimeError"),
+        ("ValueError", "py:exception", "library/exceptions.html#ValueError"),
+        ("TypeError", "py:exception", "library/exceptions.html#TypeError"),
+        ("TimeoutError", "py:exception", "library/exceptions.html#TimeoutError"),
+        ("KeyboardInterrupt", "py:exception", "library/exceptions.html#KeyboardInterrupt"),
+        ("SystemExit", "py:exception", "library/exceptions.html#SystemExit"),
+        ("multiprocessing", "py:module", "library/multiprocessing.html#module-multiprocessing"),
+        ("threading", "py:module", "library/threading.html#module-threading"),
+        ("pickle", "py:module", "library/pickle.html#module-pickle"),
+        ("logging", "py:module", "library/logging.html#module-logging"),
+        ("warnings", "py:module", "library/warnings.html#module-warnings"),
+    ]),
+    "numpy": ("https://numpy.org/doc/stable/", [
+        ("numpy.ndarray", "py:class", "reference/generated/numpy.ndarray.html#numpy.ndarray"),
+        ("numpy.dtype", "py:class", "reference/generated/numpy.dtype.html#numpy.dtype"),
+        ("numpy.array_split", "py:function",
+         "reference/generated/numpy.array_split.html#numpy.array_split"),
+    ]),
+    "pytensor": ("https://pytensor.readthedocs.io/en/latest/", [
+        ("pytensor.function", "py:function",
+         "library/compile/function.html#pytensor.compile.function.function"),
+        ("pytensor.shared", "py:function",
+         "library/compile/shared.html#pytensor.compile.sharedvalue.shared"),
+        ("pytensor.grad", "py:function", "library/gradient.html#pytensor.gradient.grad"),
+    ]),
+}
+
+
+def write_inventory(path: Path, project: str, objects: list[tuple[str, str, str]]) -> None:
+    """An ``objects.inv`` (version 2) listing ``objects`` as (name, domain:role, uri)."""
+    lines = "".join(f"{name} {role} 1 {uri} -\n" for name, role, uri in objects)
+    header = (f"# Sphinx inventory version 2\n# Project: {project}\n# Version: \n"
+              "# The remainder of this file is compressed using zlib.\n")
+    path.write_bytes(header.encode() + zlib.compress(lines.encode()))
+
+
+def intersphinx_mapping(directory: Path) -> dict:
+    """Write the inventories into ``directory``; the mapping for ``conf.py``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mapping = {}
+    for project, (url, objects) in INVENTORIES.items():
+        path = directory / f"{project}.inv"
+        write_inventory(path, project, objects)
+        mapping[project] = (url, str(path))
+    return mapping

@@ -32,7 +32,8 @@ __all__ = ["RankContext", "RankVar", "current", "install"]
 T = TypeVar("T")
 
 
-def _never() -> None:
+def no_watch() -> None:
+    """The watch of a context with no peers to watch."""
     return None
 
 
@@ -52,7 +53,7 @@ class RankContext:
     n_nodes: int = 1
     local_rank: int = -1
     local_size: int = -1
-    watch: Callable[[], None] = _never  # raises to abandon a wait (dead peer, Ctrl-C)
+    watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
     _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

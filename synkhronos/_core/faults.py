@@ -11,8 +11,9 @@ point                     where
 ``"gather"``              a rank, before it gathers its rows of a call
 ``"function"``            a rank, before it runs its PyTensor function
 ``"reply"``               a worker, after its part, before it writes its reply
-``"collective"``          a rank, inside a collective, before the first barrier
-``"exchange"``            a rank, inside a collective, after the first barrier
+``"collective"``          a rank, inside any collective, before it moves data
+``"exchange"``            a rank, inside a collective, after its first barrier
+                          (or, without one, after it moved its data)
 ========================  ====================================================
 
 Unarmed, a point costs one truth test of a module global.
@@ -24,24 +25,35 @@ import os
 import signal
 import sys
 
-__all__ = ["POINTS", "HOWS", "ARMED", "arm", "disarm", "hit", "break_process"]
+__all__ = ["POINTS", "HOWS", "ARMED", "PENDING", "arm", "activate", "disarm", "hit",
+           "break_process"]
 
 POINTS = ("unpickle", "gather", "function", "reply", "collective", "exchange")
 HOWS = ("raise", "sys_exit", "exit", "kill", "segv", "abort", "stop")
 
 ARMED: dict[str, tuple[str, int]] = {}  # point -> (how, exit code), in this process
+PENDING: dict[str, tuple[str, int]] = {}  # armed from the next command on (see ``arm``)
 
 
-def arm(point: str, how: str, code: int = 3) -> None:
+def arm(point: str, how: str, code: int = 3, now: bool = True) -> None:
+    """Arm ``point``; ``now=False`` (arming inside a command) takes effect from the next
+    command, so the arming command itself never passes an armed point."""
     if point not in POINTS:
         raise ValueError(f"point must be one of {', '.join(POINTS)}; got {point!r}")
     if how not in HOWS:
         raise ValueError(f"how must be one of {', '.join(HOWS)}; got {how!r}")
-    ARMED[point] = (how, code)
+    (ARMED if now else PENDING)[point] = (how, code)
+
+
+def activate() -> None:
+    """At the start of a command: points armed during the last one take effect."""
+    ARMED.update(PENDING)
+    PENDING.clear()
 
 
 def disarm() -> None:
     ARMED.clear()
+    PENDING.clear()
 
 
 def hit(point: str) -> None:

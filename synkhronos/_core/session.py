@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._runtime import processes, shmem, signals
-from .._runtime.remote import Refusal, RemoteTraceback
+from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .context import RankContext
@@ -94,6 +94,7 @@ class Session:
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
         self._seq = 0
+        self.commands = 0  # commands run so far (a test counts round trips with it)
         self._started = 0.0
         self._cleanups: list[Callable[[], None]] = []
         self._worker_ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
@@ -176,6 +177,7 @@ class Session:
         """
         took = self.enter()
         self._running = True
+        self.commands += 1
         try:
             if self.observer is not None:
                 return self._observed(message, repeats)
@@ -237,7 +239,8 @@ class Session:
             for rank in workers:
                 value = control.reply(rank, ctx.arena)
                 if control.failed(rank):
-                    if first is None or (first[1].failure.secondary and not value.secondary):
+                    assert isinstance(value, RemoteFailure)
+                    if first is None or (_secondary(first[1]) and not value.secondary):
                         first = (rank, Outcome(None, value))
                 else:
                     replies[rank] = value
@@ -305,14 +308,24 @@ class Session:
         finally:
             try:
                 for cleanup in reversed(self._cleanups):
-                    cleanup()
+                    try:
+                        cleanup()
+                    except Exception as exc:  # the others still run
+                        log.warning("synkhronos: a clean-up at close failed: %s", exc)
             finally:
                 shmem.sweep_prefix(self.ctx.prefix)
                 self._program_lock.close()
+                if self.ctx.control is not None and not self._running:
+                    self.ctx.control.close()
+                self.ctx.watch = context.no_watch  # no cycle back to the session
                 if owned:
                     self._command_lock.release()
                 if _current is self:
                     install(None)
+
+
+def _secondary(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.secondary
 
 
 def _raise_failure(rank: int, outcome: Outcome) -> None:
@@ -340,6 +353,12 @@ def require(what: str = "this") -> Session:
     """The live session, or a RuntimeError saying to call fork() first."""
     session = _current
     if session is None:
+        ctx = context.current()
+        if ctx is not None and not ctx.is_master:
+            raise RuntimeError(
+                f"{what} can only be called in the master process, not in a worker "
+                f"(rank {ctx.rank}): commands come from the master"
+            )
         raise RuntimeError(f"synk.fork() must be called before {what}")
     return session
 

@@ -63,23 +63,23 @@ class ReleaseLog:
     ITEMS = 1 + _RING
 
     def __init__(self, words: memoryview):
-        self._words = words  # a cast("q") view of ITEMS int64
+        self.words = words  # a cast("q") view of ITEMS int64
 
     @property
     def count(self) -> int:
-        return self._words[0]
+        return self.words[0]
 
     def append(self, segment_id: int) -> None:
-        count = self._words[0]
-        self._words[1 + count % _RING] = segment_id
-        self._words[0] = count + 1
+        count = self.words[0]
+        self.words[1 + count % _RING] = segment_id
+        self.words[0] = count + 1
 
     def since(self, seen: int) -> list[int] | None:
         """Ids appended after the first ``seen``; None if some were overwritten."""
-        count = self._words[0]
+        count = self.words[0]
         if count - seen > _RING:
             return None
-        return [self._words[1 + k % _RING] for k in range(seen, count)]
+        return [self.words[1 + k % _RING] for k in range(seen, count)]
 
 
 class Arena:

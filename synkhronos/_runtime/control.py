@@ -110,6 +110,15 @@ class ControlBlock:
         self._next_id = 0
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
 
+    def close(self) -> None:
+        """Let go of the mapping and the semaphores (the master, at ``close()``; the
+        names were unlinked long ago). Nothing may use the block afterwards."""
+        for view in (self.header, self.release_log.words, self._buffer):
+            view.release()
+        self._map.close()
+        for semaphore in self._semaphores:
+            semaphore.close()
+
     # -- fields -----------------------------------------------------------------------
     @property
     def seq(self) -> int:
@@ -181,6 +190,7 @@ class ControlBlock:
             memo = self._memo.get(key) if key is not None else None
         except TypeError:  # not hashable after all: pickle it every time
             key = memo = None
+        data: bytes | None
         if memo is not None:
             message_id, data = memo
             self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data

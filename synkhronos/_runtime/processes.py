@@ -6,8 +6,9 @@ A worker is a plain ``os.fork()`` child of the master. Right after the fork it:
 - asks the kernel for SIGTERM when the master dies (``PR_SET_PDEATHSIG``), and on
   SIGTERM exits at once, first sweeping the program's segments if the master is gone,
 - enables ``faulthandler`` so a segfault leaves a traceback on stderr,
-- limits BLAS/OpenMP threads to one (``threadpoolctl``), and optionally pins itself
-  to one core.
+- sets the thread-count variables of BLAS/OpenMP/Numba to one and runs the caller's
+  ``setup`` (``fork()`` passes the one that limits the pools already loaded:
+  ``synkhronos/_threads.py``), and optionally pins itself to one core.
 
 It then runs the worker main loop and leaves with ``os._exit``: never through the
 master's ``atexit`` handlers or buffered output it inherited.
@@ -26,9 +27,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import shmem, signals
+from . import shmem
 
-__all__ = ["Worker", "ThreadLimit", "fork_workers", "stop_workers", "limit_threads", "THREAD_ENV"]
+__all__ = ["Worker", "fork_workers", "stop_workers", "THREAD_ENV"]
 
 log = logging.getLogger("synkhronos")
 
@@ -76,59 +77,6 @@ def describe_status(status: int) -> str:
     return f"exited with code {os.WEXITSTATUS(status)}"
 
 
-class ThreadLimit:
-    """This process's BLAS/OpenMP pools and Numba's threading layer held to one thread.
-
-    BLAS/OpenMP through threadpoolctl. Numba launches its thread pool lazily, at the
-    first parallel kernel (PyTensor's Numba backend compiles none by default): if it
-    has not launched, the pool it will launch is made one thread (its module-level
-    count); if it has, ``numba.set_num_threads(1)`` masks the others. ``restore``
-    puts back what can be put back (the BLAS limits; Numba's count if its pool still
-    has not launched).
-    """
-
-    def __init__(self) -> None:
-        self._blas = None
-        self._numba_count: int | None = None
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # pragma: no cover - a declared dependency
-            pass
-        else:
-            self._blas = signals.blocked(lambda: threadpool_limits(limits=1))
-        self._limit_numba()
-
-    def _limit_numba(self) -> None:
-        try:
-            import numba
-            from numba.np.ufunc import parallel
-        except ImportError:  # numba is PyTensor's, but not ours to require
-            return
-        try:
-            if getattr(parallel, "_is_initialized", False):
-                numba.set_num_threads(1)
-            elif isinstance(getattr(parallel, "NUM_THREADS", None), int):
-                self._numba_count = parallel.NUM_THREADS
-                parallel.NUM_THREADS = 1
-        except Exception as exc:  # pragma: no cover - a Numba without these internals
-            log.debug("could not limit Numba's threads: %s", exc)
-
-    def restore(self) -> None:
-        if self._blas is not None:
-            signals.blocked(self._blas.restore_original_limits)
-        if self._numba_count is not None:
-            from numba.np.ufunc import parallel
-
-            if not parallel._is_initialized:
-                parallel.NUM_THREADS = self._numba_count
-            self._numba_count = None
-
-
-def limit_threads() -> ThreadLimit:
-    """Limit BLAS/OpenMP pools and Numba's threads in this process to one thread."""
-    return ThreadLimit()
-
-
 def _set_parent_death_signal() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -149,7 +97,8 @@ def master_gone(master_pid: int) -> bool:
     return state in ("Z", "X", "x")
 
 
-def _setup_child(master_pid: int, prefix: str, core: int | None) -> None:
+def _setup_child(master_pid: int, prefix: str, core: int | None,
+                 setup: Callable[[], object] | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def on_term(signum, frame):
@@ -170,7 +119,8 @@ def _setup_child(master_pid: int, prefix: str, core: int | None) -> None:
     faulthandler.enable()
     for name in THREAD_ENV:
         os.environ[name] = "1"
-    limit_threads()
+    if setup is not None:
+        setup()
     if core is not None:
         os.sched_setaffinity(0, {core})
 
@@ -180,10 +130,12 @@ def fork_workers(
     prefix: str,
     main: Callable[[int], None],
     cores: list[int] | None = None,
+    setup: Callable[[], object] | None = None,
 ) -> list[Worker]:
     """Fork one worker per rank in ``ranks``; each runs ``main(rank)`` and exits.
 
-    ``cores``, when given, maps rank -> the CPU it pins itself to.
+    ``cores``, when given, maps rank -> the CPU it pins itself to; ``setup`` runs in
+    each child before ``main`` (after the process-wide settings above).
     """
     master_pid = os.getpid()
     sys.stdout.flush()
@@ -195,7 +147,8 @@ def fork_workers(
             if pid == 0:  # pragma: no cover - runs in the child
                 code = 0
                 try:
-                    _setup_child(master_pid, prefix, None if cores is None else cores[rank])
+                    _setup_child(master_pid, prefix, None if cores is None else cores[rank],
+                                 setup)
                     main(rank)
                 except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else 1

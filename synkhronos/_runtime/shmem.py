@@ -40,7 +40,6 @@ __all__ = [
     "sweep_prefix",
     "sweep_dead_programs",
     "array_view",
-    "SegmentCache",
     "ProgramLock",
 ]
 
@@ -204,35 +203,3 @@ def array_view(
     dtype = np.dtype(dtype)
     count = math.prod(shape)
     return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset).reshape(shape)
-
-
-class SegmentCache:
-    """One process's mappings of segments that other processes created, by name.
-
-    A reallocated array gets a new segment name, so a name maps to one fixed size for
-    its whole life; ``forget`` drops a mapping (the memory goes once no view uses it).
-    """
-
-    def __init__(self) -> None:
-        self._maps: dict[str, mmap.mmap] = {}
-        # name -> (key, array): the last array viewed on each segment, for callers
-        # that view the same segment the same way call after call (``_dataref.call_view``)
-        self.views: dict[str, tuple] = {}
-        self.generation = 0  # counts ``forget``s: caches of views compare it to stay valid
-
-    def get(self, name: str) -> mmap.mmap:
-        segment = self._maps.get(name)
-        if segment is None:
-            segment = self._maps[name] = open_segment(name)
-        return segment
-
-    def forget(self, name: str) -> None:
-        self._maps.pop(name, None)
-        self.views.pop(name, None)
-        self.generation += 1
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._maps
-
-    def __len__(self) -> int:
-        return len(self._maps)

@@ -49,7 +49,7 @@ def install() -> dict[int, Any]:
     """Take over SIGINT/SIGTERM where they have Python's defaults; return the old ones."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    old = {}
+    old: dict[int, Any] = {}
     for signum, default in _DEFAULTS.items():
         if signal.getsignal(signum) is default:
             old[signum] = signal.signal(signum, _on_signal)
@@ -57,10 +57,17 @@ def install() -> dict[int, Any]:
 
 
 def restore(old: dict[int, Any]) -> None:
-    """Put back the handlers ``install`` replaced."""
+    """Put back the handlers ``install`` replaced.
+
+    Only the main thread may set handlers: from another thread (a session closed by a
+    Ctrl-C its command saw there) ours stay, which behave as Python's defaults do for
+    SIGINT (``KeyboardInterrupt``) and nearly so for SIGTERM (``SystemExit(143)``).
+    """
+    _lost.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return
     for signum, handler in old.items():
         signal.signal(signum, handler)
-    _lost.clear()
 
 
 def forget() -> None:

@@ -21,6 +21,7 @@ Decoded arrays are copies: the slot is overwritten by the next command.
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
         return None
     arrays: list[np.ndarray] = []
     offset = 0
-    items = []
+    items: list[Any] = []
     for item in obj:
         kind = type(item)
         if kind is list:
@@ -106,7 +107,7 @@ def read_arrays(buffer: memoryview, at: int, length: int) -> tuple:
     """The object ``write_arrays`` wrote at ``at`` (``length``: its description's)."""
     start = at + _aligned(length)
     items = pickle.loads(buffer[at : at + length])
-    out = []
+    out: list[Any] = []
     for item in items:
         kind = type(item)
         if kind is list:

@@ -133,7 +133,7 @@ def _resolve(reg: Any, variables: tuple, single: bool, by_name: bool = False) ->
 
 
 def reduce_op(op: Any, targets: Targets) -> ReduceOp:
-    parsed = _OPS.get(op) if isinstance(op, str) else None
+    parsed: ReduceOp | None = _OPS.get(op) if isinstance(op, str) else None
     if parsed is None:
         parsed = parse_op(op, allow_gather=False)
     if parsed is ReduceOp.AVG and not targets.inexact:

@@ -177,6 +177,11 @@ class Backend(abc.ABC):
     def scratch(self, ctx: RankContext, name: str) -> Any:
         """Rank: the scratch a command names."""
 
+    @property
+    @abc.abstractmethod
+    def scratch_name(self) -> str:
+        """Master: the name of the current scratch (what a command names)."""
+
     @abc.abstractmethod
     def settle(self, ctx: RankContext, new: Sequence[str]) -> None:
         """Master, after a command: the buffers it introduced are mapped everywhere."""
@@ -211,6 +216,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def broadcast(self, ctx: RankContext, group: Any, root: int) -> None:
         """The root's slot into every slot."""
+
+    def pair_reduce(self, ctx: RankContext, group: Any, op: ReduceOp) -> tuple | None:
+        """The worker of a two-rank ``all_reduce`` without a barrier (only for groups
+        whose ``pair`` is true; a backend that never sets it need not implement it)."""
+        raise NotImplementedError
 
 
 _BACKENDS: dict[str, Callable[[], Backend]] = {}

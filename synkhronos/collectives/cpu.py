@@ -195,7 +195,8 @@ class CpuBackend(Backend):
         return segment.buffer, segment.name
 
     @property
-    def scratch_name(self) -> str | None:
+    def scratch_name(self) -> str:
+        assert self._scratch is not None, "no scratch made yet"
         return self._scratch
 
     # -- every process ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _pytensor
 from .._core import faults
-from .._core.context import RankContext
+from .._core.context import RankContext, RankVar
 from .._core.protocol import Message
 from .._core.protocol import Sequence as SequenceMessage
 from .._core.session import Session
@@ -116,6 +116,16 @@ class GetValue(Message):
     scratch: str
     uids: tuple[int, ...]
     rank: int
+
+
+@dataclass(frozen=True)
+class ViewsOf(Message):
+    """Each variable's storage becomes a view of its place in the flat variable."""
+
+    flat: int  # uid of the flat variable
+    uids: tuple[int, ...]
+    places: tuple[tuple[int, int, tuple[int, ...]], ...]  # (start, stop, shape) each
+    copy_in: bool  # a variable not viewing its place gives its value to the flat one
 
 
 @dataclass(frozen=True)
@@ -238,7 +248,8 @@ def reduce_step(session: Session, backend: Backend, targets: Targets, op: Reduce
     ctx = session.ctx
     group, spec, _ = _group_for(ctx, backend, targets)
     shapes = group.layout.shapes
-    scratch, new = None, ()
+    scratch: str | None = None
+    new: tuple[str, ...] = ()
     if not in_place and not group.small:
         buffer, name = backend.regions(ctx, group.layout.total)
         scratch = backend.scratch_name
@@ -294,6 +305,21 @@ def regions_step(session: Session, backend: Backend, targets: Targets, shapes: l
         return [[values[i] for values in per_rank] for i in range(len(targets.uids))]
 
     return Step(message, finish, new=(name,) if name else ())
+
+
+def views_step(session: Session, front: Any, flat: Any, variables: tuple,
+               copy_in: bool) -> Step:
+    """Each variable becomes a view of its place in ``flat`` (see ``ViewsOf``)."""
+    reg = front.registry
+    places, start = [], 0
+    for var in variables:
+        shape = tuple(_pytensor.value(var).shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        places.append((start, start + size, shape))
+        start += size
+    message = ViewsOf(reg.uid(flat), tuple(reg.uid(var) for var in variables),
+                      tuple(places), copy_in)
+    return Step(message, repeats=True)
 
 
 def get_value_step(session: Session, backend: Backend, targets: Targets, rank: int,
@@ -374,8 +400,6 @@ def _own_shapes(variables: list) -> Mismatch:
 
 def _loaded(ctx: RankContext, group: Any, whole: bool) -> list[np.ndarray] | None:
     """Load and vote: this rank's values, or None if any rank's shapes differ."""
-    if faults.ARMED:
-        faults.hit("collective")
     values, ok = _load(ctx, group, whole)
     if not ctx.agree(ok):
         return None
@@ -450,8 +474,44 @@ def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
 def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
+    rank, own = ctx.rank, group.flats[ctx.rank]
+    for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
+        value = _pytensor.value(group.variables[i])
+        if value is not group.slots[rank][i]:
+            own[i][lo:hi] = value.reshape(-1)[lo:hi]
     backend.all_gather(ctx, group)
-    _rebind(group.variables, group.slots[ctx.rank])
+    _rebind(group.variables, group.slots[rank])
+
+
+class _Views:
+    """The views ``ViewsOf`` made, per flat variable: (its storage, the views)."""
+
+    def __init__(self) -> None:
+        self.made: dict[int, tuple[Any, list]] = {}
+
+
+_VIEWS: RankVar[_Views] = RankVar("flat views", lambda ctx: _Views())
+
+
+def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
+    flat_var = REGISTRY.get(ctx).shared[message.flat]
+    variables = _variables(ctx, message.uids)
+    flat = _pytensor.value(flat_var)
+    made = _VIEWS.get(ctx).made
+    kept = made.get(message.flat)
+    if kept is not None and kept[0] is flat and all(
+            _pytensor.value(var) is view for var, view in zip(variables, kept[1], strict=True)):
+        return  # the usual case: nothing moved since the last step
+    views: list[np.ndarray] = []
+    for var, (start, stop, shape) in zip(variables, message.places, strict=True):
+        view = flat[start:stop].reshape(shape)
+        value = _pytensor.value(var)
+        if value is not view and message.copy_in and not (
+                kept is not None and kept[0] is flat and value is kept[1][len(views)]):
+            view[...] = value
+        _pytensor.bind(var, view)
+        views.append(view)
+    made[message.flat] = (flat, views)
 
 
 def _on_place(ctx: RankContext, message: Place) -> None:
@@ -487,6 +547,8 @@ def _on_gather(ctx: RankContext, message: Gather) -> None:
     if not message.everyone:
         return
     ctx.barrier()
+    if faults.ARMED:
+        faults.hit("exchange")
     dtypes = [var.type.dtype for var in variables]
     regions = [FusedLayout(dtypes, shapes).views(buffer, base)
                for shapes, base in zip(message.shapes, message.bases, strict=True)]
@@ -500,7 +562,24 @@ def _on_get_value(ctx: RankContext, message: GetValue) -> None:
         _write_region(ctx, buffer, _variables(ctx, message.uids), 0)
 
 
-HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
+def _with_points(handler: Callable[[RankContext, Any], Any]) -> Callable[[RankContext, Any], Any]:
+    """A collective's handler passing the test fault points ``"collective"`` (before it
+    moves data) and ``"exchange"`` (after, where its first barrier did not pass it)."""
+
+    def run(ctx: RankContext, message: Any) -> Any:
+        if faults.ARMED:
+            faults.hit("collective")
+        result = handler(ctx, message)
+        if faults.ARMED:
+            faults.hit("exchange")
+        return result
+
+    run.__name__ = run.__qualname__ = handler.__name__
+    run.__doc__ = handler.__doc__
+    return run
+
+
+_RANK_PARTS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
     Shapes: _on_shapes,
     Broadcast: _on_broadcast,
     AllReduce: _on_all_reduce,
@@ -510,4 +589,9 @@ HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
     Place: _on_place,
     Gather: _on_gather,
     GetValue: _on_get_value,
+    ViewsOf: _on_views_of,
+}
+
+HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
+    kind: _with_points(handler) for kind, handler in _RANK_PARTS.items()
 }

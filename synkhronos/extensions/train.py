@@ -1,30 +1,35 @@
 """make_train_function(): one callable training step, exact for any split of the rows.
 
-This module owns the three-step training call built on an update rule of
-:mod:`synkhronos.extensions.updates`. One ``train(*data, batch=..., num_slices=...)``:
+This module owns the training step built on an update rule of
+:mod:`synkhronos.extensions.updates`. One ``train(*data, batch=..., num_slices=...)``
+is one command (:mod:`synkhronos.steps`): the workers go from the gradient to the
+exchange to the update without a round trip to the master.
 
 1. ``grad_function`` (scattered ``inputs``, one broadcast scalar ``total``): each
    process writes ``grad(loss * rows / total)`` into the flat vector ``grad_shared``,
    where ``rows`` is the number of rows it ran and ``total`` the minibatch's (piece by
    piece, in place: see ``flatten_gradients``); with ``num_slices > 1`` the update
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
-   over processes weighted by rows;
-2. ``synk.all_reduce(grad_shared, op="sum")``: every process now holds
-   ``sum_p rows_p / total * mean_grad_p``, the mean gradient over the whole minibatch;
-3. ``apply_function`` (no inputs): each process splits ``grad_shared`` and applies the
-   rule to identical values, so parameters and rule state stay identical everywhere.
+   over processes weighted by rows. Summed over processes, ``grad_shared`` is the
+   mean gradient over the whole minibatch.
+2. Sharded (the default with several processes): ``reduce_scatter(grad_shared,
+   "sum")`` leaves each process the summed gradient of its piece of the parameters;
+   ``apply_function`` applies the rule to that piece of ``params_flat`` (and of the
+   rule's state, which each process holds for its piece only); ``all_gather_pieces``
+   copies every new piece into every process's ``params_flat``, which every parameter
+   views. Unsharded: ``all_reduce(grad_shared, "sum")``, then every process applies
+   the rule to every parameter.
 
-The three run as one command (:mod:`synkhronos.steps`): the workers go from the
-gradient to the exchange to the update without a round trip to the master.
-
-The result equals the rule run in one plain PyTensor process on the same minibatches
-(to round-off) however the rows split, provided ``loss`` is a mean over rows. A
-process given no rows (a minibatch shorter than ``n_parallel``) does not run step 1,
-so a step that zeroes ``grad_shared`` in every process comes first then.
+Either way every process ends with the same parameters, equal (to round-off) to the
+rule run in one plain PyTensor process on the same minibatches however the rows
+split, provided ``loss`` is a mean over rows. A process given no rows (a minibatch
+shorter than ``n_parallel``) does not run step 1, so a step that zeroes
+``grad_shared`` in every process comes first then.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,8 +39,10 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .. import Function, distribute, function, n_parallel
+from .. import Function, broadcast, distribute, function, n_parallel, set_value
+from .. import data as synk_data
 from .. import steps as synk_steps
+from . import updates
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -71,8 +78,59 @@ def _selected(data: Any, batch: Any) -> int | None:
         return None
 
 
+class _PieceState(updates.State):
+    """State for a rule applied to each process's piece of the flat parameters: a
+    vector whose length differs per process (set by ``TrainFunction`` before its
+    first step), so each process holds the state of its piece only."""
+
+    def __init__(self) -> None:
+        self.made: list[SharedVariable] = []  # every state variable, step counter too
+
+    def like(self, param: Any, name: str) -> SharedVariable:
+        var = pytensor.shared(np.zeros(0, dtype=param.dtype), name=f"piece_{name}",
+                              shape=(None,))
+        self.made.append(var)
+        return var
+
+    def scalar(self, dtype: str, name: str) -> SharedVariable:
+        var = super().scalar(dtype, name)
+        self.made.append(var)
+        return var
+
+
+def _rule_name(update_rule: Any) -> str | None:
+    """The name of a rule of ``updates`` (whose arithmetic can run on a piece)."""
+    name = getattr(update_rule, "__name__", None)
+    return name if name in updates.MATH and RULES.get(name) is update_rule else None
+
+
+def _hyper_of(update_rule: Any, rule_args: Sequence[Any], hyper: dict) -> dict:
+    """The rule's hyper-parameters by name (positional ones too; ``lr`` is
+    ``learning_rate``)."""
+    hyper = dict(hyper)
+    if "lr" in hyper:
+        hyper["learning_rate"] = hyper.pop("lr")
+    bound = inspect.signature(update_rule).bind(None, None, *rule_args, **hyper)
+    return {k: v for k, v in bound.arguments.items() if k not in ("loss", "params")}
+
+
 class TrainFunction:
     """One data-parallel training step; built by :func:`make_train_function`.
+
+    Two forms, the same result:
+
+    - **sharded** (the default with more than one process, for the rules of
+      :mod:`~synkhronos.extensions.updates`): the flat gradient is reduce-scattered,
+      so each process holds the minibatch's gradient for its piece of the parameters;
+      each applies the rule to its piece only, its rule state (momentum, Adam's
+      moments) for that piece only (1/n of the state per process); the new pieces are
+      all-gathered into every process's flat parameter vector, which every parameter
+      views (so no parameter is copied). ZeRO stage 1, as PyTorch's
+      ZeroRedundancyOptimizer.
+    - **unsharded**: the gradient is all-reduced and every process applies the rule
+      to every parameter.
+
+    Either way a step is one command.
 
     Attributes
     ----------
@@ -80,12 +138,21 @@ class TrainFunction:
         Step 1: inputs + a broadcast scalar (the minibatch's row count); returns the
         loss; writes the row-weighted gradient into ``grad_shared``.
     apply_function : synkhronos.Function
-        Step 3: no inputs; applies the rule from ``grad_shared``.
+        The update: unsharded, no inputs (the rule over every parameter); sharded, one
+        scattered row per process (its piece's bounds).
     grad_shared : SharedVariable
-        The flat gradient vector (scratch: overwritten by every call).
+        The flat gradient vector (scratch: overwritten by every call). After a step it
+        holds the minibatch's mean gradient: whole in every process (unsharded), or
+        each process's piece of it (sharded).
     params : list of SharedVariable
+    params_flat : SharedVariable or None
+        Sharded: the parameters, flat, in ``params`` order (each parameter views its
+        place in it).
     param_updates : list of (SharedVariable, Variable)
-        The rule's updates (parameters and rule state).
+        The rule's updates (parameters and rule state) in the unsharded form.
+    state : list of SharedVariable
+        The rule's state variables (sharded: each process's piece of it).
+    sharded : bool
     update_rule : callable
         The rule, from :mod:`synkhronos.extensions.updates`.
     inputs : list of Variable
@@ -95,7 +162,7 @@ class TrainFunction:
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
                  hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
-                 rule_args: Sequence[Any] = ()) -> None:
+                 rule_args: Sequence[Any] = (), sharded: bool | None = None) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if isinstance(inputs, Variable):
             inputs = [inputs]
@@ -114,7 +181,8 @@ class TrainFunction:
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the
         # gradient itself.
-        result = update_rule(loss * (rows / self._total), self.params, *rule_args, **hyper)
+        weighted = loss * (rows / self._total)
+        result = update_rule(weighted, self.params, *rule_args, **hyper)
         try:
             grad_updates, param_updates, grad_shared = result
             ok = (len(grad_updates) == 1 and grad_updates[0][0] is grad_shared
@@ -132,19 +200,101 @@ class TrainFunction:
         self.param_updates = param_updates
         self.grad_shared = grad_shared
         name = update_rule.__name__
+        self.sharded = self._choose_sharded(sharded, compile_kwargs)
         self.grad_function: Function = function(
             self.inputs, loss, bcast_inputs=[self._total],
             updates=[(grad_shared, flat, "sum")],
             name=f"train_grad_{name}", **compile_kwargs,
         )
-        self.apply_function: Function = function([], updates=param_updates,
-                                                 name=f"train_apply_{name}", **compile_kwargs)
+        self.params_flat: SharedVariable | None = None
+        if self.sharded:
+            self.state = self._build_sharded(name, _hyper_of(update_rule, rule_args, hyper),
+                                             compile_kwargs)
+        else:
+            self.apply_function = function([], updates=param_updates,
+                                           name=f"train_apply_{name}", **compile_kwargs)
+            targets = {id(p) for p in self.params}
+            self.state = [var for var, _ in param_updates if id(var) not in targets]
         self._zero_function: Function = function(
             [], updates=[(grad_shared, pt.zeros_like(grad_shared))],
             name=f"train_zero_{name}", **compile_kwargs,
         )
-        self._distributed = False
-        self._all_reduce_step: synk_steps.Step | None = None
+        self._ready = False
+        self._steps: dict[str, synk_steps.Step] = {}
+
+    def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
+        """Sharded unless asked otherwise, or impossible: one process, a rule of the
+        user's own, parameters of several dtypes, or the JAX backend (immutable
+        arrays cannot be viewed and updated in place)."""
+        reasons = []
+        if _rule_name(self.update_rule) is None:
+            reasons.append("the rule is not one of synkhronos.extensions.updates")
+        if len({p.type.dtype for p in self.params}) > 1:
+            reasons.append("the parameters have several dtypes")
+        if str(compile_kwargs.get("mode", "")).upper() == "JAX":
+            reasons.append("JAX arrays cannot be updated in place")
+        if sharded is None:
+            return n_parallel() > 1 and not reasons
+        if sharded and reasons:
+            raise ValueError(f"sharded=True is not possible here: {'; '.join(reasons)}")
+        return bool(sharded)
+
+    def _build_sharded(self, name: str, hyper: dict, compile_kwargs: dict) -> list:
+        """The flat parameters, and the update of one process's piece of them."""
+        values = [np.asarray(p.get_value(borrow=True)).ravel() for p in self.params]
+        self.params_flat = flat = pytensor.shared(np.concatenate(values), name="params_flat")
+        bounds = pt.lmatrix("piece")  # one scattered row per process: (start, stop)
+        start, stop = bounds[0, 0], bounds[0, 1]
+        state = _PieceState()
+        new, extra = updates.MATH[name]([flat[start:stop]], [self.grad_shared[start:stop]],
+                                        state, **hyper)
+        piece = new[0] if new[0].dtype == flat.dtype else pt.cast(new[0], flat.dtype)
+        self.apply_function = function(
+            [bounds], updates=[(flat, pt.set_subtensor(flat[start:stop], piece))] + extra,
+            name=f"train_apply_piece_{name}", **compile_kwargs,
+        )
+        return state.made
+
+    def reset_state(self) -> None:
+        """Zero the rule's state (velocities, moments, Adam's step count) in every
+        process, as a fresh rule has it.
+
+        Collective: every process takes part; returns when all have finished.
+        """
+        if not self._ready or not self.state:
+            return  # nothing has run (the state is as made), or the rule keeps none
+        if self.sharded:
+            self._zero_pieces()
+        else:
+            broadcast(self.state, [np.zeros_like(var.get_value(borrow=True))
+                                   for var in self.state])
+
+    def _zero_pieces(self) -> None:
+        assert self.params_flat is not None
+        dtype = self.params_flat.type.dtype
+        for var in self.state:
+            if var.ndim == 0:  # a step counter: the same in every process
+                broadcast(var, np.zeros((), dtype=var.type.dtype))
+                continue
+            for rank, (start, stop) in enumerate(self._pieces):
+                set_value(rank, var, np.zeros(stop - start, dtype=dtype))
+
+    def _setup(self) -> None:
+        """First call: distribute, and (sharded) give each process its piece's bounds
+        and its piece of the rule state."""
+        distribute()
+        if self.sharded:
+            assert self.params_flat is not None
+            self._pieces = synk_steps.pieces(self.params_flat)
+            self._bounds = synk_data(np.asarray(self._pieces, dtype=np.int64))
+            self._zero_pieces()
+            self._steps["views_in"] = synk_steps.views(self.params_flat, self.params, True)
+            self._steps["views_out"] = synk_steps.views(self.params_flat, self.params, False)
+            self._steps["reduce"] = synk_steps.reduce_scatter(self.grad_shared, op="sum")
+            self._steps["gather"] = synk_steps.all_gather_pieces(self.params_flat)
+        else:
+            self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum")
+        self._ready = True
 
     def __call__(self, *data: Any, batch: Any = None, num_slices: int = 1) -> np.ndarray:
         """Take one step on the selected rows; return their mean loss.
@@ -178,29 +328,29 @@ class TrainFunction:
         total = _selected(data[0], batch)
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")
-        if not self._distributed:  # the all-reduce step needs grad_shared distributed
-            distribute()
-            self._distributed = True
+        if not self._ready:
+            self._setup()
         n = n_parallel()
         steps = []
+        if self.sharded:
+            steps.append(self._steps["views_in"])  # a parameter set since: its value counts
         if total is not None and total < n:
             # some process runs nothing in the gradient call: its old gradient must not count
             steps.append(synk_steps.call(self._zero_function))
+        grad_at = len(steps)
         steps.append(synk_steps.call(
-            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.dtype),
+            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.type.dtype),
             batch=batch, num_slices=num_slices,
         ))
-        if n > 1:
-            steps.append(self._all_reduce)
-        steps.append(synk_steps.call(self.apply_function))
+        if self.sharded:
+            steps += [self._steps["reduce"], synk_steps.call(self.apply_function, self._bounds),
+                      self._steps["gather"], self._steps["views_out"]]
+        else:
+            if n > 1:
+                steps.append(self._steps["reduce"])
+            steps.append(synk_steps.call(self.apply_function))
         results = synk_steps.run(steps)  # one command: every process goes straight through
-        return results[len(steps) - (3 if n > 1 else 2)]
-
-    @property
-    def _all_reduce(self) -> synk_steps.Step:
-        if self._all_reduce_step is None:
-            self._all_reduce_step = synk_steps.all_reduce(self.grad_shared, op="sum")
-        return self._all_reduce_step
+        return results[grad_at]
 
     def __repr__(self) -> str:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
@@ -226,7 +376,7 @@ def _forms(inputs: Any, rest: tuple, what: str) -> tuple[list, Any, tuple]:
 def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
                         compile_kwargs: dict[str, Any] | None = None,
-                        **hyper: Any) -> TrainFunction:
+                        sharded: bool | None = None, **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
 
     Two call forms: today's ``make_train_function(loss, params, inputs, update_rule,
@@ -247,8 +397,13 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         A rule of :mod:`synkhronos.extensions.updates` (``updates.adam``), its name
         (``"adam"``), or a callable with the same contract.
     compile_kwargs : dict, optional
-        Passed to both underlying ``synk.function`` calls and so to
+        Passed to the underlying ``synk.function`` calls and so to
         ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
+    sharded : bool, optional
+        Shard the update (see :class:`TrainFunction`): the default with more than one
+        process, a rule of :mod:`~synkhronos.extensions.updates`, parameters of one
+        dtype and a backend other than JAX; ``False`` all-reduces the gradient and
+        applies the rule in every process to every parameter. The same result.
     **hyper
         The rule's hyper-parameters (``learning_rate=...`` or the original's
         ``lr=...``, ...); positional ones may follow ``update_rule``.
@@ -281,7 +436,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     """
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
     return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
-                         compile_kwargs, rule_args)
+                         compile_kwargs, rule_args, sharded)
 
 
 def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],

@@ -56,6 +56,8 @@ from pytensor.scalar import upcast
 
 __all__ = [
     "RULES",
+    "MATH",
+    "State",
     "UpdateRule",
     "flatten_gradients",
     "split_flat",
@@ -295,10 +297,135 @@ def _new(var: SharedVariable, value: Variable) -> tuple[SharedVariable, Variable
     return var, value if value.dtype == var.dtype else pt.cast(value, var.dtype)
 
 
-def _timestep(grad_shared: SharedVariable) -> tuple[SharedVariable, Variable]:
-    """A shared step counter, zero-initialized, and its incremented value."""
-    t_prev = pytensor.shared(np.asarray(0, dtype=grad_shared.dtype), name="t")
-    return t_prev, t_prev + 1
+class State:
+    """Makes a rule's state variables (velocities, moments, the step counter).
+
+    The rules' arithmetic (``MATH``) asks this for its state, so the same arithmetic
+    serves parameters held one shared variable each (``like`` copies a parameter's
+    shape) and a flat piece of all of them that differs per process (the sharded
+    update of :mod:`synkhronos.extensions.train` passes its own ``State``).
+    """
+
+    def like(self, param: Any, name: str) -> SharedVariable:
+        """A zero shared variable shaped as ``param``."""
+        return _zeros_like(param, name)
+
+    def scalar(self, dtype: str, name: str) -> SharedVariable:
+        """A zero shared scalar (a step counter)."""
+        return pytensor.shared(np.asarray(0, dtype=dtype), name=name)
+
+
+MathResult = tuple[list[Variable], Updates]
+
+
+def _sgd(params: list, grads: list, state: State, learning_rate: Hyper) -> MathResult:
+    return [p - learning_rate * g for p, g in zip(params, grads, strict=True)], []
+
+
+def _momentum(params: list, grads: list, state: State, learning_rate: Hyper,
+              momentum: Hyper = 0.9) -> MathResult:
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        velocity = state.like(p, "velocity")
+        step = momentum * velocity - learning_rate * g
+        extra.append(_new(velocity, step))
+        new.append(p + step)
+    return new, extra
+
+
+def _nesterov_momentum(params: list, grads: list, state: State, learning_rate: Hyper,
+                       momentum: Hyper = 0.9) -> MathResult:
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        velocity = state.like(p, "velocity")
+        step = momentum * velocity - learning_rate * g
+        extra.append(_new(velocity, step))
+        new.append(p + momentum * step - learning_rate * g)
+    return new, extra
+
+
+def _adagrad(params: list, grads: list, state: State, learning_rate: Hyper = 1.0,
+             epsilon: Hyper = 1e-6) -> MathResult:
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = state.like(p, "accumulator")
+        total = accumulator + g**2
+        extra.append(_new(accumulator, total))
+        new.append(p - learning_rate * g / pt.sqrt(total + epsilon))
+    return new, extra
+
+
+def _rmsprop(params: list, grads: list, state: State, learning_rate: Hyper = 1.0,
+             rho: Hyper = 0.9, epsilon: Hyper = 1e-6) -> MathResult:
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = state.like(p, "accumulator")
+        average = rho * accumulator + (1 - rho) * g**2
+        extra.append(_new(accumulator, average))
+        new.append(p - learning_rate * g / pt.sqrt(average + epsilon))
+    return new, extra
+
+
+def _adadelta(params: list, grads: list, state: State, learning_rate: Hyper = 1.0,
+              rho: Hyper = 0.95, epsilon: Hyper = 1e-6) -> MathResult:
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        accumulator = state.like(p, "accumulator")
+        delta_accumulator = state.like(p, "delta_accumulator")
+        average = rho * accumulator + (1 - rho) * g**2
+        step = g * pt.sqrt(delta_accumulator + epsilon) / pt.sqrt(average + epsilon)
+        extra += [_new(accumulator, average),
+                  _new(delta_accumulator, rho * delta_accumulator + (1 - rho) * step**2)]
+        new.append(p - learning_rate * step)
+    return new, extra
+
+
+def _adam(params: list, grads: list, state: State, learning_rate: Hyper = 0.001,
+          beta1: Hyper = 0.9, beta2: Hyper = 0.999, epsilon: Hyper = 1e-8) -> MathResult:
+    t_prev = state.scalar(grads[0].dtype, "t")
+    t = t_prev + 1
+    step_size = learning_rate * pt.sqrt(1 - beta2**t) / (1 - beta1**t)
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        m_prev, v_prev = state.like(p, "m"), state.like(p, "v")
+        m = beta1 * m_prev + (1 - beta1) * g
+        v = beta2 * v_prev + (1 - beta2) * g**2
+        extra += [_new(m_prev, m), _new(v_prev, v)]
+        new.append(p - step_size * m / (pt.sqrt(v) + epsilon))
+    extra.append(_new(t_prev, t))
+    return new, extra
+
+
+def _adamax(params: list, grads: list, state: State, learning_rate: Hyper = 0.002,
+            beta1: Hyper = 0.9, beta2: Hyper = 0.999, epsilon: Hyper = 1e-8) -> MathResult:
+    t_prev = state.scalar(grads[0].dtype, "t")
+    t = t_prev + 1
+    step_size = learning_rate / (1 - beta1**t)
+    new, extra = [], []
+    for p, g in zip(params, grads, strict=True):
+        m_prev, u_prev = state.like(p, "m"), state.like(p, "u")
+        m = beta1 * m_prev + (1 - beta1) * g
+        u = pt.maximum(beta2 * u_prev, abs(g))
+        extra += [_new(m_prev, m), _new(u_prev, u)]
+        new.append(p - step_size * m / (u + epsilon))
+    extra.append(_new(t_prev, t))
+    return new, extra
+
+
+MATH: dict[str, Callable[..., MathResult]] = {
+    "sgd": _sgd, "momentum": _momentum, "nesterov_momentum": _nesterov_momentum,
+    "adagrad": _adagrad, "rmsprop": _rmsprop, "adadelta": _adadelta, "adam": _adam,
+    "adamax": _adamax,
+}
+"""Each rule's arithmetic: ``(params, grads, state, **hyper) -> (new params, state
+updates)``, on any parameter expressions (whole parameters, or a flat piece)."""
+
+
+def _rule(name: str, loss: Variable, params: Any, **hyper: Any) -> RuleResult:
+    params, grad_updates, grad_shared, grads = _prepare(loss, params)
+    new, extra = MATH[name](params, grads, State(), **hyper)
+    updates = [_new(p, value) for p, value in zip(params, new, strict=True)] + extra
+    return grad_updates, updates, grad_shared
 
 
 def sgd(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper
@@ -323,9 +450,7 @@ def sgd(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper
     grad_shared : SharedVariable
         The flat gradient vector.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = [_new(p, p - learning_rate * g) for p, g in zip(params, grads, strict=True)]
-    return grad_updates, updates, grad_shared
+    return _rule("sgd", loss, params, learning_rate=learning_rate)
 
 
 def momentum(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper,
@@ -335,13 +460,7 @@ def momentum(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hy
     Velocities ``v`` start at zero. Parameters and returns as in :func:`sgd`;
     ``momentum`` is the decay of the velocity.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        velocity = _zeros_like(p, "velocity")
-        step = momentum * velocity - learning_rate * g
-        updates += [_new(velocity, step), _new(p, p + step)]
-    return grad_updates, updates, grad_shared
+    return _rule("momentum", loss, params, learning_rate=learning_rate, momentum=momentum)
 
 
 def nesterov_momentum(loss: Variable, params: Sequence[SharedVariable],
@@ -351,13 +470,8 @@ def nesterov_momentum(loss: Variable, params: Sequence[SharedVariable],
 
     Velocities ``v`` start at zero. Parameters and returns as in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        velocity = _zeros_like(p, "velocity")
-        step = momentum * velocity - learning_rate * g
-        updates += [_new(velocity, step), _new(p, p + momentum * step - learning_rate * g)]
-    return grad_updates, updates, grad_shared
+    return _rule("nesterov_momentum", loss, params, learning_rate=learning_rate,
+                 momentum=momentum)
 
 
 def adagrad(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
@@ -366,14 +480,7 @@ def adagrad(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyp
 
     Accumulators ``a`` start at zero. Parameters and returns as in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        accumulator = _zeros_like(p, "accumulator")
-        total = accumulator + g**2
-        updates += [_new(accumulator, total),
-                    _new(p, p - learning_rate * g / pt.sqrt(total + epsilon))]
-    return grad_updates, updates, grad_shared
+    return _rule("adagrad", loss, params, learning_rate=learning_rate, epsilon=epsilon)
 
 
 def rmsprop(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
@@ -383,14 +490,8 @@ def rmsprop(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyp
 
     Accumulators ``a`` start at zero. Parameters and returns as in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        accumulator = _zeros_like(p, "accumulator")
-        average = rho * accumulator + (1 - rho) * g**2
-        updates += [_new(accumulator, average),
-                    _new(p, p - learning_rate * g / pt.sqrt(average + epsilon))]
-    return grad_updates, updates, grad_shared
+    return _rule("rmsprop", loss, params, learning_rate=learning_rate, rho=rho,
+                 epsilon=epsilon)
 
 
 def adadelta(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 1.0,
@@ -402,19 +503,8 @@ def adadelta(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hy
     Accumulators ``a`` (squared gradients) and ``d`` (squared steps) start at zero.
     Parameters and returns as in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        accumulator = _zeros_like(p, "accumulator")
-        delta_accumulator = _zeros_like(p, "delta_accumulator")
-        average = rho * accumulator + (1 - rho) * g**2
-        step = g * pt.sqrt(delta_accumulator + epsilon) / pt.sqrt(average + epsilon)
-        updates += [
-            _new(accumulator, average),
-            _new(p, p - learning_rate * step),
-            _new(delta_accumulator, rho * delta_accumulator + (1 - rho) * step**2),
-        ]
-    return grad_updates, updates, grad_shared
+    return _rule("adadelta", loss, params, learning_rate=learning_rate, rho=rho,
+                 epsilon=epsilon)
 
 
 def adam(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 0.001,
@@ -428,18 +518,8 @@ def adam(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper 
     for all parameters; ``t``, ``m`` and ``v`` start at zero. Parameters and returns as
     in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    t_prev, t = _timestep(grad_shared)
-    step_size = learning_rate * pt.sqrt(1 - beta2**t) / (1 - beta1**t)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        m_prev, v_prev = _zeros_like(p, "m"), _zeros_like(p, "v")
-        m = beta1 * m_prev + (1 - beta1) * g
-        v = beta2 * v_prev + (1 - beta2) * g**2
-        updates += [_new(m_prev, m), _new(v_prev, v),
-                    _new(p, p - step_size * m / (pt.sqrt(v) + epsilon))]
-    updates.append(_new(t_prev, t))
-    return grad_updates, updates, grad_shared
+    return _rule("adam", loss, params, learning_rate=learning_rate, beta1=beta1,
+                 beta2=beta2, epsilon=epsilon)
 
 
 def adamax(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper = 0.002,
@@ -451,18 +531,8 @@ def adamax(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hype
     ``p <- p - a * m / (u + epsilon)``. ``t``, ``m`` and ``u`` start at zero.
     Parameters and returns as in :func:`sgd`.
     """
-    params, grad_updates, grad_shared, grads = _prepare(loss, params)
-    t_prev, t = _timestep(grad_shared)
-    step_size = learning_rate / (1 - beta1**t)
-    updates = []
-    for p, g in zip(params, grads, strict=True):
-        m_prev, u_prev = _zeros_like(p, "m"), _zeros_like(p, "u")
-        m = beta1 * m_prev + (1 - beta1) * g
-        u = pt.maximum(beta2 * u_prev, abs(g))
-        updates += [_new(m_prev, m), _new(u_prev, u),
-                    _new(p, p - step_size * m / (u + epsilon))]
-    updates.append(_new(t_prev, t))
-    return grad_updates, updates, grad_shared
+    return _rule("adamax", loss, params, learning_rate=learning_rate, beta1=beta1,
+                 beta2=beta2, epsilon=epsilon)
 
 
 def sgd_nonflat(loss: Variable, params: Sequence[SharedVariable], learning_rate: Hyper

@@ -1,9 +1,13 @@
 """Fault injection: workers that raise, exit, get killed, segfault or stop; masters that die.
 
-In-process cases crash one worker rank of a live session and check what the master
-reports, how fast, that the session stays broken, and that ``close()`` leaves no child
-process and no ``/dev/shm`` entry. Master-death cases run ``scripts/`` as a subprocess
-in its own session (process group) and kill it from here.
+In-process cases crash one rank of a live session (through
+``synkhronos.testing.run_on_ranks`` and ``crash``) and check what the master reports,
+how fast, whether the session stays usable or broken, and that ``close()`` leaves no
+child process and no ``/dev/shm`` entry. ``sys.exit()`` inside a command is a failure
+like any exception, on every rank, the master's own share included. Master-death and
+Ctrl-C cases run ``scripts/`` as a subprocess in its own session (process group) and
+signal it from here; each script makes Ctrl-C deliverable itself, so the suite passes
+when started with SIGINT ignored (``nohup``, ``pytest &``).
 """
 
 from __future__ import annotations
@@ -21,31 +25,30 @@ from pathlib import Path
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import control, shmem
 from synkhronos.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from synkhronos.testing import (
+    barrier,
+    crash,
+    ping,
+    run_on_ranks,
+    session_open,
+    session_state,
+    this_rank,
+)
 
 from ..conftest import child_pids, segments_of
+from ..processes import poll, shm_entries, sweep
 
 pytestmark = pytest.mark.timeout(60)
 
 SCRIPTS = Path(__file__).parent / "scripts"
+SHM = "/dev/shm"
 DETECT_S = 5.0  # a dead worker must be reported within this
 GONE_S = 10.0  # workers of a dead master must be gone within this
+BALLAST = 2 << 20  # a message larger than the control block's 1 MiB mailbox
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _poll(predicate, timeout: float, step: float = 0.005) -> bool:
-    """Wait for external process state: True once ``predicate()`` holds, False at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)
 
 
 def _alive(pid: int) -> bool:
@@ -71,7 +74,7 @@ def _alive(pid: int) -> bool:
 
 def _holders(entry: str) -> list[str]:
     """Processes with an open descriptor on ``/dev/shm/entry``: pid, state and command."""
-    target = os.path.join(shmem.SHM_DIR, entry)
+    target = os.path.join(SHM, entry)
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -98,24 +101,22 @@ def _exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def _entries(prefix: str) -> list[str]:
-    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
-    names = os.listdir(shmem.SHM_DIR)
-    return sorted(e for e in names if e.startswith((prefix, "sem." + prefix)))
+def _one_off(entries: list[str], *keep: str) -> list[str]:
+    """``entries`` other than the program's lifetime lock and ``keep``."""
+    return [e for e in entries if not e.endswith("_lock") and e not in keep]
 
 
-def _session() -> S.Session:
-    session = S.current()
-    assert session is not None
-    return session
+def _pids() -> list[int]:
+    """Every process's pid, by rank."""
+    return run_on_ranks(os.getpid)
 
 
-def _assert_closed_clean(worker_pids: list[int]) -> None:
+def _assert_closed_clean(pids: list[int]) -> None:
     synk.close()
-    assert S.current() is None
+    assert not session_open()
     assert child_pids() == []
     # reaped, not left as zombies
-    assert [pid for pid in worker_pids if _exists(pid)] == []
+    assert [pid for pid in pids if pid != os.getpid() and _exists(pid)] == []
     assert segments_of() == []
 
 
@@ -137,31 +138,44 @@ def _segfault():
 
 def _crash_then_barrier(crash_rank: int, how: str):
     """Every rank enters a barrier except ``crash_rank``, which dies first."""
-    session = S.current()
-    if session.rank == crash_rank:
+    if this_rank() == crash_rank:
         CRASHES[how][0](*CRASHES[how][1])
-    session.barrier()
-    return session.rank
+    barrier()
+    return this_rank()
+
+
+def _master_thread_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return text[text.rindex(")") + 2]
 
 
 def _signal_master_when_blocked(signum: int, seconds: float):
-    """In a worker: wait until the master sleeps on its semaphore, signal it, then sleep."""
-    session = S.current()
-    block = session.control
-    sleeping = block._field(session.master_rank, control._SLEEPING)
+    """In a worker: wait until the master's main thread sleeps (its wait for this
+    command: the session runs with ``spin=0``), signal the master, then sleep."""
+    master = os.getppid()
     deadline = time.monotonic() + 10
-    while not block.header[sleeping]:
-        if time.monotonic() > deadline:
+    asleep_since = None
+    while True:
+        now = time.monotonic()
+        if _master_thread_state(master) == "S":
+            asleep_since = now if asleep_since is None else asleep_since
+            if now - asleep_since > 0.02:
+                break
+        else:
+            asleep_since = None
+        if now > deadline:
             raise RuntimeError("the master never blocked")
         time.sleep(0.0005)
-    os.kill(session.master_pid, signum)
+    os.kill(master, signum)
     time.sleep(seconds)
 
 
-# name -> (fn, args, expected reason, or None for an exception)
+# name -> (fn, args, outcome): outcome is ("error", the WorkerError's message) for a
+# failure the session survives, else the WorkerDiedError's reason
 CRASHES = {
-    "raise": (_raise, ("handler failed",), None),
-    "sys_exit_3": (sys.exit, (3,), "exited with code 3"),
+    "raise": (_raise, ("handler failed",), ("error", "ValueError", "handler failed")),
+    "sys_exit_3": (sys.exit, (3,), ("error", "SystemExit", "3")),
     "os__exit_3": (os._exit, (3,), "exited with code 3"),
     "sigkill": (_kill_self, (signal.SIGKILL,), "killed by SIGKILL"),
     "sigsegv": (_segfault, (), "killed by SIGSEGV"),
@@ -174,8 +188,8 @@ LAYOUTS = [(2, 0, 1), (3, 0, 2), (3, 0, 1), (3, 2, 0)]
 
 
 def _layout_id(layout) -> str:
-    n, master, crash = layout
-    return f"n{n}-m{master}-crash{crash}"
+    n, master, crash_rank = layout
+    return f"n{n}-m{master}-crash{crash_rank}"
 
 
 # ---------------------------------------------------------------- worker crashes
@@ -184,32 +198,90 @@ def _layout_id(layout) -> str:
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
 @pytest.mark.parametrize("case", list(CRASHES))
 def test_worker_crash(case, layout):
-    n, master_rank, crash = layout
-    fn, args, reason = CRASHES[case]
+    n, master_rank, bad = layout
+    fn, args, outcome = CRASHES[case]
     synk.fork(n, master_rank=master_rank)
-    session = _session()
-    pids = {w.rank: w.pid for w in session.workers}
+    pids = _pids()
     try:
         start = time.monotonic()
-        if reason is None:
-            with pytest.raises(WorkerError, match=rf"ValueError in rank {crash}: handler failed"):
-                session.run(S.Opcode.CALLABLE, (fn, args, [crash]))
+        if isinstance(outcome, tuple):
+            _, exc_type, message = outcome
+            with pytest.raises(WorkerError, match=rf"^{exc_type} in rank {bad}: {message}$"):
+                run_on_ranks(fn, *args, ranks=[bad])
             assert time.monotonic() - start < DETECT_S
-            assert session.run(S.Opcode.CALLABLE, (os.getpid, (), None))[crash] == pids[crash]
+            assert session_state() == "ready"
+            assert _pids() == pids  # the failing process lives on, in step
+            ping()
             return
         with pytest.raises(WorkerDiedError) as info:
-            session.run(S.Opcode.CALLABLE, (fn, args, [crash]))
+            run_on_ranks(fn, *args, ranks=[bad])
         elapsed = time.monotonic() - start
         error = info.value
         assert elapsed < DETECT_S, f"{case}: reported after {elapsed:.2f} s"
-        assert (error.rank, error.pid, error.reason) == (crash, pids[crash], reason)
-        assert f"rank {crash} (pid {pids[crash]}) died: {reason}" in str(error)
+        assert (error.rank, error.pid, error.reason) == (bad, pids[bad], outcome)
+        assert f"rank {bad} (pid {pids[bad]}) died: {outcome}" in str(error)
+        assert session_state() == "broken"
         # the session stays broken: every later command raises the same
-        for opcode, payload in ((S.Opcode.PING, None), (S.Opcode.CALLABLE, (os.getpid, (), None))):
-            with pytest.raises(WorkerDiedError, match=rf"rank {crash} \(pid {pids[crash]}\)"):
-                session.run(opcode, payload)
+        for again in (ping, _pids):
+            with pytest.raises(WorkerDiedError, match=rf"rank {bad} \(pid {pids[bad]}\)"):
+                again()
     finally:
-        _assert_closed_clean(list(pids.values()))
+        _assert_closed_clean(pids)
+
+
+# how -> what the master reports when synkhronos.testing.crash() breaks a worker that way
+CRASH_HELPER = {
+    "raise": ("error", "RuntimeError", "synkhronos.testing: raised on purpose"),
+    "sys_exit": ("error", "SystemExit", "3"),
+    "exit": "exited with code 3",
+    "kill": "killed by SIGKILL",
+    "segv": "killed by SIGSEGV",
+    "abort": "killed by SIGABRT",
+}
+
+
+@pytest.mark.parametrize("how", list(CRASH_HELPER))
+def test_crash_helper_breaks_a_worker_as_asked(how):
+    """``synkhronos.testing.crash`` on a worker (rank 1 of 3, master rank 2)."""
+    synk.fork(3, master_rank=2)
+    pids = _pids()
+    outcome = CRASH_HELPER[how]
+    try:
+        if isinstance(outcome, tuple):
+            _, exc_type, message = outcome
+            with pytest.raises(WorkerError, match=rf"^{exc_type} in rank 1: {re.escape(message)}$"):
+                crash(1, how)
+            assert session_state() == "ready"
+            assert _pids() == pids
+            return
+        with pytest.raises(WorkerDiedError) as info:
+            crash(1, how)
+        assert (info.value.rank, info.value.pid, info.value.reason) == (1, pids[1], outcome)
+        assert session_state() == "broken"
+    finally:
+        _assert_closed_clean(pids)
+
+
+@pytest.mark.parametrize("how", ["raise", "sys_exit"])
+@pytest.mark.parametrize("n, master_rank", [(1, 0), (2, 0), (3, 1)])
+def test_sys_exit_or_raise_in_the_masters_share_keeps_the_session(n, master_rank, how):
+    """The master's own share: an exception or ``sys.exit()`` is a WorkerError naming
+    the master's rank; the session stays usable and the next command works."""
+    synk.fork(n, master_rank=master_rank)
+    pids = _pids()
+    try:
+        exc_type = "RuntimeError" if how == "raise" else "SystemExit"
+        with pytest.raises(WorkerError, match=rf"^{exc_type} in rank {master_rank}: ") as info:
+            crash(master_rank, how)
+        assert info.value.rank == master_rank
+        assert isinstance(info.value.__cause__, RuntimeError if how == "raise" else SystemExit)
+        with pytest.raises(WorkerError, match=rf"^SystemExit in rank {master_rank}: 9$"):
+            run_on_ranks(sys.exit, 9, ranks=[master_rank])
+        assert session_state() == "ready"
+        assert _pids() == pids
+        assert run_on_ranks(this_rank) == list(range(n))
+    finally:
+        _assert_closed_clean(pids)
 
 
 def _exit_with_ballast(code: int, ballast: bytes):
@@ -220,13 +292,12 @@ def _exit_with_ballast(code: int, ballast: bytes):
 def test_worker_dies_with_an_oversized_payload_in_flight(n):
     """The one-off payload segment of the abandoned command goes with close()."""
     synk.fork(n)
-    session = _session()
-    pids = [w.pid for w in session.workers]
-    ballast = b"b" * (control.MAILBOX_BYTES + 1)
+    pids = _pids()
+    ballast = b"b" * BALLAST
     try:
         with pytest.raises(WorkerDiedError, match=r"exited with code 4"):
-            session.run(S.Opcode.CALLABLE, (_exit_with_ballast, (4, ballast), [n - 1]))
-        assert any("payload" in e for e in segments_of())
+            run_on_ranks(_exit_with_ballast, 4, ballast, ranks=[n - 1])
+        assert _one_off(segments_of()), "the payload segment is not there"
     finally:
         _assert_closed_clean(pids)
 
@@ -234,22 +305,21 @@ def test_worker_dies_with_an_oversized_payload_in_flight(n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_worker_killed_while_idle(n):
     synk.fork(n)
-    session = _session()
-    victim = session.workers[-1]
-    pids = [w.pid for w in session.workers]
+    pids = _pids()
+    victim = n - 1
     try:
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(pids[victim], signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(WorkerDiedError, match=r"killed by SIGKILL") as info:
-            session.run(S.Opcode.PING)
+            ping()
         assert time.monotonic() - start < DETECT_S
-        assert (info.value.rank, info.value.pid) == (victim.rank, victim.pid)
+        assert (info.value.rank, info.value.pid) == (victim, pids[victim])
     finally:
         _assert_closed_clean(pids)
     # a new session works
     synk.fork(n)
     try:
-        assert len(set(_session().run(S.Opcode.CALLABLE, (os.getpid, (), None)))) == n
+        assert len(set(_pids())) == n
     finally:
         synk.close()
 
@@ -259,59 +329,41 @@ def test_worker_killed_while_idle(n):
 def test_worker_dies_while_peers_wait_in_a_barrier(n, how):
     """The collective case: the others are blocked in a barrier when one rank dies."""
     synk.fork(n)
-    session = _session()
-    crash = n - 1
-    pids = [w.pid for w in session.workers]
+    pids = _pids()
+    bad = n - 1
     try:
         start = time.monotonic()
-        with pytest.raises(WorkerDiedError, match=rf"rank {crash} .*{CRASHES[how][2]}"):
-            session.run(S.Opcode.CALLABLE, (_crash_then_barrier, (crash, how), None))
+        with pytest.raises(WorkerDiedError, match=rf"rank {bad} .*{CRASHES[how][2]}"):
+            run_on_ranks(_crash_then_barrier, bad, how)
         assert time.monotonic() - start < DETECT_S
         with pytest.raises(WorkerDiedError):
-            session.run(S.Opcode.PING)
+            ping()
     finally:
         _assert_closed_clean(pids)
 
 
 @pytest.mark.parametrize("layout", [(2, 0, 1), (3, 0, 2), (3, 0, 1)], ids=_layout_id)
 def test_stopped_worker_times_out(layout):
-    n, master_rank, crash = layout
+    n, master_rank, bad = layout
     synk.fork(n, master_rank=master_rank, timeout=1)
-    session = _session()
-    pids = {w.rank: w.pid for w in session.workers}
+    pids = _pids()
     try:
         start = time.monotonic()
         with pytest.raises(WorkerTimeoutError) as info:
-            session.run(S.Opcode.CALLABLE, (_kill_self, (signal.SIGSTOP,), [crash]))
+            crash(bad, "stop")
         elapsed = time.monotonic() - start
         error = info.value
         assert isinstance(error, TimeoutError)
         assert 1.0 <= elapsed < 3.0, f"reported after {elapsed:.2f} s"
-        assert (error.rank, error.pid, error.timeout) == (crash, pids[crash], 1)
-        assert f"rank {crash} (pid {pids[crash]})" in str(error)
-        with pytest.raises(WorkerTimeoutError, match=rf"rank {crash}"):
-            session.run(S.Opcode.PING)
+        assert (error.rank, error.pid, error.timeout) == (bad, pids[bad], 1)
+        assert f"rank {bad} (pid {pids[bad]})" in str(error)
+        assert session_state() == "broken"
+        with pytest.raises(WorkerTimeoutError, match=rf"rank {bad}"):
+            ping()
     finally:
         start = time.monotonic()
-        _assert_closed_clean(list(pids.values()))  # close must kill the stopped worker
+        _assert_closed_clean(pids)  # close must kill the stopped worker
         assert time.monotonic() - start < 5.0
-
-
-def test_ctrl_c_in_master_during_a_command_closes_and_reraises():
-    """SIGINT reaches the master blocked in a wait: KeyboardInterrupt, and nothing is left."""
-    synk.fork(3)
-    session = _session()
-    pids = [w.pid for w in session.workers]
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        session.run(S.Opcode.CALLABLE, (_signal_master_when_blocked, (signal.SIGINT, 30), [1]))
-    assert time.monotonic() - start < 2.0
-    assert S.current() is None  # the session closed itself
-    assert child_pids() == []
-    assert [pid for pid in pids if _exists(pid)] == []
-    assert segments_of() == []
-    with pytest.raises(RuntimeError, match="session is closed"):
-        session.run(S.Opcode.PING)
 
 
 def test_sigterm_in_master_during_a_command_exits():
@@ -322,18 +374,56 @@ def test_sigterm_in_master_during_a_command_exits():
     """
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         pytest.fail("precondition: the test process must have the default SIGTERM handler")
-    synk.fork(2)
-    session = _session()
-    pids = [w.pid for w in session.workers]
+    synk.fork(2, spin=0)
+    pids = _pids()
     start = time.monotonic()
     try:
         with pytest.raises(SystemExit) as info:
-            session.run(S.Opcode.CALLABLE, (_signal_master_when_blocked, (signal.SIGTERM, 5), [1]))
+            run_on_ranks(_signal_master_when_blocked, signal.SIGTERM, 5, ranks=[1])
         assert info.value.code == 128 + signal.SIGTERM
         assert time.monotonic() - start < 2.0
-        assert S.current() is None
+        assert not session_open()
     finally:
         _assert_closed_clean(pids)
+
+
+# ---------------------------------------------------------------- Ctrl-C (subprocess)
+
+
+def run_ctrl_c_script(mode: str, tmp_path: Path) -> dict:
+    """``scripts/ctrl_c_in_command.py MODE``: its two JSON lines, merged; checks that
+    nothing of it is left once it has exited."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "ctrl_c_in_command.py"), mode, str(tmp_path / "mark")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    info = None
+    try:
+        out, err = proc.communicate(timeout=GONE_S * 4)
+        lines = out.splitlines()
+        assert proc.returncode == 0 and len(lines) == 2, err
+        info = json.loads(lines[0])
+        result = json.loads(lines[1])
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
+        return result
+    finally:
+        _kill(proc.pid)
+        proc.communicate()
+        if info is not None:
+            _kill(*info["workers"])
+            sweep(info["prefix"])
+
+
+def test_ctrl_c_in_master_during_a_command_closes_and_reraises(tmp_path):
+    """SIGINT reaches the master blocked in a wait: KeyboardInterrupt within a second,
+    the session closed, its workers reaped and its segments gone."""
+    result = run_ctrl_c_script("main", tmp_path)
+    assert result["raised"] == "KeyboardInterrupt", result
+    assert result["after_signal"] < 1.0, result
+    assert result["open"] is False
+    assert result["children"] == [] and result["left"] == [], result
+    assert "synk.fork() must be called before" in result["again"]
 
 
 # ---------------------------------------------------------------- master death (subprocess)
@@ -356,13 +446,14 @@ class Master:
         self.pid = self.proc.pid
         self.workers: list[int] = []
         self.prefix: str | None = None
+        self.data = ""
 
     def markers_present(self) -> bool:
         """True once the script is idle (``--idle``) or its first worker runs the command."""
         return (self.markers / ("idle" if self.idle else "started-1")).exists()
 
     def read_info(self) -> None:
-        """Read the script's JSON line: its worker pids and segment prefix."""
+        """Read the script's JSON line: its worker pids, segment prefix and Data segment."""
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(10)
@@ -371,16 +462,18 @@ class Master:
         assert info["master"] == self.pid
         self.workers = info["workers"]
         self.prefix = info["prefix"]
+        self.data = info["data"]
 
     def wait_started(self) -> None:
         """Read the script's JSON line, then wait until it is in its long command or idle."""
         self.read_info()
         names = ["idle"] if self.idle else [f"started-{r}" for r in range(1, len(self.workers) + 1)]
-        assert _poll(lambda: all((self.markers / m).exists() for m in names), 20)
+        assert poll(lambda: all((self.markers / m).exists() for m in names), 20)
         assert all(_alive(pid) for pid in self.workers)
-        assert self.prefix + "data0" in _entries(self.prefix)
+        entries = shm_entries(self.prefix)
+        assert self.data in entries
         if not self.idle:  # the oversized payload of the running command
-            assert any("payload" in e for e in _entries(self.prefix))
+            assert _one_off(entries, self.data), entries
 
     def cleanup(self) -> None:
         """Whatever the test found: kill what is left and remove the program's segments."""
@@ -390,7 +483,7 @@ class Master:
         self.proc.stdout.close()
         self.proc.stderr.close()
         if self.prefix is not None:
-            shmem.sweep_prefix(self.prefix)
+            sweep(self.prefix)
 
 
 @pytest.fixture
@@ -457,8 +550,8 @@ def test_master_death(master, case):
     assert code != 0
     assert code in codes, m.proc.stderr.read()
     remaining = GONE_S - (time.monotonic() - start)
-    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), remaining)
-    assert _poll(lambda: _entries(m.prefix) == [], 1.0), f"left behind: {_entries(m.prefix)}"
+    assert poll(lambda: not any(_alive(pid) for pid in m.workers), remaining)
+    assert poll(lambda: shm_entries(m.prefix) == [], 1.0), f"left behind: {shm_entries(m.prefix)}"
 
 
 def test_master_sigkilled_workers_sweep_with_threaded_master(master):
@@ -480,9 +573,9 @@ def test_master_sigkilled_workers_sweep_with_threaded_master(master):
     for m in masters:
         assert m.proc.wait(GONE_S) == -signal.SIGKILL
     workers = [pid for m in masters for pid in m.workers]
-    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
-    _poll(lambda: all(_entries(m.prefix) == [] for m in masters), 1.0)
-    left = [_entries(m.prefix) for m in masters]
+    assert poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    poll(lambda: all(shm_entries(m.prefix) == [] for m in masters), 1.0)
+    left = [shm_entries(m.prefix) for m in masters]
     assert left == [[]] * len(masters), f"left behind: {left}"
 
 
@@ -496,16 +589,18 @@ def test_next_fork_sweeps_what_a_dead_program_left(master):
     m.proc.wait(GONE_S)
     for pid in m.workers:
         os.kill(pid, signal.SIGKILL)
-    assert _poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
-    left = _entries(m.prefix)
-    assert m.prefix + "data0" in left and any("payload" in e for e in left)
-    # The program is gone once its lock is free; say who holds it if it never frees.
-    lock = m.prefix + shmem.LOCK
-    assert _poll(lambda: not shmem._program_alive(m.prefix, m.pid), GONE_S), _holders(lock)
+    assert poll(lambda: not any(_alive(pid) for pid in m.workers), GONE_S)
+    left = shm_entries(m.prefix)
+    assert m.data in left and _one_off(left, m.data), left
+    # The program is gone once no process holds its lock entry open; say who does if
+    # that never happens.
+    lock = m.prefix + "lock"
+    assert lock in left
+    assert poll(lambda: _holders(lock) == [], GONE_S, step=0.05), _holders(lock)
 
     synk.fork(1)
     try:
-        assert _entries(m.prefix) == []
+        assert shm_entries(m.prefix) == []
     finally:
         synk.close()
 
@@ -523,8 +618,9 @@ def test_next_fork_sweeps_what_a_dead_program_left(master):
             r"WorkerDiedError: worker rank 2 \(pid \d+\) died: exited with code 3",
         ),
         ("uncaught_error", 1, r"WorkerError: ValueError in rank 1: not caught"),
+        ("uncaught_sys_exit", 1, r"WorkerError: SystemExit in rank 1: 5"),
     ],
-    ids=["no_close", "uncaught_died", "uncaught_error"],
+    ids=["no_close", "uncaught_died", "uncaught_error", "uncaught_sys_exit"],
 )
 def test_program_ends_without_close(mode, code, message):
     """atexit closes the session; an uncaught failure gives a non-zero exit status."""
@@ -541,11 +637,11 @@ def test_program_ends_without_close(mode, code, message):
         if message is not None:
             assert re.search(message, proc.stderr), proc.stderr
         assert "leaked" not in proc.stderr
-        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert _entries(info["prefix"]) == []
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
     finally:
         _kill(*info["workers"])
-        shmem.sweep_prefix(info["prefix"])
+        sweep(info["prefix"])
 
 
 def test_ctrl_c_while_the_master_runs_its_own_share_closes_the_session():
@@ -561,12 +657,12 @@ def test_ctrl_c_while_the_master_runs_its_own_share_closes_the_session():
         _, err = proc.communicate(timeout=GONE_S * 3)
         assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
         assert "KeyboardInterrupt" in err and "WorkerError" not in err, err
-        assert _poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert _entries(info["prefix"]) == []
+        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
+        assert shm_entries(info["prefix"]) == []
     finally:
         _kill(proc.pid, *info["workers"])
         proc.communicate()
-        shmem.sweep_prefix(info["prefix"])
+        sweep(info["prefix"])
 
 
 def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
@@ -607,5 +703,5 @@ def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
         assert code in KILLS[kill][2], m.proc.stderr.read()
     assert hung == [], f"{len(hung)}/{len(masters)} masters still asleep 5 s after it: {hung}"
     workers = [pid for m in masters for pid in m.workers]
-    assert _poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
-    assert all(_entries(m.prefix) == [] for m in masters)
+    assert poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+    assert all(shm_entries(m.prefix) == [] for m in masters)

@@ -1,7 +1,8 @@
 """Property-based fuzzing of function calls.
 
 Invalid calls: each must raise TypeError or ValueError in the master without waking
-any worker (the control block's command counter does not move) and without
+any worker (``synkhronos.testing.commands_run()`` does not move; a ``batch_s`` of the
+wrong length is checked where the rows live, in one command at most) and without
 changing any process's shared state. Valid calls with random shapes, batches and
 slice counts must equal the plain PyTensor function on the selected rows.
 """
@@ -16,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import synkhronos as synk
-from synkhronos import session as synk_session
+from synkhronos.testing import commands_run, rank_values, split_bounds
 
 from ..conftest import session_fixture
-from ..integration.test_function import rank_values
 
 ROWS = 12
 
@@ -123,13 +123,14 @@ def _make_call(model, kind, data):
 @given(call=invalid_calls())
 def test_invalid_calls_raise_before_any_worker_moves(model, call):
     kind, data = call
-    session = synk_session.current()
-    seq_before = session.control.seq if session.control is not None else 0
+    before = commands_run()
     counter_before = model.counter.get_value().copy()
     with pytest.raises((TypeError, ValueError)):
         _make_call(model, kind, data)()
-    if session.control is not None and kind != "batch_s_length":  # that one queries shapes
-        assert session.control.seq == seq_before
+    if kind == "batch_s_length":  # checked by the ranks, inside the call's one command
+        assert commands_run() - before <= 1
+    else:
+        assert commands_run() == before
     np.testing.assert_array_equal(model.counter.get_value(), counter_before)
 
 
@@ -172,7 +173,37 @@ def test_random_valid_calls_match_serial(model, batch, num_slices, rows, data_in
     else:
         selected = np.arange(rows)
     args = (synk.data(xs), synk.data(ts)) if data_inputs else (xs, ts)
-    got = model.f(*args, model.y, batch=batch, num_slices=num_slices)
+    # sliced calls leave out the output without reduction (it refuses slices)
+    subset = None if num_slices == 1 else [0, 1, 2]
+    got = model.f(*args, model.y, batch=batch, num_slices=num_slices, output_subset=subset)
     want = model.f.as_pytensor(xs[selected], ts[selected], model.y)
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip(got[:3], want[:3], strict=True):  # the reduced outputs
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    if num_slices == 1:
+        _assert_masters_own(got[3], xs[selected], ts[selected], model)
+
+
+def _assert_masters_own(got, xs, ts, model) -> None:
+    """The output without reduction (op None) is the master's own result: the serial
+    function on the master's block of the selected rows (None if it has none)."""
+    n, master = synk.n_parallel(), synk.master_rank()
+    lo, hi = split_bounds(len(xs), n)[master]
+    if lo == hi:
+        assert got is None
+        return
+    want = model.f.as_pytensor(xs[lo:hi], ts[lo:hi], model.y)[3]
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_masters_own_output_refuses_slices(model):
+    """An output without reduction has no rule to combine the master's slices by: a
+    sliced call that includes it is refused before anything moves."""
+    rng = np.random.default_rng(5)
+    xs, ts = rng.normal(size=(ROWS, 3)), rng.normal(size=(ROWS, 3))
+    before = commands_run()
+    for num_slices in (2, 3):
+        with pytest.raises(ValueError, match="output 3 has op None"):
+            model.f(xs, ts, model.y, num_slices=num_slices)
+    assert commands_run() == before
+    got = model.f(xs, ts, model.y)  # unsliced: the master's own rows
+    _assert_masters_own(got[3], xs, ts, model)

@@ -8,7 +8,9 @@
   another PID namespace (a container sharing ``/dev/shm``), one as another user.
 - Every segment and semaphore of a session is mode 0600, owned by the current user,
   named with a random 64-bit token, and created exclusively: a squatter on a name
-  gets neither attached to nor removed.
+  gets neither attached to nor removed (for the names ``fork()`` makes, whose random
+  token a test can only predict by patching the generator, see
+  ``tests/unit/test_squatted_names.py``).
 - No process of a session listens on a socket, or opens one.
 - A small program works with the package copied to a read-only directory, and writes
   nothing into its working directory, HOME, TMPDIR or the package
@@ -26,55 +28,35 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import posix_ipc
 import pytensor
 import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import control, shmem
+from synkhronos.testing import (
+    child_pids,
+    leftover_segments,
+    program_prefix,
+    run_on_ranks,
+    session_open,
+)
 
-from ..conftest import child_pids
+from ..processes import SHM, leader_alive, poll, shm_entries, squat, squatter_intact, sweep
 
 pytestmark = pytest.mark.timeout(60)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PACKAGE = Path(synk.__file__).parent
+BALLAST = 2 << 20  # a message larger than the control block's 1 MiB mailbox
 GONE_S = 10.0  # workers of a killed master must be gone within this
 PREFIX_FORM = re.compile(r"^synk_(\d+)_([0-9a-f]{16,})_$")  # 64 random bits at least
 ROOT = os.getuid() == 0
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _entries(prefix: str) -> list[str]:
-    """Entries of /dev/shm (segments and semaphores) that carry ``prefix``."""
-    return sorted(e for e in os.listdir(shmem.SHM_DIR) if e.startswith((prefix, "sem." + prefix)))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2] != "Z"
-
-
-def _poll(predicate, timeout: float) -> bool:
-    """Wait for another process's state: True once ``predicate()`` holds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class Program:
@@ -116,7 +98,7 @@ class Program:
         for stream in (self.proc.stdin, self.proc.stdout, self._stderr):
             stream.close()
         if self.prefix is not None:
-            shmem.sweep_prefix(self.prefix)
+            sweep(self.prefix)
 
 
 @pytest.fixture
@@ -136,7 +118,7 @@ def program(tmp_path):
 
 def _assert_untouched(programs: list[Program], before: dict[str, list[str]]) -> None:
     for p in programs:
-        assert _entries(p.prefix) == before[p.prefix], f"program {p.pid} lost segments"
+        assert shm_entries(p.prefix) == before[p.prefix], f"program {p.pid} lost segments"
         assert p.ask("check") == {"ok": True}
 
 
@@ -162,7 +144,7 @@ def test_programs_running_together_leave_each_other_alone(program):
     tokens = [PREFIX_FORM.match(p.prefix) for p in programs]
     assert all(tokens) and len({m.group(2) for m in tokens}) == 3
     assert [int(m.group(1)) for m in tokens] == [p.pid for p in programs]
-    before = {p.prefix: _entries(p.prefix) for p in programs}
+    before = {p.prefix: shm_entries(p.prefix) for p in programs}
     for p in programs:
         assert p.segment in before[p.prefix]
     _assert_untouched(programs, before)
@@ -179,19 +161,19 @@ def test_programs_running_together_leave_each_other_alone(program):
     crashed, rest = programs[0], programs[1:]
     os.kill(crashed.pid, signal.SIGKILL)
     assert crashed.proc.wait(GONE_S) == -signal.SIGKILL
-    assert _poll(lambda: not any(_alive(pid) for pid in crashed.workers), GONE_S)
-    assert _poll(lambda: _entries(crashed.prefix) == [], 1.0), _entries(crashed.prefix)
+    assert poll(lambda: not any(leader_alive(pid) for pid in crashed.workers), GONE_S)
+    assert poll(lambda: shm_entries(crashed.prefix) == [], 1.0), shm_entries(crashed.prefix)
     _assert_untouched(rest, before)
 
     # the second closes
     closing, last = rest
     assert closing.ask("close") == {"closed": True}
     assert closing.proc.wait(GONE_S) == 0
-    assert _entries(closing.prefix) == []
+    assert shm_entries(closing.prefix) == []
     _assert_untouched([last], before)
     assert last.ask("close") == {"closed": True}
     assert last.proc.wait(GONE_S) == 0
-    assert _entries(last.prefix) == []
+    assert shm_entries(last.prefix) == []
 
 
 def test_a_sweeper_in_another_pid_namespace_leaves_a_live_program_alone():
@@ -232,15 +214,15 @@ def _shm_files(prefix: str, ballast: bytes) -> dict:
     control block, the semaphores, collective buffers).
     """
     named = {}
-    for entry in os.listdir(shmem.SHM_DIR):
+    for entry in os.listdir(SHM):
         if entry.startswith((prefix, "sem." + prefix)):
-            st = os.stat(os.path.join(shmem.SHM_DIR, entry))
+            st = os.stat(os.path.join(SHM, entry))
             named[entry] = (st.st_mode, st.st_uid)
     mapped = {}
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith(shmem.SHM_DIR + "/"):
+            if len(fields) == 6 and fields[5].startswith(SHM + "/"):
                 st = os.stat(f"/proc/self/map_files/{fields[0]}")
                 mapped[fields[5].strip()] = (st.st_mode, st.st_uid)
     return {"named": named, "mapped": mapped}
@@ -248,20 +230,21 @@ def _shm_files(prefix: str, ballast: bytes) -> dict:
 
 def test_every_segment_and_semaphore_is_private():
     synk.fork(3)
-    session = S.current()
     try:
-        assert PREFIX_FORM.match(session.prefix)
+        prefix = program_prefix()
+        assert PREFIX_FORM.match(prefix)
         x = pt.dmatrix("x")
         w = pytensor.shared(np.zeros(10_000), name="w")
-        f = synk.function([x], [(x, None), (x.sum() + w.sum(), "sum")], mode="FAST_COMPILE")
+        f = synk.function([x], [(x, "gather"), (x.sum() + w.sum(), "sum")],
+                          mode="FAST_COMPILE")
         synk.distribute()
         rows = np.arange(12.0).reshape(6, 2)
         xd = synk.data(rows)
         assert f(xd, batch=[5, 1, 3])[0].tolist() == rows[[5, 1, 3]].tolist()
         f(rows, batch=[0, 2])  # numpy inputs and indices: staging segments
-        synk.all_reduce(w)  # a resident collective buffer, unlinked after the command
-        ballast = b"b" * (control.MAILBOX_BYTES + 1)  # a payload segment during the command
-        seen = session.run(S.Opcode.CALLABLE, (_shm_files, (session.prefix, ballast), None))
+        synk.all_reduce(w)  # collective buffers
+        ballast = b"b" * BALLAST  # a payload segment during the command
+        seen = run_on_ranks(_shm_files, prefix, ballast)
         names = set()
         for rank, files in enumerate(seen):
             for name, (mode, uid) in {**files["named"], **files["mapped"]}.items():
@@ -272,12 +255,16 @@ def test_every_segment_and_semaphore_is_private():
             # glibc names a semaphore's file at random until it links it; earlier
             # sessions of this test process may still be mapped, hence ">="
             semaphores = [n for n in files["mapped"] if os.path.basename(n).startswith("sem.")]
-            assert len(semaphores) >= session.n, files["mapped"]
-            assert f"{shmem.SHM_DIR}/{session.prefix}control (deleted)" in files["mapped"]
+            assert len(semaphores) >= 3, files["mapped"]
+            # the control block: mapped by every process, its name unlinked at once
+            unlinked = [n for n in files["mapped"]
+                        if n.startswith(f"{SHM}/{prefix}") and n.endswith(" (deleted)")]
+            assert unlinked, files["mapped"]
         named = {n for files in seen for n in files["named"]}
-        assert any(n.startswith(session.prefix + "d") for n in named)  # Data segments
-        assert any("payload" in n for n in named)
-        assert any("coll_g" in n for n in names)
+        assert xd.ref().segment in named  # the Data's segment
+        # the one-off payload segment of that command: named during it, gone after it
+        assert named - set(leftover_segments()), named
+        assert len([n for n in names if n.startswith(f"{SHM}/{prefix}")]) >= 2, names
     finally:
         synk.close()
 
@@ -286,7 +273,7 @@ def test_two_sessions_get_different_random_prefixes():
     prefixes = []
     for _ in range(2):
         synk.fork(2)
-        prefixes.append(S.current().prefix)
+        prefixes.append(program_prefix())
         synk.close()
     matches = [PREFIX_FORM.match(p) for p in prefixes]
     assert all(matches)
@@ -294,88 +281,27 @@ def test_two_sessions_get_different_random_prefixes():
     assert {int(m.group(1)) for m in matches} == {os.getpid()}
 
 
-def _squat(name: str) -> None:
-    if name.startswith("sem."):
-        posix_ipc.Semaphore("/" + name[len("sem."):], posix_ipc.O_CREX, mode=0o600,
-                            initial_value=7).close()
-    else:
-        shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=4096)
-        os.pwrite(shm.fd, b"squatter", 0)
-        shm.close_fd()
-
-
-def _squatter_intact(name: str) -> bool:
-    if name.startswith("sem."):
-        sem = posix_ipc.Semaphore("/" + name[len("sem."):])
-        try:
-            return sem.value == 7
-        finally:
-            sem.close()
-    shm = posix_ipc.SharedMemory("/" + name)
-    try:
-        return shm.size == 4096 and os.pread(shm.fd, 8, 0) == b"squatter"
-    finally:
-        shm.close_fd()
-
-
-@pytest.mark.parametrize("entry", ["control", "sem.wake1"])
-def test_fork_never_takes_over_a_squatted_name(entry, monkeypatch):
-    """Someone created a name fork() is about to use: fork fails cleanly or picks another.
-
-    The random token makes the prefix unpredictable; this test predicts it by taking
-    over the token generator for the first prefix.
-    """
-    squatted_prefix = shmem.new_session_prefix()
-    fresh = shmem.new_session_prefix
-    given: list[str] = []
-
-    def prefix(pid=None):
-        given.append(squatted_prefix if not given else fresh(pid))
-        return given[-1]
-
-    monkeypatch.setattr(shmem, "new_session_prefix", prefix)
-    squatted = (f"sem.{squatted_prefix}{entry[4:]}" if entry.startswith("sem.")
-                else squatted_prefix + entry)
-    _squat(squatted)
-    try:
-        try:
-            synk.fork(3)
-        except Exception as exc:  # a clean failure: nothing of the session is left
-            assert "exist" in str(exc).lower(), exc
-            assert S.current() is None
-            assert child_pids() == []
-        else:
-            session = S.current()
-            assert session.prefix != squatted_prefix
-            assert session.run(S.Opcode.CALLABLE, (os.getpid, (), None))[0] == os.getpid()
-            synk.close()
-        assert _squatter_intact(squatted)
-        assert _entries(squatted_prefix) == [squatted]
-    finally:
-        shmem.sweep_prefix(squatted_prefix)
-        synk.close()
-
-
 def test_data_never_takes_over_a_squatted_name():
-    """A Data's segment name is predictable once the prefix shows in /dev/shm."""
+    """A Data's segment name is predictable once the prefix shows in /dev/shm: the
+    arena numbers its segments ``<prefix>s<id in hex>``, one after the other."""
     synk.fork(2)
-    session = S.current()
     try:
+        prefix = program_prefix()
         x = pt.dvector("x")
         f = synk.function([x], (x.sum(), "sum"), mode="FAST_COMPILE")
         synk.distribute()
         probe = synk.data(np.ones(3))  # its name shows how the next ones are made
-        match = re.fullmatch(re.escape(session.prefix) + r"d(\d+)_(\d+)", probe.ref().segment)
+        match = re.fullmatch(re.escape(prefix) + r"s([0-9a-f]+)", probe.ref().segment)
         assert match, probe.ref().segment
-        squatted = f"{session.prefix}d{int(match.group(1)) + 1}_{match.group(2)}"
-        _squat(squatted)
+        squatted = f"{prefix}s{int(match.group(1), 16) + 1:x}"
+        squat(squatted)
         try:
             xd = synk.data(np.arange(4.0))
         except Exception as exc:  # a clean failure, and the session goes on
             assert "exist" in str(exc).lower(), exc
             xd = synk.data(np.arange(4.0))
         assert xd.ref().segment != squatted
-        assert _squatter_intact(squatted)
+        assert squatter_intact(squatted)
         assert f(xd) == 6.0
         assert f(probe) == 3.0
     finally:
@@ -428,7 +354,6 @@ def _sockets_now() -> tuple[int, list[int], list[int]]:
 def test_no_process_listens_on_or_opens_a_socket():
     before = _socket_inodes()  # whatever the test process itself holds
     synk.fork(3)
-    session = S.current()
     try:
         x = pt.dmatrix("x")
         w = pytensor.shared(np.zeros(4), name="w")
@@ -436,8 +361,9 @@ def test_no_process_listens_on_or_opens_a_socket():
         synk.distribute()
         assert f(np.ones((5, 2))) == 10.0
         synk.all_reduce(w)
-        during = session.run(S.Opcode.CALLABLE, (_sockets_now, (), None))
-        pids = [os.getpid()] + [w.pid for w in session.workers]
+        during = run_on_ranks(_sockets_now)
+        pids = run_on_ranks(os.getpid)
+        assert pids[0] == os.getpid()
         assert [pid for pid, _, _ in during] == pids
         for pid, sockets, listening in during:
             assert listening == [], f"pid {pid} listens on sockets {listening}"
@@ -505,7 +431,7 @@ def test_works_with_the_package_installed_read_only(private_run):
     assert result["ok"] is True
     assert Path(result["module"]).parent == private_run["install"] / "synkhronos"
     assert _tree(private_run["install"]) == private_run["tree"]
-    assert _entries(result["prefix"]) == []
+    assert shm_entries(result["prefix"]) == []
 
 
 def test_writes_nothing_outside_pytensors_compile_directory(private_run):
@@ -516,3 +442,37 @@ def test_writes_nothing_outside_pytensors_compile_directory(private_run):
     left = [p for p in private_run["tmp"].iterdir() if p != private_run["compiledir"]]
     assert left == [], f"left in TMPDIR: {left}"
     assert proc.stdout.count("\n") == 1  # the library wrote nothing on stdout
+
+
+@pytest.mark.parametrize("entry", ["control", "sem.wake1"])
+def test_fork_never_takes_over_a_squatted_name(entry, monkeypatch):
+    """Someone created a name fork() is about to use: fork fails cleanly or picks another.
+
+    A session's names carry a random token (``synk_<pid>_<token>_``), so no other program
+    can predict them; this test can, by fixing the token for one fork.
+    """
+    import secrets
+
+    tokens = iter(["5ad5ad5ad5ad5ad5"])
+    real = secrets.token_hex
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: next(tokens, None) or real(n))
+    squatted_prefix = f"synk_{os.getpid()}_5ad5ad5ad5ad5ad5_"
+    squatted = (f"sem.{squatted_prefix}{entry[4:]}" if entry.startswith("sem.")
+                else squatted_prefix + entry)
+    squat(squatted)
+    try:
+        try:
+            synk.fork(3)
+        except Exception as exc:  # a clean failure: nothing of the session is left
+            assert "exist" in str(exc).lower(), exc
+            assert not session_open()
+            assert child_pids() == []
+        else:
+            assert program_prefix() != squatted_prefix
+            assert run_on_ranks(os.getpid)[0] == os.getpid()
+            synk.close()
+        assert squatter_intact(squatted)
+        assert shm_entries(squatted_prefix) == [squatted]
+    finally:
+        sweep(squatted_prefix)
+        synk.close()

@@ -12,6 +12,7 @@ the class, so no shared session is alive while they run.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -19,11 +20,8 @@ import pytensor
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import shmem
-from synkhronos.collectives import cpu
-from synkhronos.distribute import registry
 from synkhronos.errors import WorkerError
+from synkhronos.testing import on_variable, program_prefix
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,17 +32,15 @@ FIRST_SHAPES = {"f32m": (4, 3), "f64v": (5,), "i32v": (7,), "f64s": (), "i64s": 
                 "c64v": (3,), "rows": (10, 2), "big": (BIG,), "f16m": (2, 2)}
 
 
-# -- functions run in every process through Opcode.CALLABLE -------------------------------
-def _fill(uid: int, shape: tuple, dtype: str, seed: int, order: str = "C") -> None:
-    """Give variable ``uid`` this rank's value: ``_expected(shape, dtype, seed, rank)``."""
-    session = S.current()
-    value = _expected(shape, dtype, seed, session.rank)
+# -- functions run in every process (synkhronos.testing.on_variable) -----------------------
+def _fill(var, rank: int, shape: tuple, dtype: str, seed: int, order: str = "C") -> None:
+    """Give this rank's copy of ``var`` the value ``_expected(shape, dtype, seed, rank)``."""
+    value = _expected(shape, dtype, seed, rank)
     if order == "strided":  # every other row of a larger array
         rows = np.empty((2 * shape[0], *shape[1:]), dtype)
         rows[::2] = value
         value = rows[::2]
-    registry(session).shared[uid].set_value(np.asarray(value, order="K" if order ==
-                                                       "strided" else order), borrow=True)
+    var.set_value(np.asarray(value, order="K" if order == "strided" else order), borrow=True)
 
 
 def _expected(shape: tuple, dtype: str, seed: int, rank: int) -> np.ndarray:
@@ -57,28 +53,22 @@ def _expected(shape: tuple, dtype: str, seed: int, rank: int) -> np.ndarray:
     return rng.uniform(0.5, 2.0, size=shape).astype(dtype)
 
 
-def _read(uids: list[int]) -> list[np.ndarray]:
-    reg = registry(S.current())
-    return [reg.shared[uid].get_value() for uid in uids]
+def _read(var, rank: int) -> np.ndarray:
+    return var.get_value()
 
 
 # -- helpers in the master ------------------------------------------------------------------
-def uid(var) -> int:
-    return registry(S.current()).uid(var)
-
-
 def fill(var, seed: int, shape=None, order: str = "C") -> list[np.ndarray]:
     """Set per-rank values of ``var`` (default: its first shape); return them by rank."""
     shape = FIRST_SHAPES[var.name] if shape is None else shape
     dtype = var.type.dtype
-    S.current().run(S.Opcode.CALLABLE, (_fill, (uid(var), shape, dtype, seed, order), None))
+    on_variable(var, _fill, shape, dtype, seed, order)
     return [_expected(shape, dtype, seed, r) for r in range(synk.n_parallel())]
 
 
 def per_rank(var) -> list[np.ndarray]:
     """``var``'s value in every process, read without the collectives."""
-    replies = S.current().run(S.Opcode.CALLABLE, (_read, ([uid(var)],), None))
-    return [values[0] for values in replies]
+    return on_variable(var, _read)
 
 
 def expected_reduce(op: str, values: list[np.ndarray]) -> np.ndarray:
@@ -349,12 +339,19 @@ class TestCollectives:
         fill(env.big, 2)
         synk.all_reduce([env.f32m, env.big])
         synk.gather(env.f32m)
-        mark = S.current().prefix + "coll_"
-        assert [e for e in os.listdir(shmem.SHM_DIR) if e.startswith(mark)] == []
+        mark = program_prefix()
+        before = {e for e in os.listdir("/dev/shm") if e.startswith(mark)}
+        synk.all_reduce([env.f32m, env.big], "sum")
+        synk.all_gather(env.rows)
+        synk.reduce(env.big, in_place=False)
+        after = {e for e in os.listdir("/dev/shm") if e.startswith(mark)}
+        assert after <= before  # exchange buffers are unlinked once every rank mapped them
 
-    def test_least_recently_used_groups_are_evicted(self, env, monkeypatch):
-        monkeypatch.setattr(cpu, "MAX_GROUPS", 2)
-        lists = [[env.f32m], [env.f64v], [env.f32m, env.f64v], [env.f64s], [env.f32m]]
+    def test_least_recently_used_groups_are_evicted(self, env):
+        """More distinct lists than the backend keeps groups for: evicted ones come back."""
+        small = [env.f32m, env.f64v, env.i32v, env.f64s, env.i64s, env.c64v, env.rows]
+        lists = [list(c) for k in (1, 2, 3) for c in itertools.combinations(small, k)][:70]
+        lists.append([env.f32m])
         for round_ in range(2):
             for i, variables in enumerate(lists):
                 before = [fill(var, 80 + i + round_) for var in variables]
@@ -429,7 +426,7 @@ class TestCollectives:
     def test_worker_error_keeps_processes_in_step(self, env):
         if synk.n_parallel() == 1:
             pytest.skip("needs a worker")
-        S.current().run(S.Opcode.CALLABLE, (_break_storage, (uid(env.f64v),), [1]))
+        on_variable(env.f64v, _break_storage, ranks=[1])
         with pytest.raises(WorkerError, match="rank 1"):
             synk.all_reduce([env.f32m, env.f64v], "sum")
         before = fill(env.f64v, 99)
@@ -438,6 +435,6 @@ class TestCollectives:
             assert_close(value, expected_reduce("sum", before))
 
 
-def _break_storage(uid: int) -> None:
+def _break_storage(var, rank: int) -> None:
     """Put something no collective can copy into a variable's storage (a test fault)."""
-    registry(S.current()).shared[uid].container.storage[0] = object()
+    var.container.storage[0] = object()

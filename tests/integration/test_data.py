@@ -1,7 +1,7 @@
 """synk.data in real sessions: every process maps the same memory, and none of it leaks.
 
-Workers read and write through ``DataRef.view(session)`` inside ``Opcode.CALLABLE``
-commands; the master checks what they saw and what they left.
+Workers read and write through ``DataRef.view()`` inside commands of
+``synkhronos.testing.run_on_ranks``; the master checks what they saw and what they left.
 """
 
 from __future__ import annotations
@@ -17,27 +17,25 @@ import numpy as np
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as synk_session
-from synkhronos._runtime import shmem
 from synkhronos.data import DataRef
-from synkhronos.session import Opcode
+from synkhronos.testing import mapped, program_prefix, run_on_ranks, session_open, this_rank
 
 pytestmark = pytest.mark.timeout(60)
 
 
 # -- what each process runs (module level, so commands can pickle them) ---------------------
 def _read(ref: DataRef) -> np.ndarray:
-    return ref.view(synk_session.current()).copy()
+    return ref.view().copy()
 
 
 def _write_row(ref: DataRef) -> None:
     """Rank r writes r + 1 into row r."""
-    session = synk_session.current()
-    ref.view(session)[session.rank] = session.rank + 1
+    rank = this_rank()
+    ref.view()[rank] = rank + 1
 
 
 def _is_mapped(segment: str) -> bool:
-    return segment in synk_session.current().segments
+    return mapped(segment)
 
 
 def _read_pickled(x: synk.Data) -> tuple[bool, list]:
@@ -71,19 +69,18 @@ def _spawn_child(x: synk.Data) -> None:
 
 # -- helpers --------------------------------------------------------------------------------
 def _everywhere(fn, *args) -> list:
-    return synk_session.require().run(Opcode.CALLABLE, (fn, args, None))
+    return run_on_ranks(fn, *args)
 
 
 def _on_workers(fn, *args) -> list:
     """Replies of the workers only (the master runs its handler on unpickled arguments)."""
-    session = synk_session.require()
-    ranks = session.worker_ranks
-    replies = session.run(Opcode.CALLABLE, (fn, args, ranks))
+    ranks = [r for r in range(synk.n_parallel()) if r != synk.master_rank()]
+    replies = run_on_ranks(fn, *args, ranks=ranks)
     return [replies[rank] for rank in ranks]
 
 
 def _exists(segment: str) -> bool:
-    return os.path.exists(os.path.join(shmem.SHM_DIR, segment))
+    return os.path.exists(os.path.join("/dev/shm", segment))
 
 
 # -- attributes and numpy behaviour ---------------------------------------------------------
@@ -105,8 +102,8 @@ def test_attributes(forked):
     assert "alloc_size=18" in repr(x) and "'x'" in repr(x)
     ref = x.ref()
     assert ref.dtype == "<f4" and ref.shape == (4, 3)
-    assert ref.segment.startswith(synk_session.require().prefix)
-    view = ref.view(synk_session.require())
+    assert ref.segment.startswith(program_prefix())
+    view = ref.view()
     assert view.flags.c_contiguous and view.flags.writeable
     assert np.shares_memory(view, x.data)
     plain = synk.data(np.zeros(2))
@@ -115,7 +112,7 @@ def test_attributes(forked):
 
 def test_segment_mode_is_0600(forked):
     x = synk.data(np.ones(10, dtype=np.int32))
-    mode = os.stat(os.path.join(shmem.SHM_DIR, x.ref().segment)).st_mode
+    mode = os.stat(os.path.join("/dev/shm", x.ref().segment)).st_mode
     assert stat.S_IMODE(mode) == 0o600
 
 
@@ -230,7 +227,7 @@ def test_close_removes_segments_and_stops_resizing(forked):
     _everywhere(_read, x.ref())
     synk.close()
     assert not _exists(segment)
-    assert synk_session.current() is None
+    assert not session_open()
     assert x.data.tolist() == [0, 1, 2, 3, 4]  # still readable here
     x.set_value(np.arange(8, dtype=np.int64))  # fits: a local write
     with pytest.raises(RuntimeError, match="closed by synk.close"):
@@ -273,8 +270,10 @@ def test_zero_dimensional(forked):
 
 # -- creation -------------------------------------------------------------------------------
 def test_data_in_a_worker_is_refused(forked_workers):
-    with pytest.raises(synk.WorkerError, match="only be called in the master"):
-        _everywhere(_make_data_in_worker)
+    with pytest.raises(synk.WorkerError, match=r"synk.data\(\) can only be called in the master"):
+        _on_workers(_make_data_in_worker)
+    with pytest.raises(synk.WorkerError, match="commands cannot be nested"):
+        _everywhere(_make_data_in_worker)  # the master's own part: inside a command
 
 
 # -- pickling -------------------------------------------------------------------------------

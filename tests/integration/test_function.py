@@ -13,8 +13,13 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos.testing import split_bounds
-from synkhronos.testing import rank_values, run_on_ranks, set_rank_values
+from synkhronos.testing import (
+    commands_run,
+    rank_values,
+    run_on_ranks,
+    set_rank_values,
+    split_bounds,
+)
 
 from ..conftest import session_fixture
 
@@ -166,6 +171,32 @@ def test_sliceable_shareds_with_batch_s(model):
     got = model.sliced_sum(batch_s=per_rank)
     picked = np.concatenate([b[p] for b, p in zip(blocks, per_rank, strict=True)])
     np.testing.assert_allclose(got[1], picked.sum(axis=1), rtol=RTOL)
+
+
+def test_a_call_is_one_command_even_with_batch_s(model):
+    """batch_s is checked by each process inside the call itself (no shape query)."""
+    blocks = [X[lo:hi] for lo, hi in split_bounds(10, synk.n_parallel())]
+    set_rank_values(model.data, blocks)
+    for kwargs in ({}, {"batch_s": slice(0, 2)}, {"batch_s": [0], "num_slices": 2}):
+        model.sliced_sum(**kwargs)  # a variant's first call also distributes it
+        before = commands_run()
+        model.sliced_sum(**kwargs)
+        assert commands_run() == before + 1, kwargs
+
+
+def test_batch_s_refused_by_one_process_changes_nothing(model):
+    """A selection out of range for some process's rows: a ValueError, nobody ran."""
+    n = synk.n_parallel()
+    blocks = [X[lo:hi] for lo, hi in split_bounds(10, n)]
+    set_rank_values(model.data, blocks)
+    count = model.count.get_value()
+    shortest = min(len(b) for b in blocks)
+    with pytest.raises(ValueError, match=r"batch_s for rank \d+: index .* out of range"):
+        model.sliced_sum(batch_s=[shortest])
+    np.testing.assert_array_equal(rank_values(model.data)[n - 1], blocks[n - 1])
+    assert model.count.get_value() == count
+    got = model.sliced_sum(batch_s=[0])  # the next call works
+    np.testing.assert_allclose(got[0], np.sum([b[0] for b in blocks], axis=0), rtol=RTOL)
 
 
 def test_late_function_keeps_shared_identity(model):

@@ -7,7 +7,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import session as synk_session
+from synkhronos.testing import session_open
 
 
 def test_calls_before_fork_and_after_close():
@@ -22,4 +22,4 @@ def test_calls_before_fork_and_after_close():
     synk.close()
     with pytest.raises(RuntimeError, match="closed"):
         f(np.ones(5))
-    assert synk_session.current() is None
+    assert not session_open()

@@ -17,6 +17,7 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.extensions import TrainFunction, make_train_function, updates
+from synkhronos.testing import commands_run, rank_values
 from tests.unit.test_updates_unit import (
     CUSTOM,
     RULE_NAMES,
@@ -50,10 +51,16 @@ class Trainers:
     def __init__(self, n: int) -> None:
         self.n = n
         self.train: dict[str, TrainFunction] = {}
+        self.unsharded: dict[str, TrainFunction] = {}
         for name in RULE_NAMES:
             params = new_params()
             x, y, loss = symbolic_model(params)
             self.train[name] = make_train_function(loss, params, [x, y], name, **HYPER[name])
+            if n > 1:  # with several processes the default is sharded: the other form too
+                params = new_params()
+                x, y, loss = symbolic_model(params)
+                self.unsharded[name] = make_train_function(loss, params, [x, y], name,
+                                                           sharded=False, **HYPER[name])
         self.recipe_params = new_params()
         x, y, loss = symbolic_model(self.recipe_params)
         grad_updates, param_updates, self.recipe_grad = updates.sgd(
@@ -63,13 +70,11 @@ class Trainers:
         synk.distribute()
         self.xd, self.yd = synk.data(X), synk.data(Y)
 
-    def reset(self, name: str) -> tuple[TrainFunction, NumpyRule]:
+    def reset(self, name: str, sharded: bool = True) -> tuple[TrainFunction, NumpyRule]:
         """Parameters back to their start, rule state to zero, in every process."""
-        train = self.train[name]
-        state = [var for var, _ in train.param_updates]
-        start = {id(p): v for p, v in zip(train.params, initial_params(), strict=True)}
-        values = [start.get(id(var), np.zeros_like(var.get_value())) for var in state]
-        synk.broadcast(state, values)
+        train = self.train[name] if sharded or self.n == 1 else self.unsharded[name]
+        synk.broadcast(train.params, initial_params())
+        train.reset_state()
         return train, NumpyRule(name, initial_params(), **HYPER[name])
 
     def assert_params_everywhere(self, params: list, want: list) -> None:
@@ -89,17 +94,20 @@ def trainers(request):
         synk.close()
 
 
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("name", RULE_NAMES)
-def test_every_rule_equals_the_serial_rule_in_every_process(trainers, name):
-    train, reference = trainers.reset(name)
+def test_every_rule_equals_the_serial_rule_in_every_process(trainers, name, sharded):
+    train, reference = trainers.reset(name, sharded)
+    assert train.sharded == (sharded and trainers.n > 1)
     for idx in MINIBATCHES:
         loss = train(trainers.xd, trainers.yd, batch=idx)
         np.testing.assert_allclose(loss, reference.train(X[idx], Y[idx]), rtol=RTOL)
     trainers.assert_params_everywhere(train.params, reference.params)
 
 
-def test_slices_and_every_batch_form_equal_serial(trainers):
-    train, reference = trainers.reset("adam")
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
+def test_slices_and_every_batch_form_equal_serial(trainers, sharded):
+    train, reference = trainers.reset("adam", sharded)
     steps = [
         ((trainers.xd, trainers.yd), 13, 2, np.arange(13)),
         ((trainers.xd, trainers.yd), slice(5, 30), 3, np.arange(5, 30)),
@@ -114,15 +122,49 @@ def test_slices_and_every_batch_form_equal_serial(trainers):
     trainers.assert_params_everywhere(train.params, reference.params)
 
 
+def test_sharded_state_is_split_over_the_processes(trainers):
+    """Adam's moments: each process holds its piece only, the pieces tile the whole."""
+    train, _ = trainers.reset("adam")
+    train(trainers.xd, trainers.yd, batch=MINIBATCHES[0])
+    size = sum(p.get_value().size for p in train.params)
+    if not train.sharded:
+        return
+    moments = [var for var in train.state if var.ndim == 1]
+    assert len(moments) == 2  # m and v
+    for var in moments:
+        lengths = [len(value) for value in rank_values(var)]
+        assert sum(lengths) == size
+        if trainers.n > 1:
+            assert max(lengths) <= size // trainers.n + 16  # a piece ends on a cache line
+    if trainers.n > 1:  # unsharded, every process holds the whole of m and v
+        full = [var for var in trainers.unsharded["adam"].state if var.ndim]
+        assert sum(var.get_value().size for var in full) == 2 * size
+
+
+def test_a_training_step_is_one_command(trainers):
+    train, _ = trainers.reset("momentum")
+    for idx in (MINIBATCHES[1], MINIBATCHES[4]):  # 13 rows, and 1 row (fewer than n)
+        train(trainers.xd, trainers.yd, batch=idx, num_slices=2)  # variants distributed
+        before = commands_run()
+        train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
+        assert commands_run() == before + 1
+
+
 def test_grad_shared_holds_the_minibatch_mean_gradient_everywhere(trainers):
     train, reference = trainers.reset("sgd")
     idx = MINIBATCHES[1]
     _, grads = numpy_loss_and_grads(reference.params, X[idx], Y[idx])
     train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
     want = np.concatenate([g.ravel() for g in grads])
+    pieces = synk.steps.pieces(train.grad_shared) if train.sharded else None
     for rank in range(trainers.n):
-        np.testing.assert_allclose(synk.get_value(rank, train.grad_shared), want,
-                                   rtol=RTOL, atol=ATOL)
+        got = synk.get_value(rank, train.grad_shared)
+        if pieces is not None:  # sharded: each process holds its piece of it
+            start, stop = pieces[rank]
+            got, rank_want = got[start:stop], want[start:stop]
+        else:
+            rank_want = want
+        np.testing.assert_allclose(got, rank_want, rtol=RTOL, atol=ATOL)
 
 
 def test_documented_recipe_with_an_even_split(trainers):

@@ -31,9 +31,12 @@ def test_parse_op_strings_and_members(op):
     assert parse_op(op.value.upper()) is op
 
 
-def test_parse_op_none_is_no_reduction():
+def test_parse_op_none_is_no_reduction_and_c_ops_are_aliases():
     assert parse_op(None) is ReduceOp.NONE
-    assert parse_op("c_avg") is ReduceOp.AVG
+    for name in ("avg", "sum", "prod", "max", "min", "gather"):
+        assert parse_op("c_" + name) is ReduceOp(name)
+    with pytest.raises(ValueError, match="gather and None are for function outputs"):
+        parse_op(None, allow_gather=False)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import posix_ipc
 import pytest
 
 from synkhronos._runtime import shmem
+from synkhronos._runtime.arena import Arena
 
 
 @pytest.fixture
@@ -203,32 +204,41 @@ def test_sweep_dead_programs_ignores_other_names():
         shmem.unlink_segment(name)
 
 
-# ---------------------------------------------------------------- SegmentCache
+# ---------------------------------------------------------------- the arena's mappings
 
 
-def test_segment_cache(prefix):
+def test_arena_maps_once_and_keeps_a_mapping_past_the_unlink(prefix):
     name = prefix + "cached"
     owner = shmem.create_segment(name, 32)
     owner[:4] = b"data"
-    cache = shmem.SegmentCache()
-    assert len(cache) == 0
-    assert name not in cache
+    arena = Arena(prefix, 1, False, None)
+    assert len(arena) == 0
+    assert name not in arena
 
-    mapped = cache.get(name)
+    mapped = arena.map(name)
     assert mapped[:4] == b"data"
-    assert name in cache
-    assert len(cache) == 1
-    assert cache.get(name) is mapped  # opened once
+    assert name in arena
+    assert len(arena) == 1
+    assert arena.map(name) is mapped  # opened once
 
-    # a cached mapping survives the unlink of its name
+    # a kept mapping survives the unlink of its name
     shmem.unlink_segment(name)
-    assert cache.get(name) is mapped
-
-    cache.forget(name)
-    assert name not in cache
-    assert len(cache) == 0
-    cache.forget(name)  # harmless twice
+    assert arena.map(name) is mapped
+    other = Arena("synk_other_", 1, False, None)
     with pytest.raises(posix_ipc.ExistentialError):
-        cache.get(name)  # the name is gone, so a fresh open fails
+        other.map(name)  # another program's name is opened afresh, and it is gone
     mapped.close()
     owner.close()
+
+
+def test_arena_names_and_creates_with_one_scheme(prefix):
+    master, worker = Arena(prefix, 0, True, None), Arena(prefix, 2, False, None)
+    made = master.create(10)
+    assert made.id == 1 and made.name == prefix + "s1" and made.nbytes >= 10
+    theirs = worker.create(10)
+    assert theirs.id == (3 << 40) + 1 and theirs.name == worker.name_of(theirs.id)
+    assert os.stat(os.path.join(shmem.SHM_DIR, made.name)).st_mode & 0o777 == 0o600
+    master.release(made.id)
+    assert made.name not in master and not os.path.exists(
+        os.path.join(shmem.SHM_DIR, made.name))
+    worker.release(theirs.id)

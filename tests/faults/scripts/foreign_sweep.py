@@ -64,7 +64,7 @@ def pid_namespace() -> dict:
 def other_user() -> dict:
     done = subprocess.Popen(["true"])
     done.wait()  # its pid is now free: the leftover below belongs to a dead program
-    stale = f"synk_{done.pid}_{secrets.token_hex(8)}_d0_1"
+    stale = f"synk_{done.pid}_{secrets.token_hex(8)}_s1"
     shm = posix_ipc.SharedMemory("/" + stale, posix_ipc.O_CREX, mode=0o600, size=4096)
     shm.close_fd()
     sweeper = subprocess.run(

@@ -15,8 +15,8 @@ each line of stdin with one JSON line:
 The test kills it from outside to see what a crashed program leaves behind.
 
 With ``--sweep-only`` it is a third program that cleans up after dead programs:
-``fork(2)`` (which sweeps), ``close()``, then ``sweep_dead_programs()`` once more; it
-prints ``{"swept": <entries that last sweep removed>}``.
+``fork(2)`` (which sweeps), ``close()``, then ``fork(1)`` and ``close()`` (which sweeps
+once more); it prints ``{"swept": true}``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import shmem
+from synkhronos import testing
 
 BATCH = [4, 1, 3, 0, 2]
 
@@ -41,18 +40,18 @@ def say(message: dict) -> None:
 
 
 def sweep_only() -> None:
-    S._preimport_backend = lambda: None  # nothing to compile here
+    testing.skip_backend_preimport()  # nothing to compile here
     synk.fork(2)
     synk.close()
-    say({"swept": shmem.sweep_dead_programs()})
+    synk.fork(1)
+    synk.close()
+    say({"swept": True})
 
 
 def check(f, xd, values: np.ndarray, first: list) -> dict:
-    segment = shmem.open_segment(xd.ref().segment)  # by name: fails if unlinked
-    try:
-        stored = shmem.array_view(segment, values.dtype, values.shape).copy()
-    finally:
-        segment.close()
+    # by name, afresh: fails if unlinked
+    stored = np.fromfile(f"/dev/shm/{xd.ref().segment}", dtype=values.dtype,
+                         count=values.size).reshape(values.shape)
     if not np.array_equal(stored, values):
         return {"ok": False, "why": "the Data's segment holds other values"}
     again = f(xd, batch=BATCH)
@@ -66,19 +65,18 @@ def check(f, xd, values: np.ndarray, first: list) -> dict:
 
 def serve() -> None:
     # This program compiles nothing for Numba: skip fork()'s pre-import of its backend.
-    S._preimport_backend = lambda: None
+    testing.skip_backend_preimport()
     synk.fork(2)
-    session = S.current()
     values = np.arange(5 * 3, dtype=np.float64).reshape(5, 3) + os.getpid()
     xd = synk.data(values)
     x = pt.dmatrix("x")
-    f = synk.function([x], [(x, None), (x.sum(), "sum")], mode="FAST_COMPILE")
+    f = synk.function([x], [(x, "gather"), (x.sum(), "sum")], mode="FAST_COMPILE")
     synk.distribute()
     first = f(xd, batch=BATCH)
     say({
         "master": os.getpid(),
-        "workers": [w.pid for w in session.workers],
-        "prefix": session.prefix,
+        "workers": testing.run_on_ranks(os.getpid)[1:],
+        "prefix": testing.program_prefix(),
         "segment": xd.ref().segment,
     })
     for line in sys.stdin:

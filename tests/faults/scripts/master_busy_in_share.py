@@ -2,6 +2,9 @@
 
 Usage: ``python master_busy_in_share.py``
 
+Ctrl-C is made deliverable first (Python's default SIGINT handler), whatever this
+process inherited: a test suite started in the background has SIGINT ignored.
+
 Forks 2 processes, then calls a function whose every call sorts a million rows per
 process in a Numba kernel, again and again for up to 60 s. Before the loop it prints
 ``{"master", "workers", "prefix"}`` as one JSON line on stdout. The test sends SIGINT
@@ -13,15 +16,19 @@ closed, not by a ``WorkerError``.
 
 from __future__ import annotations
 
-import json
-import os
-import time
+import signal
 
-import numpy as np
-import pytensor.tensor as pt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
-import synkhronos as synk
-from synkhronos import session as S
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos import testing  # noqa: E402
 
 
 def main() -> None:
@@ -31,9 +38,8 @@ def main() -> None:
     synk.distribute()
     rows = synk.data(np.random.default_rng(0).random(2_000_000))
     f(rows)  # compiled and warm
-    session = S.current()
-    info = {"master": os.getpid(), "workers": [w.pid for w in session.workers],
-            "prefix": session.prefix}
+    info = {"master": os.getpid(), "workers": testing.run_on_ranks(os.getpid)[1:],
+            "prefix": testing.program_prefix()}
     print(json.dumps(info), flush=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -3,16 +3,19 @@
 Usage: ``python master_long_command.py MARKER_DIR [--idle [--long-sleep]] [--n N]
 [--threads T] [--low-priority-threads] [--busy] [--preimport]``
 
-``fork()``'s pre-import of the Numba backend (2 s) is skipped unless ``--preimport``.
+Ctrl-C is made deliverable first (Python's default SIGINT handler), whatever this
+process inherited: a test suite started in the background has SIGINT ignored.
+``fork()``'s pre-import of the Numba backend (a second or two) is skipped unless
+``--preimport``.
 
 It starts ``T`` idle helper threads (default 0; ``SCHED_IDLE`` with
-``--low-priority-threads``), forks ``N`` processes (default 3), creates one segment of
-its own under the program prefix (as ``synk.data`` would), prints ``{"master",
-"workers", "prefix"}`` as one JSON line on stdout, and then either
+``--low-priority-threads``), forks ``N`` processes (default 3), makes one ``synk.data``
+(a segment under the program prefix), prints ``{"master", "workers", "prefix",
+"data"}`` as one JSON line on stdout, and then either
 
 - runs one long command (default): every worker writes ``MARKER_DIR/started-<rank>``
-  and sleeps 60 s (spins with ``--busy``); the payload is larger than the mailbox, so
-  an oversized-payload segment exists while the command runs; or
+  and sleeps 60 s (spins with ``--busy``); the payload is larger than the mailbox of the
+  control block, so a one-off payload segment exists while the command runs; or
 - with ``--idle``: writes ``MARKER_DIR/idle`` and sleeps 60 s in the master, between
   commands (in short sleeps, as a master busy with its own Python code would be; in
   one ``time.sleep(60)`` with ``--long-sleep``).
@@ -22,22 +25,28 @@ The test then kills the master (or its process group) and checks what is left.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
-import threading
-import time
+import signal
 
-import synkhronos as synk
-from synkhronos import session as S
-from synkhronos._runtime import control, shmem
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos import testing  # noqa: E402
+
+BALLAST = 2 << 20  # larger than the control block's 1 MiB mailbox
 
 
 def mark_and_sleep(marker_dir: str, seconds: float, ballast: bytes, busy: bool) -> int:
     """Runs in the workers: say we started, then sleep (or spin) for ``seconds``."""
-    rank = S.current().rank
-    path = os.path.join(marker_dir, f"started-{rank}")
+    path = os.path.join(marker_dir, f"started-{testing.this_rank()}")
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(path + ".tmp", path)
@@ -76,17 +85,18 @@ def main() -> None:
         ).start()
 
     if not args.preimport:
-        # This program compiles nothing: skip fork()'s pre-import of the Numba backend
-        # (about 2 s), which only saves compile time in the workers.
-        S._preimport_backend = lambda: None
+        # This program compiles nothing: skip fork()'s pre-import of the Numba backend,
+        # which only saves compile time in the workers.
+        testing.skip_backend_preimport()
     n = synk.fork(args.n)
-    session = S.current()
-    data = shmem.create_segment(session.prefix + "data0", 4096)
-    data[:4] = b"synk"
+    data = synk.data(np.frombuffer(b"synk" * 1024, dtype=np.uint8))
+    pids = testing.run_on_ranks(os.getpid)
+    master = synk.master_rank()
     info = {
         "master": os.getpid(),
-        "workers": [w.pid for w in session.workers],
-        "prefix": session.prefix,
+        "workers": [pid for rank, pid in enumerate(pids) if rank != master],
+        "prefix": testing.program_prefix(),
+        "data": data.ref().segment,
     }
     sys.stdout.write(json.dumps(info) + "\n")
     sys.stdout.flush()
@@ -102,10 +112,10 @@ def main() -> None:
             for _ in range(1200):
                 time.sleep(0.05)
     else:
-        ballast = b"x" * (control.MAILBOX_BYTES + 4096)
-        workers = [r for r in range(n) if r != session.master_rank]
-        work = (args.marker_dir, 60, ballast, args.busy)
-        session.run(S.Opcode.CALLABLE, (mark_and_sleep, work, workers))
+        ballast = b"x" * BALLAST
+        workers = [r for r in range(n) if r != master]
+        testing.run_on_ranks(mark_and_sleep, args.marker_dir, 60, ballast, args.busy,
+                             ranks=workers)
     synk.close()
 
 

@@ -26,15 +26,15 @@ import pytensor
 import pytensor.tensor as pt
 
 import synkhronos as synk
-from synkhronos import session as S
+from synkhronos import testing
 
 
 def main() -> None:
     n = synk.fork(2)
-    prefix = S.current().prefix
+    prefix = testing.program_prefix()
     w = pytensor.shared(np.ones(3), name="w")
     x = pt.dmatrix("x")
-    f = synk.function([x], [(x.dot(w), None), (x.sum(), "sum")], mode="FAST_COMPILE")
+    f = synk.function([x], [(x.dot(w), "gather"), (x.sum(), "sum")], mode="FAST_COMPILE")
     synk.distribute()
     values = np.arange(24.0).reshape(8, 3)
     batch = [7, 2, 5, 0, 1]

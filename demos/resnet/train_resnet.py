@@ -58,9 +58,6 @@ from resnet.common import build_resnet, iter_mb_idxs, lasagne, load_images, pars
 
 L = lasagne.layers
 pytensor.config.floatX = "float32"
-# Pickling a deep graph (distribute) recurses deeper than Python's default limit; the
-# limit must be raised before fork so the workers, which unpickle, inherit it.
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 50000))
 # JAX drops PyTensor's run-time shape checks and says so once per function.
 warnings.filterwarnings("ignore", message="Skipping Assert", category=UserWarning)
 

@@ -1,48 +1,30 @@
-"""Data sets for the deep-learning demos, from local files only (nothing is downloaded).
+"""Image data sets for the training demos, from local files only (nothing is downloaded).
 
-By default :func:`load` returns scikit-learn's bundled handwritten digits
-(``sklearn.datasets.load_digits``: 1797 images of 8x8 pixels, 10 classes), shuffled
-once and split 80/20 into training and validation. With a path to the common
-``mnist.npz`` (arrays ``x_train``, ``y_train``, ``x_test``, ``y_test``; 28x28
-images) it returns MNIST instead: the first 50000 training images for training and
-the last 10000 for validation (the test set stays untouched).
+:func:`load_dataset` returns six arrays, as the original demos' ``load_dataset`` did:
+``X_train, y_train, X_val, y_val, X_test, y_test``, with images shaped
+``(rows, 1, height, width)`` (Lasagne's layout), pixels in [0, 1] as float32, and
+labels as uint8 (MNIST's own label type; the demos' int32 targets accept them, as a
+safe cast).
 
-Pixels are scaled to [0, 1] in one float dtype (float32 by default) and labels are
-int64. Images come flat, ``(rows, height * width)``, or channels-last,
-``(rows, height, width, 1)``, for a convolutional network.
+- By default: scikit-learn's bundled handwritten digits (``load_digits``: 1797 images
+  of 8x8 pixels, 10 classes), shuffled once and split 1197 / 300 / 300.
+- With ``mnist="path/mnist.npz"`` (the common archive with ``x_train``, ``y_train``,
+  ``x_test``, ``y_test``): MNIST, the last 10000 training images held out for
+  validation as in the original demos (a fifth of them for a small file), and the
+  test set as test.
+
+``image_size`` resizes the images (nearest neighbour) to ``size x size``, for
+networks that need larger inputs than the digits' 8x8 (the ResNet demo).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Dataset", "load", "add_data_arguments"]
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Training and validation arrays, and what they hold."""
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
-    image_shape: tuple[int, int, int]  # (height, width, channels)
-    n_classes: int = 10
-
-    @property
-    def n_features(self) -> int:
-        return int(np.prod(self.image_shape))
-
-    def __str__(self) -> str:
-        h, w, _ = self.image_shape
-        return (f"{self.name}: {len(self.x_train)} training and {len(self.x_val)} validation "
-                f"images of {h}x{w}, {self.x_train.dtype}")
+__all__ = ["load_dataset", "resize", "add_data_arguments", "describe"]
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,62 +34,71 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                              "on instead of scikit-learn's 8x8 digits")
 
 
-def _digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def _digits(seed: int) -> tuple[np.ndarray, ...]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
         raise SystemExit("the digits data set needs scikit-learn: pip install -e .[demos] "
                          "(or pass --mnist PATH)") from exc
     digits = load_digits()
-    x = digits.images / 16.0  # pixel values are 0..16
-    y = digits.target
+    x, y = digits.images / 16.0, digits.target  # pixel values are 0..16
     order = np.random.default_rng(seed).permutation(len(x))
-    cut = len(x) * 4 // 5
-    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]], 8
+    x, y = x[order], y[order]
+    return x[:1197], y[:1197], x[1197:1497], y[1197:1497], x[1497:], y[1497:]
 
 
-def _mnist(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def _mnist(path: str) -> tuple[np.ndarray, ...]:
     file = Path(path)
     if not file.is_file():
         raise SystemExit(f"--mnist: no such file {path!r} (expected mnist.npz with x_train, "
                          "y_train, x_test, y_test)")
     with np.load(file) as archive:
-        missing = {"x_train", "y_train"} - set(archive.files)
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(archive.files)
         if missing:
             raise SystemExit(f"--mnist: {path!r} lacks {sorted(missing)}; it has "
                              f"{archive.files}")
         x, y = archive["x_train"], archive["y_train"]
-    side = int(round(np.sqrt(x[0].size)))
-    x = x.reshape(len(x), side, side).astype(np.float64)
-    if x.max() > 1.0:
-        x /= 255.0
-    cut = len(x) - 10000 if len(x) > 20000 else len(x) * 4 // 5
-    return x[:cut], y[:cut], x[cut:], y[cut:], side
+        x_test, y_test = archive["x_test"], archive["y_test"]
+    scale = 255.0 if x.max() > 1 else 1.0
+    held = 10000 if len(x) > 20000 else len(x) // 5
+    x, x_test = x / scale, x_test / scale
+    return x[:-held], y[:-held], x[-held:], y[-held:], x_test, y_test
 
 
-def load(mnist: str | None = None, images: bool = False, dtype: str = "float32",
-         seed: int = 0) -> Dataset:
-    """Digits (default) or MNIST from ``mnist``, split into training and validation.
+def resize(images: np.ndarray, size: int) -> np.ndarray:
+    """Nearest-neighbour resize of ``(rows, channels, h, w)`` images to ``size x size``."""
+    rows = np.arange(size) * images.shape[2] // size
+    cols = np.arange(size) * images.shape[3] // size
+    return np.ascontiguousarray(images[:, :, rows][:, :, :, cols])
+
+
+def load_dataset(mnist: str | None = None, image_size: int | None = None,
+                 seed: int = 0) -> tuple[np.ndarray, ...]:
+    """``X_train, y_train, X_val, y_val, X_test, y_test``: digits, or MNIST from ``mnist``.
 
     Parameters
     ----------
     mnist : str, optional
         Path of a local ``mnist.npz``; None for scikit-learn's digits.
-    images : bool
-        True: ``x`` has shape ``(rows, height, width, 1)``; False: ``(rows, h * w)``.
-    dtype : str
-        The float dtype of ``x``.
+    image_size : int, optional
+        Resize the images to this many pixels a side.
     seed : int
         The shuffle of the digits before the split.
     """
-    x_train, y_train, x_val, y_val, side = _digits(seed) if mnist is None else _mnist(mnist)
-    shape = (side, side, 1) if images else (side * side,)
+    parts = _digits(seed) if mnist is None else _mnist(mnist)
+    out = []
+    for x, y in zip(parts[::2], parts[1::2], strict=True):
+        side = int(round(np.sqrt(x[0].size)))
+        x = x.reshape(len(x), 1, side, side)
+        if image_size is not None and image_size != side:
+            x = resize(x, image_size)
+        out += [np.ascontiguousarray(x, dtype=np.float32), np.asarray(y, dtype=np.uint8)]
+    return tuple(out)
 
-    def prepare(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = np.ascontiguousarray(x.reshape((len(x), *shape)), dtype=dtype)
-        return x, np.ascontiguousarray(y, dtype=np.int64)
 
-    x_train, y_train = prepare(x_train, y_train)
-    x_val, y_val = prepare(x_val, y_val)
+def describe(mnist: str | None, X_train, X_val, X_test) -> str:  # noqa: N803
+    """One line: which data, how many images of which size."""
     name = "digits" if mnist is None else "MNIST"
-    return Dataset(name, x_train, y_train, x_val, y_val, (side, side, 1))
+    h, w = X_train.shape[2:]
+    return (f"{name}: {len(X_train)} training, {len(X_val)} validation and {len(X_test)} "
+            f"test images of {h}x{w}")

@@ -110,7 +110,7 @@ def ping() -> None:
     """The empty command: every process wakes, does nothing, and replies (a benchmark
     of one round trip)."""
     session = current() or require("synkhronos.testing.ping()")
-    session.run(_PING)
+    session.run(_PING, repeats=True)  # pickled once, as every repeated command is
 
 
 def spin_seconds() -> float:

@@ -34,6 +34,10 @@ class ReduceOp(enum.Enum):
     GATHER = "gather"
     NONE = "none"  # no reduction: the master's own result (the user writes ``None``)
 
+    # Members are singletons compared by identity: hash them so too, in C (Enum's own
+    # hash runs in Python, and messages carrying an op are hashed on every command).
+    __hash__ = object.__hash__
+
 
 _UFUNCS = {
     ReduceOp.AVG: np.add,

@@ -165,8 +165,11 @@ class Session:
         that to ``leave``. A caller that stages shared memory before its command holds
         the lock across both, so that calls from several threads never interleave.
         """
-        self.check_usable()
         me = threading.get_ident()
+        if (self._holder == me and not self._running and self.state is State.READY
+                and os.getpid() == self.ctx.master_pid):
+            return False  # this thread took the lock for its command's staging: usable
+        self.check_usable()
         if self._holder == me:
             return False
         self._command_lock.acquire()  # interruptible by Ctrl-C in the main thread

@@ -115,6 +115,7 @@ class Group:
         self.pieces = layout.pieces(n)
         self.small = layout.data_bytes <= SMALL_BYTES
         self.pairs: list[tuple] | None = None  # the worker's (variable, master's, own view)
+        self.messages: dict[Any, Any] = {}  # the master's repeated commands on this group
         self.slots: list[Any]  # rank -> its slot's views (None: no slot on this machine)
         self.flats: list[Any]
         self.foreign: list[Any]

@@ -180,7 +180,10 @@ def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
 
 def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:
     """Raise the ValueError of a reduce refused because shapes differ across ranks."""
-    if not any(isinstance(reply, Mismatch) for reply in replies):
+    for reply in replies:
+        if type(reply) is Mismatch:
+            break
+    else:
         return
     per_rank = [reply.shapes if isinstance(reply, Mismatch) else expected for reply in replies]
     for i, label in enumerate(targets.labels):
@@ -244,8 +247,15 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
             for view, result in zip(group.slots[master], group.slots[1 - master], strict=True):
                 view[...] = result
 
-    return Step(AllReduce(group.key, spec, op, pair), finish,
-                new=(spec.name,) if spec else (), repeats=spec is None)
+    if spec is None:  # resident: the same message as last time, built once
+        messages = getattr(group, "messages", None)
+        message = None if messages is None else messages.get((op, pair))
+        if message is None:
+            message = AllReduce(group.key, None, op, pair)
+            if messages is not None:
+                messages[(op, pair)] = message
+        return Step(message, finish, repeats=True)
+    return Step(AllReduce(group.key, spec, op, pair), finish, new=(spec.name,))
 
 
 def reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,

@@ -17,7 +17,7 @@ from functools import partial
 from ._core import faults
 from ._core import session as core_session
 from ._core.context import RankContext, install
-from ._core.execute import Executor, Outcome
+from ._core.execute import Executor, at_reply
 from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
@@ -86,12 +86,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         if isinstance(message, Exit):
             return
         assert isinstance(message, Message)
-        outcome = executor.run(ctx, message, keep_exception=True)
-        if faults.ARMED:
-            try:
-                faults.hit("reply")
-            except (Exception, SystemExit) as exc:
-                outcome = Outcome(None, RemoteFailure.from_exception(exc), exc)
+        outcome = at_reply(executor.run(ctx, message, keep_exception=True))
         failed = outcome.failure is not None
         try:
             control.finish(rank, seen, outcome.failure if failed else outcome.reply, failed,

@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 
 from .._runtime import signals
 from .._runtime.remote import RemoteFailure
+from . import faults
 from .context import RankContext
 from .protocol import Join, Message, Ping, RunCallable, Sequence
 
-__all__ = ["Executor", "Handler", "Outcome", "CORE_HANDLERS"]
+__all__ = ["Executor", "Handler", "Outcome", "CORE_HANDLERS", "at_reply"]
 
 Handler = Callable[[RankContext, Any], Any]
 
@@ -36,6 +37,17 @@ class Outcome(NamedTuple):
     reply: Any
     failure: RemoteFailure | None = None
     exception: BaseException | None = None  # the live exception (the master keeps it)
+
+
+def at_reply(outcome: Outcome) -> Outcome:
+    """A non-master rank's ``outcome``, unless the test fault point ``reply`` (between
+    running a command and replying to it) fires here: then that failure."""
+    if faults.ARMED:
+        try:
+            faults.hit("reply")
+        except (Exception, SystemExit) as exc:
+            return Outcome(None, RemoteFailure.from_exception(exc), exc)
+    return outcome
 
 
 def _ping(ctx: RankContext, message: Ping) -> None:

@@ -43,7 +43,7 @@ from .._runtime.remote import RemoteFailure
 from ..errors import WorkerDiedError, WorkerTimeoutError
 from . import faults
 from .context import RankContext
-from .execute import Executor, Outcome
+from .execute import Executor, Outcome, at_reply
 from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
 from .protocol import Exit, Message
 
@@ -173,12 +173,7 @@ class Leader:
         self._seq = seq
         self._started = time.monotonic()
         try:
-            own = prepared or self.executor.run(ctx, message, keep_exception=True)
-            if faults.ARMED:
-                try:
-                    faults.hit("reply")
-                except (Exception, SystemExit) as exc:
-                    own = Outcome(None, RemoteFailure.from_exception(exc), exc)
+            own = at_reply(prepared or self.executor.run(ctx, message, keep_exception=True))
             failed = own.failure is not None
             if failed and control is not None:
                 control.mark_failed(self._local, seq)

@@ -42,7 +42,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from .._runtime import processes, shmem, signals
 from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
@@ -257,25 +257,11 @@ class Session:
                 self.last_timing = (shared - start, time.perf_counter() - shared)
             replies: list[Any] = [None] * ctx.size
             replies[master] = own.reply
-            first: tuple[int, Outcome] | None = None
-            for rank in workers:
-                value = control.reply(rank, ctx.arena)
-                if control.failed(rank):
-                    assert isinstance(value, RemoteFailure)
-                    if first is None or (_secondary(first[1]) and not value.secondary):
-                        first = (rank, Outcome(None, value))
-                else:
-                    replies[rank] = value
-            control.release_external_payload(ctx.arena)
+            first = self._read_replies(control, replies, None)
         except BaseException as exc:
             self._fail(exc)
             raise
-        if own.failure is not None and not own.failure.secondary:
-            _raise_failure(master, own)
-        if first is not None:
-            _raise_failure(*first)
-        if own.failure is not None:
-            _raise_failure(master, own)
+        _raise_root_failure(master, own, first)
         return replies
 
     def _run_nodes(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
@@ -311,39 +297,45 @@ class Session:
             if control is not None:
                 workers = self._worker_ranks
                 control.wait(local, lambda: control.all_done(seq, workers), self._watch)
-                for rank in workers:  # on machine 0, local ranks are global ranks
-                    value: Any = control.reply(rank, ctx.arena)
-                    if control.failed(rank):
-                        if first is None or (_secondary(first[1]) and not value.secondary):
-                            first = (rank, Outcome(None, value))
-                    else:
-                        replies[rank] = value
-                control.release_external_payload(ctx.arena)
+                # on machine 0, local ranks are global ranks
+                first = self._read_replies(control, replies, first)
             parts = machines.finish()
             assert parts is not None
             for part in parts[1:]:
                 for rank, failed, value in pickle.loads(part):
                     if failed:
-                        if first is None or (_secondary(first[1]) and not value.secondary):
-                            first = (rank, Outcome(None, value))
+                        first = _root_failure(first, rank, value)
                     else:
                         replies[rank] = value
             if timed:
                 self.last_timing = (shared - start, time.perf_counter() - shared)
         except BaseException as exc:
-            error = machines.error(exc)
-            self._fail(error)
-            if error is exc:
-                raise
-            raise error from exc
-        master = ctx.master_rank
-        if own.failure is not None and not own.failure.secondary:
-            _raise_failure(master, own)
-        if first is not None:
-            _raise_failure(*first)
-        if own.failure is not None:
-            _raise_failure(master, own)
+            self._fail_over_machines(machines, exc)
+        _raise_root_failure(ctx.master_rank, own, first)
         return replies
+
+    def _fail_over_machines(self, machines: Any, exc: BaseException) -> NoReturn:
+        """Break the session over ``exc`` and raise what it means across machines (a
+        lost machine, an abort), or ``exc`` itself."""
+        error = machines.error(exc)
+        self._fail(error)
+        if error is exc:
+            raise exc
+        raise error from exc
+
+    def _read_replies(self, control: Any, replies: list[Any],
+                      first: tuple[int, Outcome] | None) -> tuple[int, Outcome] | None:
+        """Every local worker's reply into ``replies`` (by rank), once all are done;
+        returns the root-cause failure so far (``first`` counts as earlier)."""
+        for rank in self._worker_ranks:
+            value = control.reply(rank, self.ctx.arena)
+            if control.failed(rank):
+                assert isinstance(value, RemoteFailure)
+                first = _root_failure(first, rank, value)
+            else:
+                replies[rank] = value
+        control.release_external_payload(self.ctx.arena)
+        return first
 
     def replicate(self, message: Message, buffer: Any = None, scatter: Any = None) -> None:
         """Over several machines: ``message`` to the other machines' leaders alone (their
@@ -360,11 +352,7 @@ class Session:
             if scatter is not None:
                 machines.mpi.scatter(scatter, root=0)
         except BaseException as exc:
-            error = machines.error(exc)
-            self._fail(error)
-            if error is exc:
-                raise
-            raise error from exc
+            self._fail_over_machines(machines, exc)
         finally:
             self.leave(took)
 
@@ -468,6 +456,26 @@ class Session:
 
 def _secondary(outcome: Outcome) -> bool:
     return outcome.failure is not None and outcome.failure.secondary
+
+
+def _root_failure(first: tuple[int, Outcome] | None, rank: int,
+                  failure: RemoteFailure) -> tuple[int, Outcome]:
+    """The failure to report of ``first`` and ``rank``'s: the one seen first, unless it
+    is secondary (a rank that gave up because another failed) and this one is not."""
+    if first is None or (_secondary(first[1]) and not failure.secondary):
+        return (rank, Outcome(None, failure))
+    return first
+
+
+def _raise_root_failure(master: int, own: Outcome, first: tuple[int, Outcome] | None) -> None:
+    """Raise the command's root cause, if any rank failed: the master's own failure
+    unless it is secondary, else the first root failure of another rank."""
+    if own.failure is not None and not own.failure.secondary:
+        _raise_failure(master, own)
+    if first is not None:
+        _raise_failure(*first)
+    if own.failure is not None:
+        _raise_failure(master, own)
 
 
 def _raise_failure(rank: int, outcome: Outcome) -> None:

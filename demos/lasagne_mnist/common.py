@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytensor
+import pytensor.tensor as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 import lasagne_like as lasagne  # noqa: E402
@@ -82,6 +84,31 @@ def build_network(model, input_var, image_shape):
         return build_cnn(input_var, image_shape)
     raise SystemExit(f"unknown model {model!r}: use mlp, custom_mlp:DEPTH,WIDTH,DROP_IN,"
                      "DROP_HID or cnn")
+
+
+def build_objectives(model, input_var, target_var, image_shape):
+    """The network named ``model`` and what the programs train and validate: the
+    training loss (dropout on), the trainable parameters, and the test loss and
+    accuracy (dropout off)."""
+    network = build_network(model, input_var, image_shape)
+    prediction = lasagne.layers.get_output(network)
+    loss = lasagne.objectives.categorical_crossentropy(prediction, target_var).mean()
+    params = lasagne.layers.get_all_params(network, trainable=True)
+    test_prediction = lasagne.layers.get_output(network, deterministic=True)
+    test_loss = lasagne.objectives.categorical_crossentropy(test_prediction, target_var).mean()
+    test_acc = T.mean(T.eq(T.argmax(test_prediction, axis=1), target_var),
+                      dtype=pytensor.config.floatX)
+    return loss, params, test_loss, test_acc
+
+
+def check_same_params(params):
+    """Every process holds the master's values of ``params`` (the data-parallel demos)."""
+    import synkhronos as synk
+
+    for param, per_rank in zip(params, synk.gather(params), strict=True):
+        for rank, value in enumerate(per_rank):
+            np.testing.assert_array_equal(value, param.get_value(),
+                                          err_msg=f"{param.name} differs in rank {rank}")
 
 
 def has_dropout(model):

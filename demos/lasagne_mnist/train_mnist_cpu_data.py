@@ -47,10 +47,10 @@ from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from lasagne_mnist.common import (  # noqa: E402
-    build_network,
+    build_objectives,
+    check_same_params,
     describe,
     iterate_minibatch_indices,
-    lasagne,
     load_dataset,
     parse_args,
     report_epoch,
@@ -62,10 +62,7 @@ pytensor.config.floatX = "float32"  # what THEANO_FLAGS=floatX=float32 did for t
 
 def check_result(params, val_fn, X_val, y_val, val_err, val_acc):
     """Same parameters in every process; the parallel validation equals the plain one."""
-    for param, per_rank in zip(params, synk.gather(params), strict=True):  # synk
-        for rank, value in enumerate(per_rank):
-            np.testing.assert_array_equal(value, param.get_value(),
-                                          err_msg=f"{param.name} differs in rank {rank}")
+    check_same_params(params)  # synk.gather of every parameter
     want_err, want_acc = val_fn.as_pytensor(X_val.data, y_val.data)  # the master alone
     np.testing.assert_allclose(val_err, want_err, rtol=1e-5)
     np.testing.assert_allclose(val_acc, want_acc, rtol=1e-5)
@@ -81,18 +78,10 @@ def main(args):
 
     input_var = T.tensor4("inputs")
     target_var = T.ivector("targets")
-    network = build_network(args.model, input_var, X_train.shape[1:])
-
-    prediction = lasagne.layers.get_output(network)
-    loss = lasagne.objectives.categorical_crossentropy(prediction, target_var).mean()
-    params = lasagne.layers.get_all_params(network, trainable=True)
+    loss, params, test_loss, test_acc = build_objectives(args.model, input_var, target_var,
+                                                         X_train.shape[1:])
     grad_updates, param_updates, grad_shared = updates.nesterov_momentum(  # synk
         loss, params, learning_rate=args.learning_rate, momentum=0.9)
-
-    test_prediction = lasagne.layers.get_output(network, deterministic=True)
-    test_loss = lasagne.objectives.categorical_crossentropy(test_prediction, target_var).mean()
-    test_acc = T.mean(T.eq(T.argmax(test_prediction, axis=1), target_var),
-                      dtype=pytensor.config.floatX)
 
     train_grad_fn = synk.function([input_var, target_var], outputs=loss,  # synk
                                   updates=grad_updates, mode=args.mode)

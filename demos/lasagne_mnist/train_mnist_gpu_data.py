@@ -46,10 +46,10 @@ from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from lasagne_mnist.common import (  # noqa: E402
-    build_network,
+    build_objectives,
+    check_same_params,
     describe,
     iterate_minibatch_indices,
-    lasagne,
     load_dataset,
     parse_args,
     report_epoch,
@@ -64,10 +64,7 @@ def check_result(params, scattered, val_fn, test_fn, X_val, y_val, val_err, val_
     for var, value in scattered:
         np.testing.assert_array_equal(synk.gather(var, nd_up=0), value,  # synk
                                       err_msg=f"{var.name} does not hold the scattered rows")
-    for param, per_rank in zip(params, synk.gather(params), strict=True):  # synk
-        for rank, value in enumerate(per_rank):
-            np.testing.assert_array_equal(value, param.get_value(),
-                                          err_msg=f"{param.name} differs in rank {rank}")
+    check_same_params(params)  # synk.gather of every parameter
     # test_fn is the same graph with inputs: its plain PyTensor function on all the rows
     want_err, want_acc = test_fn.as_pytensor(X_val, y_val)
     np.testing.assert_allclose(val_err, want_err, rtol=1e-5)
@@ -85,18 +82,10 @@ def main(args):
 
     input_var = T.tensor4("inputs")
     target_var = T.ivector("targets")
-    network = build_network(args.model, input_var, X_train.shape[1:])
-
-    prediction = lasagne.layers.get_output(network)
-    loss = lasagne.objectives.categorical_crossentropy(prediction, target_var).mean()
-    params = lasagne.layers.get_all_params(network, trainable=True)
+    loss, params, test_loss, test_acc = build_objectives(args.model, input_var, target_var,
+                                                         X_train.shape[1:])
     grad_updates, param_updates, grad_shared = updates.nesterov_momentum(  # synk
         loss, params, learning_rate=args.learning_rate, momentum=0.9)
-
-    test_prediction = lasagne.layers.get_output(network, deterministic=True)
-    test_loss = lasagne.objectives.categorical_crossentropy(test_prediction, target_var).mean()
-    test_acc = T.mean(T.eq(T.argmax(test_prediction, axis=1), target_var),
-                      dtype=pytensor.config.floatX)
 
     # Shared variables for the data; their first values only set dtype and ndim.
     s_input_train = pytensor.shared(X_train[:len(X_train) // n_parallel], name="s_input_train")

@@ -26,7 +26,7 @@ import pytensor.tensor as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from lasagne_mnist.common import (  # noqa: E402
-    build_network,
+    build_objectives,
     describe,
     iterate_minibatch_indices,
     lasagne,
@@ -46,18 +46,10 @@ def main(args):
 
     input_var = T.tensor4("inputs")
     target_var = T.ivector("targets")
-    network = build_network(args.model, input_var, X_train.shape[1:])
-
-    prediction = lasagne.layers.get_output(network)
-    loss = lasagne.objectives.categorical_crossentropy(prediction, target_var).mean()
-    params = lasagne.layers.get_all_params(network, trainable=True)
+    loss, params, test_loss, test_acc = build_objectives(args.model, input_var, target_var,
+                                                         X_train.shape[1:])
     updates = lasagne.updates.nesterov_momentum(loss, params, learning_rate=args.learning_rate,
                                                 momentum=0.9)
-
-    test_prediction = lasagne.layers.get_output(network, deterministic=True)
-    test_loss = lasagne.objectives.categorical_crossentropy(test_prediction, target_var).mean()
-    test_acc = T.mean(T.eq(T.argmax(test_prediction, axis=1), target_var),
-                      dtype=pytensor.config.floatX)
 
     train_fn = pytensor.function([input_var, target_var], loss, updates=updates, mode=args.mode)
     val_fn = pytensor.function([input_var, target_var], [test_loss, test_acc], mode=args.mode)

@@ -23,10 +23,12 @@ filters, as in the original.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytensor.tensor as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 import lasagne_like as lasagne  # noqa: E402
@@ -43,7 +45,8 @@ from lasagne_like.layers import (  # noqa: E402
 )
 from lasagne_like.nonlinearities import rectify, softmax  # noqa: E402
 
-__all__ = ["build_resnet", "iter_mb_idxs", "parse_args", "load_images", "lasagne"]
+__all__ = ["build_resnet", "objectives", "require_backend", "iter_mb_idxs", "parse_args",
+           "load_images", "lasagne"]
 
 RESNET50 = {"blocks": (3, 4, 6, 3), "width": 64, "image_size": 224}
 SMALL = {"blocks": (1, 1, 1, 1), "width": 8, "image_size": 32}
@@ -79,6 +82,26 @@ def build_resnet(input_shape, n_classes, blocks=(3, 4, 6, 3), width=64):
             network = residual_block(network, stage_width, stride, project=first)
     network = GlobalPoolLayer(network)
     return DenseLayer(network, num_units=n_classes, nonlinearity=softmax)
+
+
+def objectives(resnet):
+    """The inputs ``x``, ``y`` and what the programs train and validate: the training
+    loss (batch normalization on the minibatch) and the validation loss and accuracy
+    (batch normalization on its running averages)."""
+    x = T.tensor4("x")
+    y = T.ivector("y")
+    prob = lasagne.layers.get_output(resnet, x, deterministic=False)
+    loss = lasagne.objectives.categorical_crossentropy(prob, y).mean()
+    v_prob = lasagne.layers.get_output(resnet, x, deterministic=True)
+    v_loss = lasagne.objectives.categorical_crossentropy(v_prob, y).mean()
+    v_acc = T.mean(T.eq(T.argmax(v_prob, axis=1), y), dtype="float32")
+    return x, y, loss, v_loss, v_acc
+
+
+def require_backend(mode):
+    """Exit with a hint when ``--mode JAX`` is asked for without jax installed."""
+    if mode == "JAX" and importlib.util.find_spec("jax") is None:
+        raise SystemExit("--mode JAX needs jax (pip install -e .[demos]); or --mode NUMBA")
 
 
 def iter_mb_idxs(mb_size, data_length, shuffle=False):

@@ -40,7 +40,6 @@ below ``--min-accuracy``).
 Needs ``pip install -e .[demos]`` (jax, scikit-learn for the digits).
 """
 
-import importlib.util
 import sys
 import time
 import warnings
@@ -48,13 +47,20 @@ from pathlib import Path
 
 import numpy as np
 import pytensor
-import pytensor.tensor as T
 
 import synkhronos as synk
 from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
-from resnet.common import build_resnet, iter_mb_idxs, lasagne, load_images, parse_args  # noqa: E402
+from resnet.common import (  # noqa: E402
+    build_resnet,
+    iter_mb_idxs,
+    lasagne,
+    load_images,
+    objectives,
+    parse_args,
+    require_backend,
+)
 
 L = lasagne.layers
 pytensor.config.floatX = "float32"
@@ -63,10 +69,7 @@ warnings.filterwarnings("ignore", message="Skipping Assert", category=UserWarnin
 
 
 def build_training(resnet, params, update_rule, mode, **update_kwargs):
-    x = T.tensor4("x")
-    y = T.ivector("y")
-    prob = L.get_output(resnet, x, deterministic=False)
-    loss = lasagne.objectives.categorical_crossentropy(prob, y).mean()
+    x, y, loss, v_loss, v_acc = objectives(resnet)
     grad_updates, param_updates, grad_shared = update_rule(loss, params, **update_kwargs)
     f_grad_shared = synk.function(inputs=[x, y], outputs=loss,  # synk
                                   updates=grad_updates, mode=mode)
@@ -78,9 +81,6 @@ def build_training(resnet, params, update_rule, mode, **update_kwargs):
         f_param_update()  # synk
         return train_loss
 
-    v_prob = L.get_output(resnet, x, deterministic=True)
-    v_loss = lasagne.objectives.categorical_crossentropy(v_prob, y).mean()
-    v_acc = T.mean(T.eq(T.argmax(v_prob, axis=1), y), dtype="float32")
     f_predict = synk.function(inputs=[x, y], outputs=[v_loss, v_acc], mode=mode)  # synk
     return f_train_minibatch, f_predict
 
@@ -100,8 +100,7 @@ def check_result(params, averages, f_predict, x_valid, y_valid, valid_loss, vali
 
 def main(args):
     start = time.perf_counter()
-    if args.mode == "JAX" and importlib.util.find_spec("jax") is None:
-        raise SystemExit("--mode JAX needs jax (pip install -e .[demos]); or --mode NUMBA")
+    require_backend(args.mode)
     n_parallel = synk.fork(args.n_parallel)  # synk: first of all
     np.random.seed(args.seed)
     X_train, y_train, X_valid, y_valid, X_test, y_test = load_images(args)

@@ -14,7 +14,6 @@ it validates on the whole validation set in one call.
 Needs ``pip install -e .[demos]`` (jax, scikit-learn for the digits).
 """
 
-import importlib.util
 import sys
 import time
 import warnings
@@ -22,12 +21,19 @@ from pathlib import Path
 
 import numpy as np
 import pytensor
-import pytensor.tensor as T
 
 from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
-from resnet.common import build_resnet, iter_mb_idxs, lasagne, load_images, parse_args  # noqa: E402
+from resnet.common import (  # noqa: E402
+    build_resnet,
+    iter_mb_idxs,
+    lasagne,
+    load_images,
+    objectives,
+    parse_args,
+    require_backend,
+)
 
 L = lasagne.layers
 pytensor.config.floatX = "float32"
@@ -35,10 +41,7 @@ warnings.filterwarnings("ignore", message="Skipping Assert", category=UserWarnin
 
 
 def build_training(resnet, params, update_rule, mode, **update_kwargs):
-    x = T.tensor4("x")
-    y = T.ivector("y")
-    prob = L.get_output(resnet, x, deterministic=False)
-    loss = lasagne.objectives.categorical_crossentropy(prob, y).mean()
+    x, y, loss, v_loss, v_acc = objectives(resnet)
     grad_updates, param_updates, grad_shared = update_rule(loss, params, **update_kwargs)
     f_grad_shared = pytensor.function([x, y], loss, updates=grad_updates, mode=mode)
     f_param_update = pytensor.function([], updates=param_updates, mode=mode)
@@ -48,17 +51,13 @@ def build_training(resnet, params, update_rule, mode, **update_kwargs):
         f_param_update()
         return train_loss
 
-    v_prob = L.get_output(resnet, x, deterministic=True)
-    v_loss = lasagne.objectives.categorical_crossentropy(v_prob, y).mean()
-    v_acc = T.mean(T.eq(T.argmax(v_prob, axis=1), y), dtype="float32")
     f_predict = pytensor.function([x, y], [v_loss, v_acc], mode=mode)
     return f_train_minibatch, f_predict
 
 
 def main(args):
     start = time.perf_counter()
-    if args.mode == "JAX" and importlib.util.find_spec("jax") is None:
-        raise SystemExit("--mode JAX needs jax (pip install -e .[demos]); or --mode NUMBA")
+    require_backend(args.mode)
     np.random.seed(args.seed)
     x_train, y_train, x_valid, y_valid, x_test, y_test = load_images(args)
     resnet = build_resnet(x_train.shape[1:], 10, args.blocks, args.width)

@@ -30,6 +30,7 @@ __all__ = [
     "substitute",
     "storage",
     "value",
+    "bound_to",
     "bind",
     "shared_inputs",
     "reduce_for_pickle",
@@ -65,6 +66,15 @@ def value(var: Any) -> Any:
     """A shared variable's current value, without a copy (``get_value(borrow=True)``
     without its checks, for the collectives' hot paths)."""
     return var.container.storage[0]
+
+
+def bound_to(variables: Any, arrays: Any) -> bool:
+    """Whether each variable's value is the very array beside it (the collectives'
+    check that values still live in their exchange buffers)."""
+    for var, array in zip(variables, arrays, strict=True):
+        if var.container.storage[0] is not array:
+            return False
+    return True
 
 
 def bind(var: Any, array: np.ndarray) -> None:

@@ -86,7 +86,9 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         if isinstance(message, Exit):
             return
         assert isinstance(message, Message)
-        outcome = at_reply(executor.run(ctx, message, keep_exception=True))
+        outcome = executor.run(ctx, message, keep_exception=True)
+        if faults.ARMED:
+            outcome = at_reply(outcome)
         failed = outcome.failure is not None
         try:
             control.finish(rank, seen, outcome.failure if failed else outcome.reply, failed,

@@ -36,7 +36,22 @@ from .._runtime.control import ControlBlock
 if TYPE_CHECKING:
     from .machines import Machines
 
-__all__ = ["RankContext", "RankVar", "current", "install"]
+__all__ = ["RankContext", "RankVar", "current", "install", "pid"]
+
+_pid = os.getpid()  # kept by the fork hook below: os.getpid() is a system call
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def pid() -> int:
+    """This process's pid, without a system call (every command checks it)."""
+    return _pid
 
 T = TypeVar("T")
 
@@ -96,7 +111,7 @@ class RankContext:
     def in_master_process(self) -> bool:
         """True in the master's own process (False in a worker, or in any process
         forked from the master later, such as a ``multiprocessing`` child)."""
-        return self.is_master and os.getpid() == self.master_pid
+        return self.is_master and _pid == self.master_pid
 
     def barrier(self) -> None:
         """Inside a command: wait until every rank reaches this point."""

@@ -39,6 +39,9 @@ class Outcome(NamedTuple):
     exception: BaseException | None = None  # the live exception (the master keeps it)
 
 
+_REPLIED_NONE = Outcome(None)  # most commands reply nothing: one outcome for them all
+
+
 def at_reply(outcome: Outcome) -> Outcome:
     """A non-master rank's ``outcome``, unless the test fault point ``reply`` (between
     running a command and replying to it) fires here: then that failure."""
@@ -107,9 +110,11 @@ class Executor:
         for the master to raise as the cause); the master keeps the live one.
         """
         try:
-            return Outcome(self.handler(message)(ctx, message))
+            handler = self._table.get(type(message)) or self.handler(message)
+            reply = handler(ctx, message)
         except KeyboardInterrupt:
             raise
         except (Exception, SystemExit) as exc:
             signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
             return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
+        return _REPLIED_NONE if reply is None else Outcome(reply)

@@ -133,7 +133,7 @@ class Session:
     # -- admission ---------------------------------------------------------------------
     def check_usable(self) -> None:
         """Raise unless this process may issue a command now (takes no lock)."""
-        if os.getpid() != self.ctx.master_pid:
+        if context.pid() != self.ctx.master_pid:
             raise RuntimeError(
                 f"synkhronos commands can only be issued by the master process (pid "
                 f"{self.ctx.master_pid}); this process (pid {os.getpid()}) was forked from "
@@ -167,7 +167,7 @@ class Session:
         """
         me = threading.get_ident()
         if (self._holder == me and not self._running and self.state is State.READY
-                and os.getpid() == self.ctx.master_pid):
+                and context.pid() == self.ctx.master_pid):
             return False  # this thread took the lock for its command's staging: usable
         self.check_usable()
         if self._holder == me:
@@ -261,7 +261,8 @@ class Session:
         except BaseException as exc:
             self._fail(exc)
             raise
-        _raise_root_failure(master, own, first)
+        if first is not None or own.failure is not None:
+            _raise_root_failure(master, own, first)
         return replies
 
     def _run_nodes(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:

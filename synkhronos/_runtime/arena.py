@@ -244,10 +244,11 @@ class Arena:
 
     def catch_up(self) -> None:
         """Drop the mappings of every segment released since the last call."""
-        if self._log is None:
+        log = self._log
+        if log is None or log.words[0] == self._seen:  # nothing released: most commands
             return
-        released = self._log.since(self._seen)
-        self._seen = self._log.count
+        released = log.since(self._seen)
+        self._seen = log.count
         if released is None:  # fell a whole ring behind: let go of everything
             if self._maps:
                 self._maps.clear()

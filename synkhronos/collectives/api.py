@@ -53,7 +53,7 @@ from .fused import (
     place_step,
     reduce_step,
     regions_step,
-    run_steps,
+    run_step,
     shapes_step,
 )
 
@@ -77,7 +77,7 @@ def _run(session: Any, backend: Any, build: Any, *args: Any) -> Any:
     """Build one step under the session's command lock and run it; its result."""
     took = session.enter()
     try:
-        return run_steps(session, backend, [build(session, backend, *args)])[0]
+        return run_step(session, backend, build(session, backend, *args))
     finally:
         session.leave(took)
 

@@ -114,8 +114,8 @@ class Group:
         n = ctx.size
         self.pieces = layout.pieces(n)
         self.small = layout.data_bytes <= SMALL_BYTES
-        self.pairs: list[tuple] | None = None  # the worker's (variable, master's, own view)
-        self.messages: dict[Any, Any] = {}  # the master's repeated commands on this group
+        self.pairs: list[tuple] | None = None  # worker: (var, master's, own, 2)
+        self.steps: dict[Any, Any] = {}  # the master's repeated steps on this group
         self.slots: list[Any]  # rank -> its slot's views (None: no slot on this machine)
         self.flats: list[Any]
         self.foreign: list[Any]
@@ -217,11 +217,9 @@ class CpuBackend(Backend):
         """Master: the group of ``targets`` if every variable still lives in the
         master's slot (nothing to copy in, no new layout)."""
         group = self._groups.get(targets.uids)
-        if group is None:
+        if group is None or not _pytensor.bound_to(targets.variables,
+                                                  group.slots[ctx.master_rank]):
             return None
-        for var, view in zip(targets.variables, group.slots[ctx.master_rank], strict=True):
-            if _pytensor.value(var) is not view:
-                return None
         self._groups.move_to_end(targets.uids)
         return group
 
@@ -316,19 +314,20 @@ class CpuBackend(Backend):
         the result from. No barrier: the master changes nothing until the worker has
         finished. Replies the worker's shapes if they differ from the master's."""
         pairs = group.pairs
-        if pairs is None:
-            pairs = group.pairs = list(zip(group.variables, group.slots[ctx.master_rank],
-                                           group.slots[ctx.rank], strict=True))
-        for var, _, view in pairs:
+        if pairs is None:  # the divisor typed once: a Python 2 costs a microsecond a call
+            pairs = group.pairs = [(var, first, out, np.array(2, out.dtype)) for var, first, out
+                                   in zip(group.variables, group.slots[ctx.master_rank],
+                                          group.slots[ctx.rank], strict=True)]
+        for var, _, view, _ in pairs:
             value = _pytensor.value(var)
             if value is not view and value.shape != view.shape:
                 return tuple(_pytensor.value(v).shape for v in group.variables)
         ufunc, mean = ufunc_of(op)
-        for var, first, out in pairs:
+        for var, first, out, two in pairs:
             value = _pytensor.value(var)
             ufunc(first, value, out=out)
             if mean:
-                out /= 2
+                np.true_divide(out, two, out=out)
             if value is not out:
                 _pytensor.bind(var, out)
         return None

@@ -29,7 +29,7 @@ the other half from the other's slot; ``w`` and ``b`` of each rank now view its 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,7 @@ from ..distribute import REGISTRY
 from . import hierarchy
 from .backend import BACKEND, Backend, FusedLayout, GroupSpec, Targets
 
-__all__ = ["HANDLERS", "Step", "run_steps", "Mismatch"]
+__all__ = ["HANDLERS", "Step", "run_step", "run_steps", "Mismatch"]
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -149,33 +149,43 @@ class Step:
     finish: Callable[[list], Any] = lambda replies: None
     new: tuple[str, ...] = ()  # buffers this command introduces (mapped by every rank)
     repeats: bool = False  # the same message is likely to come again
-    notes: dict = field(default_factory=dict)
 
 
 def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
               extra: Sequence[Message] = ()) -> list[Any]:
     """Run ``steps`` (and ``extra`` messages after them) in one command; each step's
     finished result, in order (``extra`` replies come back unfinished)."""
+    if len(steps) == 1 and not extra:
+        return [run_step(session, backend, steps[0])]
     ctx = session.ctx
     new = tuple(name for step in steps for name in step.new)
-    if len(steps) == 1 and not extra:
-        message: Message = steps[0].message
-        repeats = steps[0].repeats
-    else:
-        message = SequenceMessage(tuple(step.message for step in steps) + tuple(extra))
-        repeats = all(step.repeats for step in steps) and not extra
+    message = SequenceMessage(tuple(step.message for step in steps) + tuple(extra))
+    repeats = all(step.repeats for step in steps) and not extra
     try:
         replies = session.run(message, repeats=repeats)
     except BaseException:
-        backend.discard(ctx, new)
+        if new:
+            backend.discard(ctx, new)
         raise
-    backend.settle(ctx, new)
-    if len(steps) == 1 and not extra:
-        return [steps[0].finish(replies)]
+    if new:
+        backend.settle(ctx, new)
     per_step = [[reply[i] if reply is not None else None for reply in replies]
                 for i in range(len(steps) + len(extra))]
     results = [step.finish(r) for step, r in zip(steps, per_step, strict=False)]
     return results + per_step[len(steps):]
+
+
+def run_step(session: Session, backend: Backend, step: Step) -> Any:
+    """Run one step as its own command; its finished result."""
+    try:
+        replies = session.run(step.message, repeats=step.repeats)
+    except BaseException:
+        if step.new:
+            backend.discard(session.ctx, step.new)
+        raise
+    if step.new:
+        backend.settle(session.ctx, step.new)
+    return step.finish(replies)
 
 
 def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:
@@ -231,8 +241,14 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
     may skip the barrier (the master finishes after the command)."""
     ctx = session.ctx
     group, spec, resident = _group_for(ctx, backend, targets)
-    master = ctx.master_rank
     pair = standalone and getattr(group, "pair", False)
+    steps = getattr(group, "steps", None) if spec is None else None
+    key = (op, pair, targets.labels)
+    if resident and steps is not None:  # the same step as last time, built once
+        step = steps.get(key)
+        if step is not None:
+            return step
+    master = ctx.master_rank
     if pair and not resident:  # the worker will read the master's values
         for var, view in zip(targets.variables, group.slots[master], strict=True):
             value = _pytensor.value(var)
@@ -240,21 +256,20 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
                 view[...] = value  # faster than np.copyto when tiny
                 _pytensor.bind(var, view)
     shapes = group.layout.shapes
+    # pair: the worker leaves the result in its slot, the master copies it into its own
+    copies = list(zip(group.slots[master], group.slots[1 - master], strict=True)) if pair else []
 
     def finish(replies: list) -> None:
-        _raise_mismatch(targets, replies, shapes)
-        if pair:  # the worker left the result in its slot
-            for view, result in zip(group.slots[master], group.slots[1 - master], strict=True):
-                view[...] = result
+        if replies.count(None) != len(replies):
+            _raise_mismatch(targets, replies, shapes)
+        for view, result in copies:
+            view[...] = result
 
-    if spec is None:  # resident: the same message as last time, built once
-        messages = getattr(group, "messages", None)
-        message = None if messages is None else messages.get((op, pair))
-        if message is None:
-            message = AllReduce(group.key, None, op, pair)
-            if messages is not None:
-                messages[(op, pair)] = message
-        return Step(message, finish, repeats=True)
+    if spec is None:
+        step = Step(AllReduce(group.key, None, op, pair), finish, repeats=True)
+        if steps is not None:
+            steps[key] = step
+        return step
     return Step(AllReduce(group.key, spec, op, pair), finish, new=(spec.name,))
 
 
@@ -440,11 +455,11 @@ def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
 
 
 def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
+    if message.pair and ctx.rank == ctx.master_rank:
+        return None  # its values are in its slot already; the worker does the rest
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
     if message.pair:
-        if ctx.is_master:
-            return None
         mismatch = backend.pair_reduce(ctx, group, message.op)
         return None if mismatch is None else Mismatch(mismatch)
     if ctx.n_nodes > 1:

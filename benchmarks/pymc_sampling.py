@@ -4,8 +4,10 @@ Two unmodified PyMC models of a large data set: a logistic regression (10 featur
 a hierarchical GLM (100 groups, 5 features, a Normal likelihood). For each, in one run:
 
 - per evaluation of logp + gradient: PyMC's own compiled function
-  (``model.logp_dlogp_function``) at one BLAS thread and at its default threads, and
-  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores;
+  (``model.logp_dlogp_function``) at one BLAS thread and at its default threads,
+  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores, and the machine's
+  ceiling at each n: PyMC's own function on rows/n in n independent processes at once
+  (one per core), the slowest's time; in interleaved rounds (``--rounds``);
 - whole sampling (``--sample-rows`` rows): ``pm.sample`` at one BLAS thread (chains one
   after another), ``pm.sample`` with PyMC's defaults (its choice of chain processes and
   BLAS threads), and ``synkhronos.pymc.sample`` at n_parallel = 1 .. cores; wall time
@@ -128,33 +130,88 @@ def mcse_gap(got, want, model: pm.Model) -> float:
     return round(worst, 3)
 
 
-def evaluations(model: pm.Model, sizes: list[int], repeats: int) -> dict:
-    """Per-evaluation logp + gradient seconds: PyMC's function, then synkhronos at each n."""
+def _part_timer(model: pm.Model, core: int, repeats: int, barrier, results) -> None:
+    """In a forked process: PyMC's own function on its part of the rows, pinned to
+    ``core`` at one BLAS thread, timed once every process is ready."""
+    os.sched_setaffinity(0, {core})
+    with threadpool_limits(limits=1):
+        fn = model.logp_dlogp_function(ravel_inputs=True)
+        fn.set_extra_values({})
+        points = points_for(model)
+        fn(points[0])
+        barrier.wait()
+        results.put(per_call(fn, points, repeats))
+
+
+def ceiling(make, rows: int, n: int, repeats: int) -> float:
+    """The machine's ceiling for n processes: PyMC's own function on rows/n in n
+    independent processes at once (one per core, one BLAS thread each); the median
+    seconds per call of the slowest, as a synchronous evaluation waits for it."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    part = make(rows // n)
+    barrier, results = context.Barrier(n), context.Queue()
+    cores = sorted(os.sched_getaffinity(0))
+    workers = [context.Process(target=_part_timer,
+                               args=(part, cores[k % len(cores)], repeats, barrier, results))
+               for k in range(n)]
+    for worker in workers:
+        worker.start()
+    times = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return max(times)
+
+
+def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int,
+                rounds: int) -> dict:
+    """Per-evaluation logp + gradient seconds: PyMC's function, the machine's ceiling
+    (PyMC's function on rows/n in n processes at once) and synkhronos at each n, in
+    ``rounds`` interleaved rounds; medians over rounds, each round's ratios kept."""
     points = points_for(model)
     serial = model.logp_dlogp_function(ravel_inputs=True)
     serial.set_extra_values({})
     record: dict = {"load_before": load()}
-    with threadpool_limits(limits=1):
-        record["pymc_1_thread_s"] = per_call(serial, points, repeats)
-    record["pymc_default_threads_s"] = per_call(serial, points, repeats)
+    one, default = [], []
+    ceilings: dict = {str(n): [] for n in sizes if n > 1}
+    synks: dict = {str(n): [] for n in sizes}
+    for _ in range(rounds):
+        with threadpool_limits(limits=1):
+            one.append(per_call(serial, points, repeats))
+        default.append(per_call(serial, points, repeats))
+        for n in sizes:
+            if n > 1:
+                ceilings[str(n)].append(ceiling(make, rows, n, repeats))
+            synk.fork(n)
+            try:
+                fn = synk_pymc.logp_dlogp_function(model)
+                fn.set_extra_values({})
+                synks[str(n)].append(per_call(fn, points, repeats))
+                del fn
+            finally:
+                synk.close()
     del serial
-    record["synkhronos_s"] = {}
-    for n in sizes:
-        synk.fork(n)
-        try:
-            fn = synk_pymc.logp_dlogp_function(model)
-            fn.set_extra_values({})
-            record["synkhronos_s"][str(n)] = per_call(fn, points, repeats)
-            del fn
-        finally:
-            synk.close()
+    median = statistics.median
+    record["pymc_1_thread_s"] = median(one)
+    record["pymc_default_threads_s"] = median(default)
+    record["ceiling_s"] = {n: median(t) for n, t in ceilings.items()}
+    record["synkhronos_s"] = {n: median(t) for n, t in synks.items()}
+    record["every_round"] = {"pymc_1_thread_s": one, "pymc_default_threads_s": default,
+                             "ceiling_s": ceilings, "synkhronos_s": synks}
     record["load_after"] = load()
-    one = record["pymc_1_thread_s"]
     record["speedup_vs_pymc_1_thread"] = {
-        n: round(one / s, 3) for n, s in record["synkhronos_s"].items()}
+        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
+        for n, t in synks.items()}
+    record["ceiling_speedup_vs_pymc_1_thread"] = {
+        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
+        for n, t in ceilings.items()}
+    record["fraction_of_ceiling"] = {
+        n: round(median([c / s for c, s in zip(t, synks[n], strict=True)]), 3)
+        for n, t in ceilings.items()}
     record["speedup_vs_pymc_default_threads"] = {
-        n: round(record["pymc_default_threads_s"] / s, 3)
-        for n, s in record["synkhronos_s"].items()}
+        n: round(median([a / b for a, b in zip(default, t, strict=True)]), 3)
+        for n, t in synks.items()}
     return record
 
 
@@ -211,6 +268,10 @@ def draw(report: dict, path: Path) -> None:
             speedups = record["speedup_vs_pymc_1_thread"]
             ns = [int(n) for n in speedups]
             left.plot(ns, list(speedups.values()), marker="o", label=f"{name}, {rows} rows")
+            ceilings = record.get("ceiling_speedup_vs_pymc_1_thread", {})
+            if ceilings:
+                left.plot([1] + [int(n) for n in ceilings], [1.0, *ceilings.values()],
+                          linestyle="--", color=left.lines[-1].get_color(), linewidth=1)
             left.axhline(record["pymc_1_thread_s"] / record["pymc_default_threads_s"],
                          linestyle=":", color=left.lines[-1].get_color(), linewidth=1)
         sampling = result.get("sampling")
@@ -227,7 +288,8 @@ def draw(report: dict, path: Path) -> None:
     right.axhline(1, color="grey", linewidth=0.8)
     left.set_xlabel("processes (n_parallel)")
     left.set_ylabel("speed-up over PyMC at one BLAS thread")
-    left.set_title("logp + gradient, one evaluation\n(dotted: PyMC at its default threads)")
+    left.set_title("logp + gradient, one evaluation\n(dashed: the ceiling, n PyMC programs "
+                   "on rows/n at once; dotted: PyMC at its default threads)", fontsize=9)
     right.set_ylabel("speed-up over pm.sample at one BLAS thread")
     right.set_title("sampling loop (pm.sample's sampling_time)")
     left.legend(fontsize=8)
@@ -252,11 +314,14 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=None)
     parser.add_argument("--tune", type=int, default=None)
     parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds of the per-evaluation figures (3)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
     sample_rows = args.sample_rows or max(rows)
     repeats = args.repeats or (5 if args.quick else 30)
+    args.rounds = args.rounds or (1 if args.quick else 3)
     draws = args.draws or (50 if args.quick else 100)
     tune = args.tune or (50 if args.quick else 100)
     sizes = list(range(1, args.max_n + 1))
@@ -266,13 +331,15 @@ def main() -> None:
     report: dict = {"benchmark": "pymc_sampling", "machine": machine(),
                     "load_at_start": load(), "quick": args.quick,
                     "settings": {"rows": rows, "sample_rows": sample_rows,
-                                 "repeats": repeats, "n_parallel": sizes, **options},
+                                 "repeats": repeats, "rounds": args.rounds,
+                                 "n_parallel": sizes, **options},
                     "models": {}}
     for name in args.models:
         result: dict = {"evaluations": {}}
         for n_rows in rows:
             model = MODELS[name](n_rows)
-            result["evaluations"][str(n_rows)] = evaluations(model, sizes, repeats)
+            result["evaluations"][str(n_rows)] = evaluations(
+                model, MODELS[name], n_rows, sizes, repeats, args.rounds)
             if n_rows == sample_rows:
                 result["sampling"] = {"rows": n_rows, **samplings(model, sizes, options)}
             del model
@@ -289,6 +356,10 @@ def main() -> None:
             "per_eval_speedup_vs_pymc_1_thread": result["evaluations"][top][
                 "speedup_vs_pymc_1_thread"][two],
             "per_eval_target": 1.8,
+            "per_eval_ceiling_speedup": result["evaluations"][top][
+                "ceiling_speedup_vs_pymc_1_thread"].get(two),
+            "per_eval_fraction_of_ceiling": result["evaluations"][top][
+                "fraction_of_ceiling"].get(two),
             "sampling_loop_speedup_vs_pymc_1_thread": result["sampling"][
                 "speedup_sampling_loop_s_vs_pymc_1_thread"].get(f"synkhronos_n{two}"),
             "sampling_wall_speedup_vs_pymc_1_thread": result["sampling"][

@@ -277,13 +277,16 @@ def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
     if op in _PER_PROCESS or not values:
         return False
     first = values[0]
-    if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
+    if type(first) is not np.ndarray:
         return False
     dtype, shape = first.dtype, first.shape
-    for value, weight in zip(values, weights, strict=True):
-        if type(value) is not np.ndarray or type(weight) is not int or weight <= 0:
+    if dtype.kind not in "biufc":
+        return False
+    for value in values:  # (reduce_values checked that there is one weight per value)
+        if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
             return False
-        if value.shape != shape or (value.dtype is not dtype and value.dtype != dtype):
+    for weight in weights:
+        if type(weight) is not int or weight <= 0:
             return False
     return True
 
@@ -342,6 +345,8 @@ def combine_into(out: np.ndarray, first: np.ndarray, others: list[np.ndarray],
 def combined(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
     """A new array: ``op`` over ``values`` (same shape and dtype) elementwise."""
     first = values[0]
+    if len(values) == 1:
+        return first.copy()
     out = np.empty(first.shape, first.dtype)
     combine_into(out, first, values[1:], op)
     return out

@@ -49,6 +49,7 @@ class _CallViews:
     def __init__(self) -> None:
         self.generation = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
+        self.last: tuple[Call | None, tuple[list, list, int]] = (None, ([], [], 0))
 
 
 _VIEWS: RankVar[_CallViews] = RankVar("call views", lambda ctx: _CallViews())
@@ -65,14 +66,20 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     generation = ctx.arena.generation
     if views.generation != generation:  # a segment was released: let go of every view
         views.by_call.clear()
+        views.last = (None, ([], [], 0))
         views.generation = generation
-    entry = views.by_call.get(call)
-    if entry is not None:
+    last, entry = views.last
+    if last is call:  # the same repeated message again: no hash of the whole Call
         return entry
+    found = views.by_call.get(call)
+    if found is not None:
+        views.last = (call, found)
+        return found
     scattered, bcast, weight = _inputs(ctx, call)
     if len(views.by_call) >= _VIEWS_KEPT:
         views.by_call.clear()
     entry = views.by_call[call] = (scattered, bcast, weight)
+    views.last = (call, entry)
     return entry
 
 

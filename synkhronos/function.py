@@ -287,10 +287,10 @@ class Function:
                 if call is not None:
                     # Inputs like an earlier call's and nothing else asked: what that call
                     # validated still holds, the arrays copied where that call's went.
-                    replies = session.run(call, repeats=True)
+                    replies = session.run_held(call, repeats=True)
                     return self._returned(replies, self._plain.prepared.output_ops, None)
             call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices)
-            replies = session.run(call, repeats=call.batch_s is None)
+            replies = session.run_held(call, repeats=call.batch_s is None)
             return finish(replies)
         finally:
             session.leave(took)

@@ -194,6 +194,13 @@ class Session:
         call's arguments); it is then pickled once and decoded once per worker.
         """
         took = self.enter()
+        try:
+            return self.run_held(message, repeats)
+        finally:
+            self.leave(took)
+
+    def run_held(self, message: Message, repeats: bool = False) -> list[Any]:
+        """``run`` for a caller that holds the command lock (its ``enter`` returned)."""
         self._running = True
         self.commands += 1
         try:
@@ -206,14 +213,13 @@ class Session:
             return self._run_all(message, repeats)
         finally:
             self._running = False
-            self.leave(took)
 
     def _observed(self, message: Message, repeats: bool) -> list[Any]:
         start = time.perf_counter()
         if self.machines is not None:
             replies = self._run_nodes(message, repeats, timed=True)
         elif self.ctx.control is None:
-            replies = [self._run_alone(message)]
+            replies = [self._run_alone(message, timed=True)]
         else:
             replies = self._run_all(message, repeats, timed=True)
         own, wait = self.last_timing
@@ -222,14 +228,16 @@ class Session:
             observer.command(message, time.perf_counter() - start, own, wait)
         return replies
 
-    def _run_alone(self, message: Message) -> Any:
-        start = time.perf_counter()
+    def _run_alone(self, message: Message, timed: bool = False) -> Any:
+        if timed:
+            start = time.perf_counter()
         try:
             outcome = self.executor.run(self.ctx, message, keep_exception=False)
         except BaseException as exc:
             self._fail(exc)
             raise
-        self.last_timing = (time.perf_counter() - start, 0.0)
+        if timed:
+            self.last_timing = (time.perf_counter() - start, 0.0)
         if outcome.failure is not None:
             _raise_failure(self.ctx.rank, outcome)
         return outcome.reply

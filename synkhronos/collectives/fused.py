@@ -153,8 +153,9 @@ class Step:
 
 def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
               extra: Sequence[Message] = ()) -> list[Any]:
-    """Run ``steps`` (and ``extra`` messages after them) in one command; each step's
-    finished result, in order (``extra`` replies come back unfinished)."""
+    """Run ``steps`` (and ``extra`` messages after them) in one command, the caller
+    holding the session's command lock; each step's finished result, in order
+    (``extra`` replies come back unfinished)."""
     if len(steps) == 1 and not extra:
         return [run_step(session, backend, steps[0])]
     ctx = session.ctx
@@ -162,7 +163,7 @@ def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
     message = SequenceMessage(tuple(step.message for step in steps) + tuple(extra))
     repeats = all(step.repeats for step in steps) and not extra
     try:
-        replies = session.run(message, repeats=repeats)
+        replies = session.run_held(message, repeats=repeats)
     except BaseException:
         if new:
             backend.discard(ctx, new)
@@ -176,9 +177,10 @@ def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
 
 
 def run_step(session: Session, backend: Backend, step: Step) -> Any:
-    """Run one step as its own command; its finished result."""
+    """Run one step as its own command (the caller holds the session's command lock);
+    its finished result."""
     try:
-        replies = session.run(step.message, repeats=step.repeats)
+        replies = session.run_held(step.message, repeats=step.repeats)
     except BaseException:
         if step.new:
             backend.discard(session.ctx, step.new)

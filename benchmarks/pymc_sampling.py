@@ -289,7 +289,7 @@ def draw(report: dict, path: Path) -> None:
     left.set_xlabel("processes (n_parallel)")
     left.set_ylabel("speed-up over PyMC at one BLAS thread")
     left.set_title("logp + gradient, one evaluation\n(dashed: the ceiling, n PyMC programs "
-                   "on rows/n at once; dotted: PyMC at its default threads)", fontsize=9)
+                   "on rows/n at once;\ndotted: PyMC at its default threads)", fontsize=9)
     right.set_ylabel("speed-up over pm.sample at one BLAS thread")
     right.set_title("sampling loop (pm.sample's sampling_time)")
     left.legend(fontsize=8)

@@ -7,6 +7,8 @@ same for every n, so sessions after the first load them from the cache.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -220,10 +222,25 @@ def test_givens_turn_shared_data_into_a_scattered_input(model):
     np.testing.assert_allclose(f(values, 0.3), f.as_pytensor(values, 0.3), rtol=RTOL)
 
 
+@pytest.mark.filterwarnings("ignore:input 0 .* is a synk.Data of another dtype:UserWarning")
 def test_integer_data_is_cast_where_pytensor_casts(model):
     ints = synk.data(np.arange(40, dtype=np.int32).reshape(10, 4))
     got = model.reduce(ints, Y)
     assert_all_close(got, model.reduce.as_pytensor(np.arange(40).reshape(10, 4).astype(float), Y))
+
+
+def test_a_data_cast_at_every_call_warns_once(model):
+    x = pt.dmatrix("x")
+    f = synk.function([x], (x.sum(axis=0), "sum"))
+    ints = synk.data(np.arange(40, dtype=np.int32).reshape(10, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = f(ints), f(ints)
+    casts = [w for w in caught if "synk.Data of another dtype, cast to float64" in str(w.message)]
+    assert len(casts) == 1 and casts[0].category is UserWarning
+    want = f.as_pytensor(np.arange(40).reshape(10, 4).astype(float))
+    np.testing.assert_allclose(first, want, rtol=RTOL)
+    np.testing.assert_allclose(second, want, rtol=RTOL)
 
 
 def test_repeated_data_calls_follow_changes_in_place_and_in_size(model):

@@ -11,7 +11,14 @@ other test uses only public modules (``synkhronos``, ``synkhronos.testing``,
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# PyMC imports pandas, which loads pyarrow, whose jemalloc starts a background thread:
+# every later fork() of the run would then fork a multi-threaded process, and Python
+# 3.12 warns at each (harmless: jemalloc has fork handlers). Off before any import.
+os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
 
 import synkhronos as synk
 from synkhronos.testing import child_pids, leftover_segments, program_prefix, session_open

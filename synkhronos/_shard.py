@@ -42,6 +42,9 @@ __all__ = ["run_call", "PREPARED"]
 PREPARED: RankVar[dict[int, Prepared]] = RankVar("prepared calls", lambda ctx: {})
 
 
+_NO_LAST: tuple[None, tuple[list, list, int]] = (None, ([], [], 0))
+
+
 class _CallViews:
     """Per ``views_only`` call: this rank's arrays and weight, valid while the arena
     keeps every mapping it had (they are plain views, which see writes in place)."""
@@ -49,7 +52,7 @@ class _CallViews:
     def __init__(self) -> None:
         self.generation = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
-        self.last: tuple[Call | None, tuple[list, list, int]] = (None, ([], [], 0))
+        self.last: tuple[Call | None, tuple[list, list, int]] = _NO_LAST  # by identity
 
 
 _VIEWS: RankVar[_CallViews] = RankVar("call views", lambda ctx: _CallViews())
@@ -66,7 +69,7 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     generation = ctx.arena.generation
     if views.generation != generation:  # a segment was released: let go of every view
         views.by_call.clear()
-        views.last = (None, ([], [], 0))
+        views.last = _NO_LAST
         views.generation = generation
     last, entry = views.last
     if last is call:  # the same repeated message again: no hash of the whole Call

@@ -5,9 +5,10 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). For each, in o
 
 - per evaluation of logp + gradient: PyMC's own compiled function
   (``model.logp_dlogp_function``) at one BLAS thread and at its default threads,
-  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores, and the machine's
-  ceiling at each n: PyMC's own function on rows/n in n independent processes at once
-  (one per core), the slowest's time; in interleaved rounds (``--rounds``);
+  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores (its default
+  slices of about 1 MiB of rows, and one block a process: ``grainsize=rows``), and the
+  machine's ceiling at each n: PyMC's own function on rows/n in n independent processes
+  at once (one per core), the slowest's time; in interleaved rounds (``--rounds``);
 - whole sampling (``--sample-rows`` rows): ``pm.sample`` at one BLAS thread (chains one
   after another), ``pm.sample`` with PyMC's defaults (its choice of chain processes and
   BLAS threads), and ``synkhronos.pymc.sample`` at n_parallel = 1 .. cores; wall time
@@ -176,6 +177,7 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
     one, default = [], []
     ceilings: dict = {str(n): [] for n in sizes if n > 1}
     synks: dict = {str(n): [] for n in sizes}
+    blocks: dict = {str(n): [] for n in sizes}  # grainsize=rows: one slice a process
     for _ in range(rounds):
         with threadpool_limits(limits=1):
             one.append(per_call(serial, points, repeats))
@@ -185,10 +187,11 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
                 ceilings[str(n)].append(ceiling(make, rows, n, repeats))
             synk.fork(n)
             try:
-                fn = synk_pymc.logp_dlogp_function(model)
-                fn.set_extra_values({})
-                synks[str(n)].append(per_call(fn, points, repeats))
-                del fn
+                for grainsize, times in ((None, synks), (rows, blocks)):
+                    fn = synk_pymc.logp_dlogp_function(model, grainsize=grainsize)
+                    fn.set_extra_values({})
+                    times[str(n)].append(per_call(fn, points, repeats))
+                    del fn
             finally:
                 synk.close()
     del serial
@@ -197,12 +200,17 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
     record["pymc_default_threads_s"] = median(default)
     record["ceiling_s"] = {n: median(t) for n, t in ceilings.items()}
     record["synkhronos_s"] = {n: median(t) for n, t in synks.items()}
+    record["synkhronos_one_block_s"] = {n: median(t) for n, t in blocks.items()}
     record["every_round"] = {"pymc_1_thread_s": one, "pymc_default_threads_s": default,
-                             "ceiling_s": ceilings, "synkhronos_s": synks}
+                             "ceiling_s": ceilings, "synkhronos_s": synks,
+                             "synkhronos_one_block_s": blocks}
     record["load_after"] = load()
     record["speedup_vs_pymc_1_thread"] = {
         n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
         for n, t in synks.items()}
+    record["one_block_speedup_vs_pymc_1_thread"] = {
+        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
+        for n, t in blocks.items()}
     record["ceiling_speedup_vs_pymc_1_thread"] = {
         n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
         for n, t in ceilings.items()}
@@ -268,6 +276,10 @@ def draw(report: dict, path: Path) -> None:
             speedups = record["speedup_vs_pymc_1_thread"]
             ns = [int(n) for n in speedups]
             left.plot(ns, list(speedups.values()), marker="o", label=f"{name}, {rows} rows")
+            blocks = record.get("one_block_speedup_vs_pymc_1_thread", {})
+            if blocks:
+                left.plot([int(n) for n in blocks], list(blocks.values()), marker=".",
+                          linestyle="-.", color=left.lines[-1].get_color(), linewidth=1)
             ceilings = record.get("ceiling_speedup_vs_pymc_1_thread", {})
             if ceilings:
                 left.plot([1] + [int(n) for n in ceilings], [1.0, *ceilings.values()],
@@ -288,8 +300,9 @@ def draw(report: dict, path: Path) -> None:
     right.axhline(1, color="grey", linewidth=0.8)
     left.set_xlabel("processes (n_parallel)")
     left.set_ylabel("speed-up over PyMC at one BLAS thread")
-    left.set_title("logp + gradient, one evaluation\n(dashed: the ceiling, n PyMC programs "
-                   "on rows/n at once;\ndotted: PyMC at its default threads)", fontsize=9)
+    left.set_title("logp + gradient, one evaluation (dash-dot: one block a process;\n"
+                   "dashed: the ceiling, n PyMC programs on rows/n at once;\n"
+                   "dotted: PyMC at its default threads)", fontsize=9)
     right.set_ylabel("speed-up over pm.sample at one BLAS thread")
     right.set_title("sampling loop (pm.sample's sampling_time)")
     left.legend(fontsize=8)

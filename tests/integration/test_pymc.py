@@ -6,7 +6,7 @@
 - ``sample`` gives posterior means within 3 MCSE of ``pm.sample`` (same seed, and another
   seed), and the same draws up to rounding for the same seed;
 - a process forked from the master (a PyMC chain process) gets a clear RuntimeError;
-- ``split`` is validated, and a likelihood that mixes rows is refused;
+- ``split`` and ``grainsize`` are validated, and a likelihood that mixes rows is refused;
 - nutpie (where installed) samples the same posterior, calling from its own threads;
 - the demo runs.
 
@@ -249,9 +249,18 @@ def test_split_is_validated(one):
         synk_pymc.logp_dlogp_function(model, split=["y", "scale"])
     with pytest.raises(ValueError, match="'unused', which no observed variable's likelihood"):
         synk_pymc.logp_dlogp_function(model, split=["y", "unused"])
+    for bad in (2.5, "64", True):
+        with pytest.raises(TypeError, match="grainsize must be a whole number of rows"):
+            synk_pymc.logp_dlogp_function(model, split="y", grainsize=bad)
+    with pytest.raises(ValueError, match="grainsize must be at least 1 row; got 0"):
+        synk_pymc.logp_dlogp_function(model, split="y", grainsize=0)
     synk.close()
     with pytest.raises(RuntimeError, match="synk.fork.. must be called before"):
         synk_pymc.logp_dlogp_function(model, split="y")
+    # sample() checks the grain before it forks a session of its own
+    with pytest.raises(ValueError, match="grainsize must be at least 1 row; got -3"):
+        synk_pymc.sample(model, split="y", grainsize=-3)
+    assert not session_open()
 
 
 @pytest.mark.timeout(900)

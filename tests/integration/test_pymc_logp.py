@@ -2,12 +2,15 @@
 
 At n_parallel 1, 2 and 3 (3 splits unevenly on 2 cores), rtol 1e-9, on the models of
 ``test_pymc.py``: a logistic regression written with numpy arrays, a hierarchical GLM
-written with ``pm.Data`` containers and dims; and out-of-support values give -inf, as in
-PyMC, never a ``WorkerError``. One session per size builds every function once (a
+written with ``pm.Data`` containers and dims, the latter also in uneven slices of a few
+rows (``grainsize``); and out-of-support values give -inf, as in PyMC, never a
+``WorkerError``. One session per size builds every function once (a
 module of its own: the session lives for the whole module).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ pm = pytest.importorskip(
     "with the pymc extra"
 )
 
+import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 
 from .test_pymc import bounded_model, hierarchical_model, logistic_model, reference  # noqa: E402
@@ -36,13 +40,26 @@ class Built:
             fn.set_extra_values({})
             self.parallel[name] = fn
         self.serial = {name: reference(model) for name, model in self.models.items()}
+        # 1203 rows in slices of at most 97 rows a process: 13 slices at n=1, 7 at n=2
+        self.models["sliced"] = self.models["hierarchical"]
+        self.serial["sliced"] = self.serial["hierarchical"]
+        fn = synk_pymc.logp_dlogp_function(self.models["sliced"], grainsize=97)
+        fn.set_extra_values({})
+        self.parallel["sliced"] = fn
+
+
+def _slices(fn) -> int:
+    """The number of slices a process runs, read from the RowSum Op in fn's graph."""
+    ops = [node.op for node in fn._pytensor_function.maker.fgraph.apply_nodes
+           if type(node.op).__name__ == "RowSum"]
+    return ops[0].num_slices
 
 
 built = session_fixture(Built)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["logistic", "hierarchical"])
+@pytest.mark.parametrize("name", ["logistic", "hierarchical", "sliced"])
 def test_logp_dlogp_equal_pymc(built, name):
     n_dim = sum(np.size(v) for v in built.models[name].initial_point().values())
     rng = np.random.default_rng(4)
@@ -52,6 +69,14 @@ def test_logp_dlogp_equal_pymc(built, name):
         want_logp, want_dlogp = built.serial[name](point)
         np.testing.assert_allclose(logp, want_logp, rtol=1e-9)
         np.testing.assert_allclose(dlogp, want_dlogp, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.timeout(900)
+def test_slices_follow_the_grain(built):
+    n = synk.n_parallel()
+    assert _slices(built.parallel["sliced"]) == math.ceil(math.ceil(1203 / n) / 97)  # 13, 7, 5
+    # the default grain (about 1 MiB of rows a slice) keeps these small models in one
+    assert _slices(built.parallel["hierarchical"]) == 1
 
 
 @pytest.mark.timeout(900)

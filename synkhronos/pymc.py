@@ -28,7 +28,8 @@ Building that function (``logp_dlogp_function``, once per model):
    (parameter checks give ``-inf``, as in PyMC), copy the rows into ``synk.data``, and
    choose the slices: each process runs its rows in blocks of about ``grainsize`` rows
    (``num_slices``), small enough that a block's data and temporaries stay in the
-   core's cache between the log-likelihood and its gradient (Stan's ``grainsize``);
+   core's cache between the log-likelihood and its gradient (Stan's ``grainsize``; by
+   default only when a process's rows outgrow the shared cache);
 4. check once, at a jittered point, that the sum over processes equals the same graph
    on the whole data: a term that mixes rows (a mean over the data inside the model)
    is refused instead of sampled wrongly;
@@ -60,10 +61,13 @@ __all__ = ["sample", "logp_dlogp_function"]
 log = logging.getLogger("synkhronos")
 
 _CHECK_RTOL = 1e-7  # split sum vs whole data: far above rounding, far below a wrong split
-# The default grain: about this many bytes of row data a slice, a core's L2 cache here.
-# At 10^6 rows on 2 cores it made an evaluation 1.1-1.6x faster than one block a
-# process (benchmarks/pymc_sampling.py, --grain); from 1/4 to 4x this, within noise.
+# The default grain: slices of about 1 MiB of row data (a core's L2 cache here), once a
+# process's rows pass 16 MiB (half this machine's shared 32 MiB L3). At 10^6 rows on 2
+# cores (32-44 MiB a process) slicing made an evaluation 1.2-1.6x faster than one block;
+# at 10^5 rows (3-4 MiB a process) the rows stay in cache anyway and each slice's call
+# (30-90 us) made it up to 1.5x slower (benchmarks/pymc_sampling.py).
 _GRAIN_BYTES = 1 << 20
+_SLICE_FROM_BYTES = 16 << 20
 
 
 def _session_size() -> int | None:
@@ -292,11 +296,14 @@ def _check_grainsize(grainsize) -> int | None:
 
 def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) -> int:
     """Slices per process: its rows (the most any process has) in blocks of
-    ``grainsize`` rows, or by default of about ``_GRAIN_BYTES`` of row data."""
+    ``grainsize`` rows; by default one block up to ``_SLICE_FROM_BYTES`` of row data a
+    process, else blocks of about ``_GRAIN_BYTES``."""
+    per_process = -(-rows // n)
     if grainsize is None:
         row_bytes = sum(d.data[:1].nbytes for d in row_data) or 1
+        if per_process * row_bytes <= _SLICE_FROM_BYTES:
+            return 1
         grainsize = max(1, _GRAIN_BYTES // row_bytes)
-    per_process = -(-rows // n)
     return max(1, -(-per_process // grainsize))
 
 
@@ -488,8 +495,9 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
         Rows a process evaluates at a time (Stan's ``reduce_sum`` grain): each process
         runs its rows in consecutive slices of about this many and sums them, so that
         a slice's data and temporaries stay in cache between the log-likelihood and its
-        gradient. Default: about 1 MiB of row data a slice. A process's rows are never
-        fewer than one slice; pass a number at least the rows per process for one.
+        gradient. Default: one block while a process's rows hold at most 16 MiB,
+        beyond that slices of about 1 MiB of row data. Pass a number at least the rows
+        per process for one block.
 
     Returns
     -------

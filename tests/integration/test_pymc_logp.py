@@ -75,7 +75,7 @@ def test_logp_dlogp_equal_pymc(built, name):
 def test_slices_follow_the_grain(built):
     n = synk.n_parallel()
     assert _slices(built.parallel["sliced"]) == math.ceil(math.ceil(1203 / n) / 97)  # 13, 7, 5
-    # the default grain (about 1 MiB of rows a slice) keeps these small models in one
+    # by default rows that fit in the cache (at most 16 MiB a process) run in one block
     assert _slices(built.parallel["hierarchical"]) == 1
 
 

@@ -339,8 +339,9 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, plan: _
         if (abs(loglik - whole_loglik) > _CHECK_RTOL * (abs(whole_loglik) + 1.0)
                 or np.linalg.norm(grad - whole_grad) > _CHECK_RTOL * scale):
             raise ValueError(
-                f"the log-likelihood is not a sum over the divided rows: on {n} processes it "
-                f"is {float(loglik)!r}, on the whole data {float(whole_loglik)!r}. A term "
+                f"the log-likelihood is not a sum over the divided rows: on {n} processes "
+                f"({slices} slices each) it is {float(loglik)!r}, on the whole data "
+                f"{float(whole_loglik)!r}. A term "
                 "mixes rows (e.g. a mean, a standardisation or a lag over data inside the "
                 "model); compute it before pm.Data, or leave that data out of split"
             )

@@ -298,6 +298,12 @@ def test_likelihood_that_mixes_rows_is_refused(two):
         pm.Normal("y", b * standardised, 1, observed=rng.normal(size=200))
     with pytest.raises(ValueError, match="not a sum over the divided rows"):
         synk_pymc.logp_dlogp_function(model)
+    # one process, in slices: each slice would standardise by its own rows' mean
+    synk.close()
+    synk.fork(1)
+    with pytest.raises(ValueError, match=r"on 1 processes \(4 slices each\)"):
+        synk_pymc.logp_dlogp_function(model, grainsize=50)
+    synk_pymc.logp_dlogp_function(model)  # one block: the whole rows, as PyMC
 
 
 # -- nutpie ----------------------------------------------------------------------------------

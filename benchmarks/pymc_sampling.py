@@ -205,21 +205,19 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
                              "ceiling_s": ceilings, "synkhronos_s": synks,
                              "synkhronos_one_block_s": blocks}
     record["load_after"] = load()
-    record["speedup_vs_pymc_1_thread"] = {
-        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
-        for n, t in synks.items()}
-    record["one_block_speedup_vs_pymc_1_thread"] = {
-        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
-        for n, t in blocks.items()}
-    record["ceiling_speedup_vs_pymc_1_thread"] = {
-        n: round(median([a / b for a, b in zip(one, t, strict=True)]), 3)
-        for n, t in ceilings.items()}
+
+    def ratios(base: list[float], times: dict) -> dict:
+        """Per n, the median over rounds of base / time, each ratio within a round."""
+        return {n: round(median([a / b for a, b in zip(base, t, strict=True)]), 3)
+                for n, t in times.items()}
+
+    record["speedup_vs_pymc_1_thread"] = ratios(one, synks)
+    record["one_block_speedup_vs_pymc_1_thread"] = ratios(one, blocks)
+    record["ceiling_speedup_vs_pymc_1_thread"] = ratios(one, ceilings)
     record["fraction_of_ceiling"] = {
         n: round(median([c / s for c, s in zip(t, synks[n], strict=True)]), 3)
         for n, t in ceilings.items()}
-    record["speedup_vs_pymc_default_threads"] = {
-        n: round(median([a / b for a, b in zip(default, t, strict=True)]), 3)
-        for n, t in synks.items()}
+    record["speedup_vs_pymc_default_threads"] = ratios(default, synks)
     return record
 
 

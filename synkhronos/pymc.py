@@ -422,8 +422,9 @@ def _row_sum_op(fn: Function, row_data: list[Data], sources: list, values: list,
     return RowSum()
 
 
-def _build(pm, model, split, grainsize=None):
-    """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood."""
+def _build(pm, model, split, grainsize):
+    """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
+    (``grainsize`` checked by the caller)."""
     import pytensor
     import pytensor.tensor as pt
     from pytensor.compile.sharedvalue import SharedVariable
@@ -438,7 +439,6 @@ def _build(pm, model, split, grainsize=None):
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
                          f"continuous (NUTS alone); {discrete[0]!r} is discrete")
     plan = _choose_split(model, split)
-    grainsize = _check_grainsize(grainsize)
     with model:
         loglik, rows = _row_likelihood(pm, model, plan)
         used = set(ancestors([loglik]))
@@ -524,6 +524,7 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
     Collective: every process takes part in each evaluation. The rows are copied into
     shared memory once; after ``pm.set_data`` build a new function.
     """
+    grainsize = _check_grainsize(grainsize)
     pm = _import_pymc()
     model = pm.modelcontext(model)
     vgf, _ = _build(pm, model, split, grainsize)

@@ -106,8 +106,7 @@ class BenchmarkFigure(SphinxDirective):
             else:
                 machine = machine_line(record)
                 where = (f"Measured on {machine} (as recorded in the JSON)" if machine
-                         else "The JSON does not record the machine; the run was on the "
-                              "2-core development machine")
+                         else "The JSON does not record the machine")
                 result += self.parse_text_to_nodes(
                     f"{where}. Data: :download:`{name}.json <figures/{name}.json>`.")
         if not result or (not data.exists() and not any(

@@ -37,7 +37,7 @@ exclude_patterns = ["_build"]
 intersphinx_mapping = _inventories(HERE / "_build" / "intersphinx")
 templates_path: list[str] = []
 html_static_path: list[str] = []
-nitpicky = False
+nitpicky = True
 
 # autodoc: document what a name is, in the order the source gives it.
 autodoc_member_order = "bysource"

@@ -1,11 +1,24 @@
 """Local Sphinx extension for the synkhronos docs.
 
-- ``.. benchmark-figure:: NAME``: shows ``docs/figures/NAME.png`` and the JSON report
-  ``docs/figures/NAME.json`` when those files exist, and a short note saying how to
-  produce them when they do not.
-- A consistency check: every name in ``synkhronos.__all__`` (and in the ``__all__`` of
-  every ``synkhronos.extensions`` module that exists) must be documented somewhere in
-  the site; a missing one is a warning, so ``sphinx -W`` fails.
+- ``.. benchmark-figure:: NAME``: a benchmark's plots from ``docs/figures/`` (``NAME.png``,
+  or the files named by ``:images:``), the directive's content (the sentence that reads
+  the figure), the machine the run recorded in ``NAME.json`` and a download link to
+  that JSON; a note saying how to produce them when they are absent. A listed plot that
+  does not exist is a warning.
+- ``.. extras-table::``: the optional extras of ``pyproject.toml`` (read with tomllib)
+  and what each installs, beside a purpose written in the directive's content as
+  ``name: text`` entries. An extra without a purpose, or a purpose for an extra that
+  does not exist, is a warning: the table cannot drift from the packaging.
+- Consistency checks, warnings so that ``sphinx -W`` fails:
+
+  * every public name (``synkhronos.__all__``, the ``__all__`` of ``synkhronos.steps``,
+    ``synkhronos.testing``, ``synkhronos.pymc`` and of every ``synkhronos.extensions``
+    module) is documented somewhere in the site;
+  * every PNG in ``docs/figures`` is shown on some page;
+  * every script in ``docs/examples`` that prints (it has its output checked in beside
+    it as ``NAME.out``, compared with what it prints by
+    ``tests/integration/test_docs_examples.py``) is included on some page, and so is
+    that output.
 """
 
 from __future__ import annotations
@@ -13,6 +26,8 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import re
+import tomllib
 import zlib
 from pathlib import Path
 
@@ -23,38 +38,79 @@ from sphinx.util.docutils import SphinxDirective
 
 log = logging.getLogger(__name__)
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository: docs/_ext/ -> ..
+
+
+def machine_line(record: object) -> str | None:
+    """The machine a benchmark's JSON records, in words, or None if it records none."""
+    if isinstance(record, list):  # a list of runs on the same machine: the first one's
+        record = record[0] if record and isinstance(record[0], dict) else {}
+    if not isinstance(record, dict):
+        return None
+    machine = record.get("machine") if isinstance(record.get("machine"), dict) else record
+    cpu = machine.get("cpu") or machine.get("cpu_model")
+    cores = machine.get("cores") or machine.get("usable_cores") or machine.get("cpus")
+    parts = []
+    if cpu:
+        parts.append(str(cpu))
+    if cores:
+        parts.append(f"{cores} usable cores")
+    for key, label in (("python", "Python"), ("pytensor", "PyTensor"), ("pymc", "PyMC")):
+        if machine.get(key):
+            parts.append(f"{label} {machine[key]}")
+    mpi = record.get("mpi")
+    if isinstance(mpi, dict) and mpi.get("library"):
+        version = str(mpi.get("mpiexec", ""))
+        found = re.search(r"\d+\.\d+(\.\d+)?", version)
+        parts.append(f"{mpi['library']} {found.group(0)}" if found
+                     else f"{mpi['library']} (version not recorded)")
+    if not cpu and not cores:
+        return None
+    return ", ".join(parts)
+
 
 class BenchmarkFigure(SphinxDirective):
-    """Include a benchmark's PNG and JSON from docs/figures/, if present."""
+    """A benchmark's plots, the sentence reading them, its machine and its JSON."""
 
     required_arguments = 1
-    option_spec = {"script": directives.unchanged}
+    has_content = True
+    option_spec = {"script": directives.unchanged, "images": directives.unchanged}
 
     def run(self):
         name = self.arguments[0]
         script = self.options.get("script", f"benchmarks/{name}.py")
         folder = Path(self.env.srcdir) / "figures"
-        png, data = folder / f"{name}.png", folder / f"{name}.json"
-        self.env.note_dependency(str(png))
+        data = folder / f"{name}.json"
         self.env.note_dependency(str(data))
+        listed = self.options.get("images")
+        images = listed.split() if listed else [f"{name}.png"]
         result: list[nodes.Node] = []
-        if png.exists():
-            image = nodes.image(uri=f"figures/{name}.png", alt=name)
-            image["candidates"] = {"*": f"figures/{name}.png"}
-            result.append(image)
+        for image_name in images:
+            png = folder / image_name
+            self.env.note_dependency(str(png))
+            if png.exists():
+                image = nodes.image(uri=f"figures/{image_name}", alt=image_name)
+                image["candidates"] = {"*": f"figures/{image_name}"}
+                result.append(image)
+            elif listed:
+                log.warning("benchmark-figure %s lists figures/%s, which does not exist",
+                            name, image_name, location=self.get_location())
+        if self.content:
+            result += self.parse_content_to_nodes()
         if data.exists():
             try:
                 record = json.loads(data.read_text())
             except ValueError as exc:
-                log.warning(
-                    "figures/%s.json is not valid JSON: %s", name, exc, location=self.get_location()
-                )
+                log.warning("figures/%s.json is not valid JSON: %s", name, exc,
+                            location=self.get_location())
             else:
-                text = json.dumps(record, indent=1)
-                block = nodes.literal_block(text, text)
-                block["language"] = "json"
-                result.append(block)
-        if not result:
+                machine = machine_line(record)
+                where = (f"Measured on {machine} (as recorded in the JSON)" if machine
+                         else "The JSON does not record the machine")
+                result += self.parse_text_to_nodes(
+                    f"{where}. Data: :download:`{name}.json <figures/{name}.json>`.")
+        if not result or (not data.exists() and not any(
+                isinstance(n, nodes.image) for n in result)):
             para = nodes.paragraph()
             para += nodes.Text("Not run for these docs yet: run ")
             para += nodes.literal(text=f"python {script}")
@@ -70,11 +126,50 @@ class BenchmarkFigure(SphinxDirective):
         return result
 
 
+def _requirement_name(requirement: str) -> str:
+    """``jax[cuda12]>=0.4`` -> ``jax[cuda12]``: the name as a reader would pip-install it."""
+    return re.split(r"[<>=!~;\s]", requirement, maxsplit=1)[0]
+
+
+class ExtrasTable(SphinxDirective):
+    """The optional extras of pyproject.toml, what each installs and what it is for."""
+
+    has_content = True
+
+    def run(self):
+        pyproject = ROOT / "pyproject.toml"
+        self.env.note_dependency(str(pyproject))
+        extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+        purposes: dict[str, list[str]] = {}
+        current = None
+        for line in self.content:
+            entry = re.match(r"^([A-Za-z0-9][A-Za-z0-9_-]*):\s*(.*)$", line)
+            if entry:
+                current = entry.group(1)
+                purposes[current] = [entry.group(2)]
+            elif current is not None and line.strip():
+                purposes[current].append(line.strip())
+        for extra in purposes:
+            if extra not in extras:
+                log.warning("extras-table describes extra %r, which pyproject.toml does not "
+                            "define", extra, location=self.get_location())
+        rows = [".. list-table::", "   :header-rows: 1", "   :widths: 12 40 48", "",
+                "   * - extra", "     - installs", "     - for"]
+        for extra, requirements in extras.items():
+            if extra not in purposes:
+                log.warning("extra %r of pyproject.toml has no purpose in extras-table",
+                            extra, location=self.get_location())
+            installs = ", ".join(f"``{_requirement_name(r)}``" for r in requirements)
+            rows += [f"   * - ``{extra}``", f"     - {installs}",
+                     f"     - {' '.join(purposes.get(extra, ['(not described)']))}"]
+        return self.parse_text_to_nodes("\n".join(rows))
+
+
 def _public_names() -> list[str]:
     import synkhronos
 
     names = [f"synkhronos.{name}" for name in synkhronos.__all__]
-    for public in ("synkhronos.steps", "synkhronos.testing"):
+    for public in ("synkhronos.steps", "synkhronos.testing", "synkhronos.pymc"):
         module = importlib.import_module(public)
         names += [f"{public}.{name}" for name in module.__all__]
     try:
@@ -96,10 +191,41 @@ def check_api_coverage(app, env):
             log.warning("public name %s is not documented in the API reference", name)
 
 
+def _used_files(env) -> set[Path]:
+    srcdir = Path(env.srcdir)
+    used = set()
+    for deps in env.dependencies.values():
+        for dep in deps:
+            used.add((srcdir / str(dep)).resolve())
+    return used
+
+
+# Outputs checked in and compared by the test, but not shown yet: migrating.rst is being
+# rewritten in parallel (its worked port); it should include them, and then leave this.
+NOT_SHOWN_YET = {"migrate_serial.out", "migrate_parallel.out"}
+
+
+def check_figures_and_examples(app, env):
+    srcdir = Path(env.srcdir)
+    shown = {(srcdir / str(image)).resolve() for image in env.images}
+    for png in sorted((srcdir / "figures").glob("*.png")):
+        if png.resolve() not in shown:
+            log.warning("figures/%s is not shown on any page", png.name)
+    used = _used_files(env)
+    for out in sorted((srcdir / "examples").glob("*.out")):
+        if out.name in NOT_SHOWN_YET:
+            continue
+        for path in (out, out.with_suffix(".py")):
+            if path.resolve() not in used:
+                log.warning("examples/%s is not included on any page", path.name)
+
+
 def setup(app):
     app.add_directive("benchmark-figure", BenchmarkFigure)
+    app.add_directive("extras-table", ExtrasTable)
     app.connect("env-check-consistency", check_api_coverage)
-    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+    app.connect("env-check-consistency", check_figures_and_examples)
+    return {"version": "2", "parallel_read_safe": True, "parallel_write_safe": True}
 
 # -- intersphinx without the network ------------------------------------------------------
 # The docs build where nothing leaves the machine, so intersphinx reads inventories
@@ -118,6 +244,8 @@ INVENTORIES = {
         ("pickle", "py:module", "library/pickle.html#module-pickle"),
         ("logging", "py:module", "library/logging.html#module-logging"),
         ("warnings", "py:module", "library/warnings.html#module-warnings"),
+        ("collections.abc.Callable", "py:class",
+         "library/collections.abc.html#collections.abc.Callable"),
     ]),
     "numpy": ("https://numpy.org/doc/stable/", [
         ("numpy.ndarray", "py:class", "reference/generated/numpy.ndarray.html#numpy.ndarray"),
@@ -131,6 +259,10 @@ INVENTORIES = {
         ("pytensor.shared", "py:function",
          "library/compile/shared.html#pytensor.compile.sharedvalue.shared"),
         ("pytensor.grad", "py:function", "library/gradient.html#pytensor.gradient.grad"),
+        ("pytensor.compile.sharedvalue.SharedVariable", "py:class",
+         "library/compile/shared.html#pytensor.compile.sharedvalue.SharedVariable"),
+        ("pytensor.graph.basic.Variable", "py:class",
+         "library/graph/graph.html#pytensor.graph.basic.Variable"),
     ]),
 }
 

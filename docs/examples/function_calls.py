@@ -66,4 +66,10 @@ try:
     f(data, batch=[0, 100])
 except ValueError as exc:
     print("ValueError:", exc)
+y = pt.dvector("y")
+residual = synk.function(inputs=[x, y], outputs=((x.sum(axis=1) - y) ** 2).mean())
+try:
+    residual(rng.normal(size=(1000, 3)), rng.normal(size=998))
+except ValueError as exc:
+    print("ValueError:", exc)
 synk.close()

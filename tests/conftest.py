@@ -23,7 +23,7 @@ os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
 import synkhronos as synk
 from synkhronos.testing import child_pids, leftover_segments, program_prefix, session_open
 
-__all__ = ["child_pids", "segments_of", "session_fixture", "DEVICE"]
+__all__ = ["child_pids", "segments_of", "session_fixture", "DEVICE", "sizes_to_run"]
 
 segments_of = leftover_segments  # the name the tests use
 
@@ -36,7 +36,7 @@ DEVICE = os.environ.get("SYNKHRONOS_TEST_DEVICE", "cpu")
 _SIZES = os.environ.get("SYNKHRONOS_TEST_SIZES")
 
 
-def _sizes(sizes):
+def sizes_to_run(sizes):
     """``sizes``, limited to those SYNKHRONOS_TEST_SIZES names (all when unset)."""
     if not _SIZES:
         return list(sizes)
@@ -63,7 +63,7 @@ def no_leaks():
         assert segments_of() == [], "a test left shared-memory segments behind"
 
 
-@pytest.fixture(params=_sizes([1, 2, 3]), ids=lambda n: f"n{n}")
+@pytest.fixture(params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
 def forked(request):
     """A fresh session at n_parallel 1, 2 and 3 (3 gives uneven splits on 2 cores)."""
     n = synk.fork(request.param, device=DEVICE)
@@ -73,7 +73,7 @@ def forked(request):
         synk.close()
 
 
-@pytest.fixture(params=_sizes([2, 3]), ids=lambda n: f"n{n}")
+@pytest.fixture(params=sizes_to_run([2, 3]), ids=lambda n: f"n{n}")
 def forked_workers(request):
     """A fresh session that has workers (n_parallel 2 and 3)."""
     n = synk.fork(request.param, device=DEVICE)
@@ -90,7 +90,7 @@ def session_fixture(build, sizes=(1, 2, 3)):
     once per size and its tests share them.
     """
 
-    @pytest.fixture(scope="module", params=_sizes(sizes), ids=lambda n: f"n{n}")
+    @pytest.fixture(scope="module", params=sizes_to_run(sizes), ids=lambda n: f"n{n}")
     def fixture(request):
         synk.fork(request.param, device=DEVICE)
         try:

@@ -1,4 +1,4 @@
-"""What hardware a session can use: usable CPU cores, GPUs, and what a device session's processes inherit.
+"""What hardware a session can use: cores, GPUs, and what device sessions inherit.
 
 ``fork(device="gpu")`` must not initialise CUDA in the master (a forked child of a
 CUDA or JAX process hangs), so GPU availability is judged from the driver's files and

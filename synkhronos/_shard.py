@@ -167,11 +167,11 @@ def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast:
         for acc, value in zip(outputs + updates, values, strict=True):
             acc.add(value, weight)
     shared = REGISTRY.get(ctx).shared
+    store = ctx.placement.store
     for uid, acc in zip(prepared.update_uids, updates, strict=True):
         value = acc.result()
         if value is not None:
-            var = shared[uid]
-            var.set_value(np.asarray(value, dtype=var.type.dtype), borrow=True)
+            store(shared[uid], value)
     return [acc.result() for acc in outputs[:n_out]]
 
 
@@ -197,7 +197,8 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         return None
     if call.profile:
         gathered = time.perf_counter()
-    fn = REGISTRY.get(ctx).functions[prepared.fn_id]
+    reg = REGISTRY.get(ctx)
+    fn = reg.runners.get(prepared.fn_id) or reg.runner(ctx, prepared.fn_id)
     if faults.ARMED:
         faults.hit("function")
     if call.num_slices == 1:

@@ -55,6 +55,7 @@ class Registry:
 
     def __init__(self) -> None:
         self.functions: dict[int, Any] = {}
+        self.runners: dict[int, Any] = {}  # fn id -> the function as calls run it
         self.shared: dict[int, Any] = {}
         self.uid_of: dict[int, int] = {}  # id(shared variable) -> uid, master only
         self.pending: dict[int, Any] = {}  # built in the master, not yet distributed
@@ -82,6 +83,13 @@ class Registry:
         if fn_id in self.retry:
             self.pending[fn_id] = self.retry.pop(fn_id)
         return fn_id not in self.pending
+
+    def runner(self, ctx: RankContext, fn_id: int) -> Any:
+        """Function ``fn_id`` as this process's calls run it (outputs on the host)."""
+        run = self.runners.get(fn_id)
+        if run is None:
+            run = self.runners[fn_id] = ctx.placement.runner(self.functions[fn_id])
+        return run
 
     def uid(self, var: Any) -> int | None:
         """The uid of a distributed shared variable, or None."""
@@ -225,6 +233,7 @@ def distribute() -> None:
     for uid, var in new_shared.items():
         reg.shared[uid] = var
         reg.uid_of[id(var)] = uid
+    session.ctx.placement.place(new_shared.values())
     reg.pending.clear()
 
 
@@ -237,6 +246,7 @@ def _load(ctx: RankContext, message: Distribute) -> tuple[dict[int, Any], float]
     _, functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
     for uid, var in new_shared.items():
         reg.shared[uid] = var
+    ctx.placement.place(new_shared.values())
     reg.functions.update(functions)
     return functions, time.perf_counter() - start
 

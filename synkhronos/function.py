@@ -160,7 +160,7 @@ class Function:
         given = [(var, _pytensor.substitute(value, stand_ins) if isinstance(value, Variable)
                   else value) for var, value in given]
         self._givens = given + list(stand_ins.items())
-        self._kwargs = dict(kwargs)
+        self._kwargs = session.ctx.placement.compile_kwargs(dict(kwargs))
         self._signature = self.inputs + self.bcast_inputs
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
         self._binder = _validate.Binder(self._signature, len(self.inputs))

@@ -43,6 +43,7 @@ from ._core.session import Session
 from ._runtime import devices, mpi, processes, shmem, signals
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
+from ._runtime.placement import placement_for
 from ._threads import limit_threads
 from .errors import WorkerDiedError
 
@@ -81,12 +82,19 @@ def fork(
     Parameters
     ----------
     n_parallel : int, optional
-        Number of processes, the master included. Default: one per usable CPU core.
+        Number of processes, the master included. Default: one per usable CPU core
+        (``device="gpu"``: one per visible GPU).
         ``1`` forks nothing: every call runs in the master alone. Under an MPI
         launcher: the processes of each machine (default: its usable cores).
     device : {"cpu", "gpu"}, default "cpu"
-        ``"gpu"`` is not implemented yet: it raises ``RuntimeError`` naming what is
-        missing (no GPU, or the ``gpu`` extra not installed) or saying so.
+        ``"gpu"``: one process per visible GPU by default (fewer, or more sharing
+        GPUs, as ``n_parallel`` says), each bound to its GPU before CUDA starts;
+        functions compile with PyTensor's JAX backend and shared variables live on
+        the device (see :doc:`/gpu`). With ``SYNKHRONOS_GPU_PLATFORM=cpu`` in the
+        environment the same path runs on JAX's CPU platform (no GPU needed). Without
+        a GPU or the ``gpu`` extra it raises ``RuntimeError`` naming what is missing.
+        A program forks a ``"gpu"`` session once: its master has started JAX, and a
+        process that has cannot fork again.
     master_rank : int, default 0
         The rank the master computes as (it takes that block of every scatter).
     spin : float, optional
@@ -166,10 +174,14 @@ def fork(
         problem = devices.gpu_problem()
         if problem is not None:
             raise RuntimeError(problem)
-        raise RuntimeError("device='gpu' is not implemented yet (see the GPU backend issue)")
+        if several:
+            raise RuntimeError(
+                "device='gpu' runs on one machine for now; under an MPI launcher use "
+                "device='cpu' (several machines with GPUs are not supported yet)"
+            )
     cores = devices.usable_cores()
     if n_parallel is None:
-        n_parallel = len(cores)
+        n_parallel = devices.device_count() if device == "gpu" else len(cores)
     if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or n_parallel < 1:
         raise ValueError(f"n_parallel must be an integer >= 1; got {n_parallel!r}")
     if isinstance(master_rank, bool) or not isinstance(master_rank, int) or not (
@@ -186,8 +198,10 @@ def fork(
         spin = _DEFAULT_SPIN if n_parallel <= len(cores) else 0.0
     if devices.jax_initialised():
         raise RuntimeError(
-            "JAX was initialised before synk.fork(): forked children of a JAX process "
-            "hang; call synk.fork() before any JAX computation"
+            "JAX was initialised before synk.fork() (by the program, or by an earlier "
+            "device='gpu' session in this process): forked children of a JAX process "
+            "hang; call synk.fork() before any JAX computation, and fork a device='gpu' "
+            "session once per program (in a notebook: once per kernel)"
         )
     if several:
         mpi.check_not_initialized()
@@ -202,7 +216,8 @@ def fork(
     if several:
         return _fork_machines(launch, n_parallel, device, master_rank, spin, timeout,
                               cores if pin else None, exact)
-    session = _build(n_parallel, device, master_rank, spin, timeout)
+    gpu_ids = devices.prepare_gpu(n_parallel) if device == "gpu" else []
+    session = _build(n_parallel, device, master_rank, spin, timeout, gpu_ids)
     try:
         _start(session, [cores[r % len(cores)] for r in range(n_parallel)] if pin else None)
     except BaseException:
@@ -216,7 +231,8 @@ def fork(
 
 
 def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
-             owner: bool = True) -> tuple[RankContext, shmem.ProgramLock]:
+             owner: bool = True, gpu_ids: list[str] | None = None,
+             ) -> tuple[RankContext, shmem.ProgramLock]:
     """Steps 2-3 for one machine: its prefix, lock, control block and context.
 
     ``owner``: this process numbers the segments every process maps (the master);
@@ -233,15 +249,15 @@ def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
     ctx = RankContext(
         rank=rank, size=n, master_rank=master_rank, prefix=prefix,
         arena=Arena(prefix, rank, owner, log_), control=control,
-        master_pid=os.getpid(), device=device,
+        master_pid=os.getpid(), device=device, placement=placement_for(device, gpu_ids or ()),
     )
     return ctx, lock
 
 
 def _build(n: int, device: str, master_rank: int, spin: float,
-           timeout: float | None) -> Session:
+           timeout: float | None, gpu_ids: list[str] | None = None) -> Session:
     """Steps 2-3: the program's prefix, lock, control block, context and session."""
-    ctx, lock = _machine(n, device, master_rank, master_rank, spin)
+    ctx, lock = _machine(n, device, master_rank, master_rank, spin, gpu_ids=gpu_ids)
     session = Session(ctx, Executor(handlers.TABLE), timeout, lock)
     core_session.install(session)
     return session
@@ -268,6 +284,7 @@ def _start(session: Session, cores: list[int] | None, mpi_job: bool = False) -> 
         )
     if cores is not None:
         os.sched_setaffinity(0, {cores[ctx.master_rank]})
+    ctx.placement.bind(ctx.master_rank)  # the workers bound theirs as they started
     session.on_close(limit_threads().restore)
     old_handlers = signals.install()
     session.on_close(lambda: signals.restore(old_handlers))

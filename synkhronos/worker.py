@@ -47,6 +47,7 @@ def worker_context(master: RankContext, rank: int) -> RankContext:
         control=control,
         master_pid=master.master_pid,
         device=master.device,
+        placement=master.placement,
     )
 
     def watch_master() -> None:
@@ -64,6 +65,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     ``forked_seq``: the control block's sequence number at the fork (not read again
     here: the master may have posted already).
     """
+    master.placement.bind(rank)  # before any device library starts in this process
     ctx = worker_context(master, rank)
     core_session.install(None)  # the master's session is not this process's
     install(ctx)

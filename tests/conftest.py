@@ -23,9 +23,25 @@ os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
 import synkhronos as synk
 from synkhronos.testing import child_pids, leftover_segments, program_prefix, session_open
 
-__all__ = ["child_pids", "segments_of", "session_fixture"]
+__all__ = ["child_pids", "segments_of", "session_fixture", "DEVICE", "sizes_to_run"]
 
 segments_of = leftover_segments  # the name the tests use
+
+# The device the sessions of this run fork on. CI runs the function, collective and
+# training suites a second time with SYNKHRONOS_TEST_DEVICE=gpu on JAX's CPU platform
+# (SYNKHRONOS_GPU_PLATFORM=cpu, PYTENSOR_FLAGS=mode=JAX so the tests' plain reference
+# functions read device values too), one pytest process per session size
+# (SYNKHRONOS_TEST_SIZES): a master that ran JAX cannot fork again.
+DEVICE = os.environ.get("SYNKHRONOS_TEST_DEVICE", "cpu")
+_SIZES = os.environ.get("SYNKHRONOS_TEST_SIZES")
+
+
+def sizes_to_run(sizes):
+    """``sizes``, limited to those SYNKHRONOS_TEST_SIZES names (all when unset)."""
+    if not _SIZES:
+        return list(sizes)
+    wanted = {int(n) for n in _SIZES.split(",")}
+    return [n for n in sizes if n in wanted]
 
 
 def _open_prefix() -> str | None:
@@ -47,20 +63,20 @@ def no_leaks():
         assert segments_of() == [], "a test left shared-memory segments behind"
 
 
-@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"n{n}")
+@pytest.fixture(params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
 def forked(request):
     """A fresh session at n_parallel 1, 2 and 3 (3 gives uneven splits on 2 cores)."""
-    n = synk.fork(request.param)
+    n = synk.fork(request.param, device=DEVICE)
     try:
         yield n
     finally:
         synk.close()
 
 
-@pytest.fixture(params=[2, 3], ids=lambda n: f"n{n}")
+@pytest.fixture(params=sizes_to_run([2, 3]), ids=lambda n: f"n{n}")
 def forked_workers(request):
     """A fresh session that has workers (n_parallel 2 and 3)."""
-    n = synk.fork(request.param)
+    n = synk.fork(request.param, device=DEVICE)
     try:
         yield n
     finally:
@@ -74,9 +90,9 @@ def session_fixture(build, sizes=(1, 2, 3)):
     once per size and its tests share them.
     """
 
-    @pytest.fixture(scope="module", params=list(sizes), ids=lambda n: f"n{n}")
+    @pytest.fixture(scope="module", params=sizes_to_run(sizes), ids=lambda n: f"n{n}")
     def fixture(request):
-        synk.fork(request.param)
+        synk.fork(request.param, device=DEVICE)
         try:
             yield build()
         finally:

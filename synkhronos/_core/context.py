@@ -11,6 +11,9 @@ are rewritten before it runs anything). It holds what every layer may ask:
   on machine 0); ``exact``, the reduction mode between machines;
 - the program's shared-memory owner (``arena``) and control block (``control``; local
   ranks index it);
+- ``device`` and ``placement``: where this process's shared values live and how arrays
+  move there (``_runtime.placement``: numpy in place on ``"cpu"``, JAX arrays on
+  ``"gpu"``), chosen once at fork;
 - ``leaders``: on a machine's leader in a session over several machines, its link to
   the other leaders (``_core.machines.Machines``); None elsewhere;
 - the meeting points inside a command (``barrier``, ``agree``), which watch that the
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._runtime.arena import Arena
 from .._runtime.control import ControlBlock
+from .._runtime.placement import HostPlacement, Placement
 
 if TYPE_CHECKING:
     from .machines import Machines
@@ -73,6 +77,7 @@ class RankContext:
     control: ControlBlock | None
     master_pid: int
     device: str = "cpu"
+    placement: Placement = field(default_factory=HostPlacement)
     node: int = 0
     n_nodes: int = 1
     local_rank: int = -1

@@ -2,11 +2,12 @@
 
 ``api`` holds the public functions and ``_checks`` their checks in the master;
 ``fused`` the device-independent messages, steps and each rank's part; ``backend`` the
-primitives every device implements, and ``cpu`` the shared-memory backend (imported
-here, which registers it for ``device="cpu"``).
+primitives every device implements; ``cpu`` the shared-memory backend and ``staged``
+the same exchange for device values (imported here, which registers them for
+``device="cpu"`` and ``device="gpu"``).
 """
 
-from . import cpu  # noqa: F401  (the "cpu" backend registers itself)
+from . import cpu, staged  # noqa: F401  (the backends register themselves)
 from .api import (
     all_gather,
     all_reduce,

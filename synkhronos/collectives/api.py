@@ -386,7 +386,8 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
         session.check_usable()  # no command: the master alone changes
         for var, value in zip(targets.variables, values, strict=True):
             whole = value if isinstance(value, np.ndarray) else value.data
-            _pytensor.bind(var, np.array(select_rows(whole, selection)))
+            _pytensor.bind(var, session.ctx.placement.to_device(
+                np.array(select_rows(whole, selection))))
         return
     _run(session, front.backend, place_step, targets, values, (selection,) * len(values), rank)
 

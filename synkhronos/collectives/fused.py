@@ -227,13 +227,13 @@ def broadcast_step(session: Session, backend: Backend, targets: Targets,
                    values: list | None) -> Step:
     ctx = session.ctx
     if values is None:
-        values = [_pytensor.value(var) for var in targets.variables]
+        values = [_host(ctx, var) for var in targets.variables]
     group, spec = backend.resident(ctx, targets, tuple(v.shape for v in values))
     for var, value, view in zip(targets.variables, values, group.slots[ctx.master_rank],
                                 strict=True):
         if value is not view:
             np.copyto(view, value)
-        _pytensor.bind(var, view)
+        _store(ctx, var, view)
     return Step(Broadcast(group.key, spec), new=(spec.name,) if spec else ())
 
 
@@ -256,7 +256,7 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
             value = _pytensor.value(var)
             if value is not view:
                 view[...] = value  # faster than np.copyto when tiny
-                _pytensor.bind(var, view)
+                _store(ctx, var, view)
     shapes = group.layout.shapes
     # pair: the worker leaves the result in its slot, the master copies it into its own
     copies = list(zip(group.slots[master], group.slots[1 - master], strict=True)) if pair else []
@@ -330,7 +330,7 @@ def regions_step(session: Session, backend: Backend, targets: Targets, shapes: l
     def finish(replies: list) -> list[list[np.ndarray]]:
         master = ctx.master_rank
         per_rank = [
-            [_pytensor.value(var) for var in targets.variables] if rank == master
+            [_host(ctx, var) for var in targets.variables] if rank == master
             else layout.views(buffer, base)
             for rank, (layout, base) in enumerate(zip(layouts, bases, strict=True))
         ]
@@ -401,8 +401,9 @@ def _load(ctx: RankContext, group: Any, whole: bool) -> tuple[list[np.ndarray], 
     """
     rank, values = ctx.rank, []
     foreign = None if whole else group.foreign[rank]
+    to_host = ctx.placement.to_host
     for i, (var, view) in enumerate(zip(group.variables, group.slots[rank], strict=True)):
-        value = _pytensor.value(var)
+        value = to_host(_pytensor.value(var))
         if value is view:
             values.append(group.flats[rank][i])
             continue
@@ -419,11 +420,23 @@ def _load(ctx: RankContext, group: Any, whole: bool) -> tuple[list[np.ndarray], 
     return values, True
 
 
-def _rebind(variables: list, results: Sequence[np.ndarray]) -> None:
-    """Point each variable's storage at its result (no copy)."""
+def _host(ctx: RankContext, var: Any) -> np.ndarray:
+    """A shared variable's value on the host (itself on CPU; a copy from a device)."""
+    return ctx.placement.to_host(_pytensor.value(var))
+
+
+def _store(ctx: RankContext, var: Any, array: np.ndarray) -> None:
+    """Make host ``array`` the variable's value (itself on CPU; a device copy)."""
+    _pytensor.bind(var, ctx.placement.to_device(array))
+
+
+def _rebind(ctx: RankContext, variables: list, results: Sequence[np.ndarray]) -> None:
+    """Point each variable's storage at its result (no copy on CPU; on a device, a
+    device copy of it)."""
+    to_device = ctx.placement.to_device
     for var, result in zip(variables, results, strict=True):
         if _pytensor.value(var) is not result:
-            _pytensor.bind(var, result)
+            _pytensor.bind(var, to_device(result))
 
 
 def _own_shapes(variables: list) -> Mismatch:
@@ -448,12 +461,12 @@ def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
     if ctx.n_nodes > 1:
-        _rebind(group.variables, hierarchy.broadcast(ctx, group))
+        _rebind(ctx, group.variables, hierarchy.broadcast(ctx, group))
         return
     if ctx.is_master:
         return  # its slot was filled and bound before the command
     backend.broadcast(ctx, group, ctx.master_rank)
-    _rebind(group.variables, group.slots[ctx.rank])
+    _rebind(ctx, group.variables, group.slots[ctx.rank])
 
 
 def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
@@ -468,12 +481,12 @@ def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
         values = _loaded(ctx, group, whole=group.small or ctx.exact)
         if values is None:
             return _own_shapes(group.variables)
-        _rebind(group.variables, hierarchy.all_reduce(ctx, group, message.op, values))
+        _rebind(ctx, group.variables, hierarchy.all_reduce(ctx, group, message.op, values))
         return None
     values = _loaded(ctx, group, whole=group.small)
     if values is None:
         return _own_shapes(group.variables)
-    _rebind(group.variables, backend.all_reduce(ctx, group, message.op, values))
+    _rebind(ctx, group.variables, backend.all_reduce(ctx, group, message.op, values))
     return None
 
 
@@ -492,14 +505,14 @@ def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
         results = [combined(views, message.op) for views in group.columns]
         if not message.in_place:
             return results
-        _rebind(group.variables, results)
+        _rebind(ctx, group.variables, results)
         return None
     out = None
     if message.scratch is not None:
         out = [v.reshape(-1) for v in group.layout.views(backend.scratch(ctx, message.scratch))]
     backend.reduce(ctx, group, message.op, values, out)
     if out is None and ctx.rank == master:  # every piece of its slot is the result
-        _rebind(group.variables, group.slots[master])
+        _rebind(ctx, group.variables, group.slots[master])
     return None
 
 
@@ -516,7 +529,7 @@ def _reduce_machines(ctx: RankContext, backend: Any, group: Any, message: Reduce
         master = group.slots[ctx.rank]
         for view, result in zip(master, group.layout.views(scratch), strict=True):
             np.copyto(view, result)
-        _rebind(group.variables, master)
+        _rebind(ctx, group.variables, master)
     return None
 
 
@@ -530,7 +543,7 @@ def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
         hierarchy.reduce_scatter(ctx, group, message.op, values)
     else:
         backend.reduce_scatter(ctx, group, message.op, values)
-    _rebind(group.variables, group.slots[ctx.rank])  # its own piece is the result
+    _rebind(ctx, group.variables, group.slots[ctx.rank])  # its own piece is the result
     return None
 
 
@@ -539,14 +552,14 @@ def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
     group = backend.group(ctx, message.key, message.spec)
     rank, own = ctx.rank, group.flats[ctx.rank]
     for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
-        value = _pytensor.value(group.variables[i])
+        value = _host(ctx, group.variables[i])
         if value is not group.slots[rank][i]:
             own[i][lo:hi] = value.reshape(-1)[lo:hi]
     if ctx.n_nodes > 1:
         hierarchy.all_gather(ctx, group)
     else:
         backend.all_gather(ctx, group)
-    _rebind(group.variables, group.slots[rank])
+    _rebind(ctx, group.variables, group.slots[rank])
 
 
 class _Views:
@@ -597,11 +610,11 @@ def _on_place(ctx: RankContext, message: Place) -> None:
         mine: Batch | None = batch
         if message.rank is None:
             mine = batch.part(ctx.size, ctx.rank)
-        _pytensor.bind(var, np.array(select_rows(whole, mine)))
+        _store(ctx, var, np.array(select_rows(whole, mine)))
 
 
 def _write_region(ctx: RankContext, buffer: Any, variables: list, base: int) -> None:
-    values = [_pytensor.value(var) for var in variables]
+    values = [_host(ctx, var) for var in variables]
     layout = FusedLayout([v.dtype for v in values], [v.shape for v in values])
     for view, value in zip(layout.views(buffer, base), values, strict=True):
         np.copyto(view, value)
@@ -624,7 +637,7 @@ def _on_gather(ctx: RankContext, message: Gather) -> None:
     regions = [FusedLayout(dtypes, shapes).views(buffer, base)
                for shapes, base in zip(message.shapes, message.bases, strict=True)]
     for i, var in enumerate(variables):
-        _pytensor.bind(var, np.concatenate([region[i] for region in regions]))
+        _store(ctx, var, np.concatenate([region[i] for region in regions]))
 
 
 def _on_get_value(ctx: RankContext, message: GetValue) -> None:

@@ -39,7 +39,7 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .. import Function, broadcast, distribute, function, n_parallel, set_value
+from .. import Function, broadcast, device, distribute, function, n_parallel, set_value
 from .. import data as synk_data
 from .. import steps as synk_steps
 from . import updates
@@ -224,15 +224,18 @@ class TrainFunction:
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
         """Sharded unless asked otherwise, or impossible: one process, a rule of the
-        user's own, parameters of several dtypes, or the JAX backend (immutable
-        arrays cannot be viewed and updated in place)."""
+        user's own, parameters of several dtypes, or the JAX backend (``device="gpu"``
+        or ``mode="JAX"``: immutable arrays cannot be viewed and updated in place)."""
         reasons = []
         if _rule_name(self.update_rule) is None:
             reasons.append("the rule is not one of synkhronos.extensions.updates")
         if len({p.type.dtype for p in self.params}) > 1:
             reasons.append("the parameters have several dtypes")
-        if str(compile_kwargs.get("mode", "")).upper() == "JAX":
-            reasons.append("JAX arrays cannot be updated in place")
+        if str(compile_kwargs.get("mode", "")).upper() == "JAX" or device() == "gpu":
+            # each process updates its own piece, of its own size: JAX compiles static
+            # shapes, and its arrays cannot be viewed and updated in place
+            reasons.append("JAX arrays cannot be updated in place (device='gpu' or "
+                           "mode='JAX')")
         if sharded is None:
             return n_parallel() > 1 and not reasons
         if sharded and reasons:

@@ -23,6 +23,8 @@ import synkhronos as synk
 from synkhronos.errors import WorkerError
 from synkhronos.testing import on_variable, program_prefix
 
+from ..conftest import DEVICE, sizes_to_run
+
 pytestmark = pytest.mark.timeout(120)
 
 OPS = ["avg", "sum", "prod", "max", "min"]
@@ -138,9 +140,9 @@ def test_collective_after_close_says_to_fork():
 
 
 # -- the shared session -----------------------------------------------------------------------
-@pytest.fixture(scope="class", params=[1, 2, 3], ids=lambda n: f"n{n}")
+@pytest.fixture(scope="class", params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
 def env(request):
-    synk.fork(request.param)
+    synk.fork(request.param, device=DEVICE)
     try:
         yield Bank()
     finally:

@@ -14,6 +14,7 @@ from synkhronos._core.context import RankContext
 from synkhronos.collectives import backend
 from synkhronos.collectives.backend import ALIGN, FusedLayout
 from synkhronos.collectives.cpu import _complement
+from synkhronos.collectives.staged import StagedBackend
 
 LAYOUTS = [
     (["float32"], [(1,)]),
@@ -73,8 +74,17 @@ def _context(device: str) -> RankContext:
 
 
 def test_backend_for_a_device_without_backend_names_it():
-    with pytest.raises(RuntimeError, match="not implemented for device 'gpu'.*cpu"):
-        backend.BACKEND.get(_context("gpu"))
+    with pytest.raises(RuntimeError, match="not implemented for device 'tpu'.*cpu, gpu"):
+        backend.BACKEND.get(_context("tpu"))
+
+
+def test_gpu_backend_is_staged_and_never_pairs():
+    """device="gpu" values are device arrays: no group is resident in a host slot and
+    the two-process pair path (which rebinds the master's slot in place) is off."""
+    ctx = _context("gpu")
+    staged = backend.BACKEND.get(ctx)
+    assert isinstance(staged, StagedBackend) and staged.device == "gpu"
+    assert staged.current(ctx, None) is None
 
 
 def test_backend_is_one_per_process():

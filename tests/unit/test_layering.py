@@ -5,7 +5,8 @@ handlers -> _core -> _runtime``; ``_runtime -> stdlib + numpy (+ posix_ipc, mpi4
 Checked here:
 
 - ``_runtime`` imports the standard library, numpy, posix_ipc (and mpi4py, for
-  ``_runtime/mpi*``) only;
+  ``_runtime/mpi*``; jax and cupy, for the device modules ``placement`` and ``nccl``)
+  only;
 - ``_core`` imports those and ``_runtime`` and ``errors`` only: never PyTensor, never
   a layer above it;
 - ``extensions`` and ``pymc`` reach the rest of the package through its public names
@@ -34,6 +35,7 @@ PUBLIC = {
     "synkhronos.pymc", "synkhronos.data",
 }
 THIRD_PARTY_OF_RUNTIME = {"numpy", "posix_ipc"}
+DEVICE_MODULES = {"placement", "nccl"}  # the device libraries live behind these two
 
 
 def _module_name(path: Path) -> str:
@@ -95,6 +97,8 @@ def test_runtime_imports_only_stdlib_numpy_posix_ipc(path):
     allowed = set(THIRD_PARTY_OF_RUNTIME)
     if path.stem.startswith("mpi"):
         allowed.add("mpi4py")
+    if path.stem in DEVICE_MODULES:
+        allowed |= {"jax", "cupy"}
     for name in _imports(path, top_level_only=False):
         if name.startswith("synkhronos."):
             assert name.startswith("synkhronos._runtime"), f"{path.name} imports {name}"

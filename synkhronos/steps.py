@@ -95,8 +95,14 @@ def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:
     ``all_gather_pieces``, an update in place) changes the variables without a copy.
     ``copy_in``: a variable that does not view its place (a first step, or a value
     set since) first gives its value to ``flat``; otherwise ``flat`` wins.
+    Only on ``device="cpu"`` (``ValueError`` elsewhere: JAX arrays view nothing).
     """
     session, front, targets, _ = begin("views", [flat, *variables])
+    if not session.ctx.placement.views:
+        raise ValueError(
+            f"steps.views needs values that can view one another in place; on "
+            f"device={session.ctx.device!r} they are JAX arrays, which cannot"
+        )
     dtype = targets.dtypes[0]
     if targets.ndims[0] != 1 or any(d != dtype for d in targets.dtypes):
         raise ValueError("steps.views needs a 1-d flat variable and variables of its dtype")

@@ -36,6 +36,7 @@ class Placement:
     """The interface (see the module docstring); ``HostPlacement`` is the identity."""
 
     name = "cpu"
+    views = True  # values may view one another's memory (a flat buffer's pieces)
 
     def to_host(self, value: Any) -> np.ndarray:
         """``value`` as a numpy array (no copy where it is one already)."""
@@ -83,6 +84,7 @@ class JaxPlacement(Placement):
     """
 
     name = "gpu"
+    views = False  # JAX arrays never view one another and never change in place
 
     def __init__(self, gpu_ids: Sequence[str] = ()) -> None:
         self.gpu_ids = tuple(gpu_ids)

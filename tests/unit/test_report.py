@@ -137,3 +137,14 @@ def test_text_check_says_failed_and_why():
     text = _report.format_check({"ok": False, "n_parallel": 2, "seconds": {"fork": 0.5},
                                  "problems": ["the function's 'sum' output differs"]})
     assert "FAILED" in text and "500.0 ms" in text and "'sum' output differs" in text
+
+
+def test_gpu_models_are_read_from_the_driver_files(tmp_path, monkeypatch):
+    for bus, model in (("0000:1b:00.0", "NVIDIA H100 80GB HBM3"), ("0000:2c:00.0", None)):
+        (tmp_path / bus).mkdir()
+        text = "IRQ:\t\t 16\n" + (f"Model: \t\t {model}\n" if model else "")
+        (tmp_path / bus / "information").write_text(text)
+    monkeypatch.setattr(_report, "_GPU_DRIVER", str(tmp_path))
+    gpus = _report._gpus()
+    assert gpus["driver_lists"] == ["NVIDIA H100 80GB HBM3 (0000:1b:00.0)",
+                                    "unknown model (0000:2c:00.0)"]

@@ -35,9 +35,11 @@ import sys
 import time
 from pathlib import Path
 
+import arviz as az
 import numpy as np
 import pymc as pm
 import pytensor
+import xarray as xr
 from threadpoolctl import threadpool_limits
 
 import synkhronos as synk
@@ -114,18 +116,17 @@ def points_for(model: pm.Model, count: int = 4) -> list[np.ndarray]:
     return [rng.normal(scale=0.1, size=size) for _ in range(count)]
 
 
-def mcse(draws: np.ndarray, batches: int = 10) -> np.ndarray:
-    chains, n = draws.shape[:2]
-    size = n // batches
-    means = draws[:, :batches * size].reshape(chains, batches, size, -1).mean(axis=2)
-    return means.reshape(chains * batches, -1).std(axis=0, ddof=1) / np.sqrt(chains * batches)
+def mcse(draws: xr.DataArray) -> np.ndarray:
+    """ArviZ's Monte Carlo standard error of each component's posterior mean (draws
+    with ``chain`` and ``draw`` dimensions), flattened."""
+    return az.mcse(xr.Dataset({"draws": draws}), method="mean")["draws"].values.ravel()
 
 
 def mcse_gap(got, want, model: pm.Model) -> float:
     worst = 0.0
     for rv in model.free_RVs:
         a, b = got.posterior[rv.name].values, want.posterior[rv.name].values
-        error = np.sqrt(mcse(a) ** 2 + mcse(b) ** 2)
+        error = np.sqrt(mcse(got.posterior[rv.name]) ** 2 + mcse(want.posterior[rv.name]) ** 2)
         gap = np.abs(a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))).ravel()
         worst = max(worst, float(np.max(gap / error)))
     return round(worst, 3)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import time
 
+import arviz as az
 import numpy as np
 import pymc as pm
+import xarray as xr
 
 import synkhronos as synk
 import synkhronos.pymc as synk_pymc
@@ -37,13 +39,10 @@ def logistic_regression(rows: int, features: int, seed: int) -> pm.Model:
     return model
 
 
-def mcse(draws: np.ndarray, batches: int = 10) -> np.ndarray:
-    """Monte Carlo standard error of each component's mean, by batch means."""
-    chains, n = draws.shape[:2]
-    size = n // batches
-    means = draws[:, :batches * size].reshape(chains, batches, size, -1).mean(axis=2)
-    means = means.reshape(chains * batches, -1)
-    return means.std(axis=0, ddof=1) / np.sqrt(chains * batches)
+def mcse(draws: xr.DataArray) -> np.ndarray:
+    """ArviZ's Monte Carlo standard error of each component's posterior mean (draws
+    with ``chain`` and ``draw`` dimensions), flattened."""
+    return az.mcse(xr.Dataset({"draws": draws}), method="mean")["draws"].values.ravel()
 
 
 def main() -> None:
@@ -73,7 +72,7 @@ def main() -> None:
     for name in ("beta", "intercept"):
         a, b = parallel.posterior[name].values, serial.posterior[name].values
         gap = np.abs(a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))).ravel()
-        error = np.sqrt(mcse(a) ** 2 + mcse(b) ** 2)
+        error = np.sqrt(mcse(parallel.posterior[name]) ** 2 + mcse(serial.posterior[name]) ** 2)
         worst = max(worst, float(np.max(gap / error)))
         print(f"{name}: synkhronos {np.round(a.mean(axis=(0, 1)), 3)}, "
               f"PyMC {np.round(b.mean(axis=(0, 1)), 3)}")

@@ -54,4 +54,5 @@ __all__ = [
     "WorkerTimeoutError",
 ]
 
+# The one place the version is written: pyproject.toml reads it from this line.
 __version__ = "0.1.0"

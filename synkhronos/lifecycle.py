@@ -82,7 +82,8 @@ def fork(
     Parameters
     ----------
     n_parallel : int, optional
-        Number of processes, the master included. Default: one per usable CPU core
+        Number of processes, the master included. Default: the environment variable
+        ``SYNK_N_PARALLEL`` when it is set, else one per usable CPU core
         (``device="gpu"``: one per visible GPU).
         ``1`` forks nothing: every call runs in the master alone. Under an MPI
         launcher: the processes of each machine (default: its usable cores).
@@ -145,7 +146,8 @@ def fork(
         launch, MPI was initialised before ``fork()``, or (under MPI) ``fork()`` was
         called a second time in the program.
     ValueError
-        ``device``, ``n_parallel``, ``master_rank``, ``timeout``, ``launcher`` or
+        ``SYNK_N_PARALLEL`` (when read) is not an integer >= 1, or ``device``,
+        ``n_parallel``, ``master_rank``, ``timeout``, ``launcher`` or
         ``reduction`` is not valid.
     """
     global _atexit_registered
@@ -181,7 +183,8 @@ def fork(
             )
     cores = devices.usable_cores()
     if n_parallel is None:
-        n_parallel = devices.device_count() if device == "gpu" else len(cores)
+        default = devices.device_count() if device == "gpu" else len(cores)
+        n_parallel = n_parallel_from_environment(default)
     if isinstance(n_parallel, bool) or not isinstance(n_parallel, int) or n_parallel < 1:
         raise ValueError(f"n_parallel must be an integer >= 1; got {n_parallel!r}")
     if isinstance(master_rank, bool) or not isinstance(master_rank, int) or not (
@@ -288,6 +291,27 @@ def _start(session: Session, cores: list[int] | None, mpi_job: bool = False) -> 
     session.on_close(limit_threads().restore)
     old_handlers = signals.install()
     session.on_close(lambda: signals.restore(old_handlers))
+
+
+def n_parallel_from_environment(default: int) -> int:
+    """``SYNK_N_PARALLEL`` when it is set and not empty (SPEC 2), else ``default``.
+
+    Cluster scripts choose the process count in the environment; a value that is not
+    an integer >= 1 is refused here, naming the variable, before any process moves.
+    """
+    value = os.environ.get("SYNK_N_PARALLEL", "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(
+            f"the environment variable SYNK_N_PARALLEL must be an integer >= 1 (the number "
+            f"of processes fork() starts); got {value!r}"
+        )
+    return number
 
 
 def _exact_of(reduction: Any) -> bool:

@@ -15,7 +15,9 @@ with the Lasagne-style module ``demos/lasagne_like`` (imported as ``lasagne``):
   ``np.random.seed`` repeats its initial weights and its shuffles exactly.
 - :func:`parse_args`, :func:`report_epoch`, :func:`report_result`: the command line
   and the printed lines (the last line is what ``run_lasagne_demos.py`` and the tests
-  read: ``result: {...}`` with the final numbers as JSON).
+  read: ``result: {...}`` with the final numbers as JSON); a progress bar over each
+  epoch's minibatches (``--quiet``: none) and ``--plot PNG`` (the curves, and the
+  result as JSON beside them) come from ``demos/progress.py``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import pytensor.tensor as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 import lasagne_like as lasagne  # noqa: E402
 from data import add_data_arguments, describe, load_dataset  # noqa: E402
+from progress import Curves, add_progress_arguments, progress  # noqa: E402
 
 __all__ = ["build_network", "iterate_minibatch_indices", "parse_args", "report_epoch",
-           "report_result", "load_dataset", "describe", "lasagne"]
+           "report_result", "load_dataset", "describe", "lasagne", "Curves", "progress"]
 
 
 def build_mlp(input_var, image_shape, depth=2, width=800, drop_input=0.2, drop_hidden=0.5):
@@ -152,10 +155,14 @@ def parse_args(doc, parallel=True):
                              "model without dropout (PyTensor cannot unpickle a JAX "
                              "function that holds a random generator)")
     add_data_arguments(parser)
+    add_progress_arguments(parser)
     return parser.parse_args()
 
 
-def report_epoch(epoch, num_epochs, seconds, train_loss, val_loss, val_acc):
+def report_epoch(epoch, num_epochs, seconds, train_loss, val_loss, val_acc, curves=None):
+    """The epoch's lines; its numbers also go into ``curves`` (for ``--plot``)."""
+    if curves is not None:
+        curves.add(train_loss=train_loss, val_loss=val_loss, val_acc=val_acc, seconds=seconds)
     print(f"Epoch {epoch} of {num_epochs} took {seconds:.3f}s")
     print(f"  training loss:\t\t{train_loss:.6f}")
     print(f"  validation loss:\t\t{val_loss:.6f}")
@@ -163,10 +170,11 @@ def report_epoch(epoch, num_epochs, seconds, train_loss, val_loss, val_acc):
 
 
 def report_result(script, n, args, train_loss, val_loss, val_acc, test_loss, test_acc,
-                  seconds):
+                  seconds, curves=None):
     """The final numbers, as text and as one JSON line; exit 1 below ``--min-accuracy``.
 
-    ``seconds``: the training steps but the first (which compiles the functions).
+    ``seconds``: the training steps but the first (which compiles the functions). With
+    ``--plot``, ``curves`` and the result are written there (PNG and JSON).
     """
     print("Final results:")
     print(f"  test loss:\t\t\t{test_loss:.6f}")
@@ -176,6 +184,9 @@ def report_result(script, n, args, train_loss, val_loss, val_acc, test_loss, tes
               "train_loss": float(train_loss), "val_loss": float(val_loss),
               "val_acc": float(val_acc), "test_loss": float(test_loss),
               "test_acc": float(test_acc), "train_seconds": round(seconds, 3)}
+    if args.plot is not None and curves is not None:
+        png, record = curves.write(args.plot, result)
+        print(f"wrote {png} and {record}")
     print("result: " + json.dumps(result))
     if val_acc < args.min_accuracy:
         raise SystemExit(f"{script}: validation accuracy {val_acc:.2%} is below "

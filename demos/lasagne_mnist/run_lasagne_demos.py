@@ -20,7 +20,7 @@ or if a data-parallel result does not match the serial one:
   ``--accuracy-margin`` of the serial one.
 
     python demos/lasagne_mnist/run_lasagne_demos.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--quiet]
 """
 
 import argparse
@@ -47,6 +47,7 @@ def parse_args():
     parser.add_argument("--mnist", default=None)
     parser.add_argument("--mode", choices=["NUMBA", "JAX"], default=None)
     parser.add_argument("--min-accuracy", type=float, default=None)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--rtol", type=float, default=1e-3,
                         help="losses of an exact run vs the serial one (default 1e-3)")
     parser.add_argument("--accuracy-margin", type=float, default=0.05,
@@ -61,6 +62,8 @@ def launch(script, args):
     for flag in ("mnist", "mode", "min_accuracy"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.quiet:
+        command.append("--quiet")
     if script != "train_mnist_pytensor" and args.n_parallel is not None:
         command += ["--n-parallel", str(args.n_parallel)]
     print(f"\n$ {' '.join(command[1:])}", flush=True)

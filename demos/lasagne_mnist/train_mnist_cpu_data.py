@@ -30,8 +30,10 @@ with status 1 if not, or if the accuracy stays below ``--min-accuracy``.
 
     python demos/lasagne_mnist/train_mnist_cpu_data.py [MODEL [BATCH_SIZE [EPOCHS]]]
         [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--quiet] [--plot run.png]
 
-Needs ``pip install -e .[demos]`` (scikit-learn for the digits).
+Needs ``pip install -e .[demos]`` (scikit-learn for the digits, tqdm for the progress
+bar, matplotlib for ``--plot``).
 """
 
 import sys
@@ -47,12 +49,14 @@ from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from lasagne_mnist.common import (  # noqa: E402
+    Curves,
     build_objectives,
     check_same_params,
     describe,
     iterate_minibatch_indices,
     load_dataset,
     parse_args,
+    progress,
     report_epoch,
     report_result,
 )
@@ -100,9 +104,12 @@ def main(args):
               "processes, so the averaged gradient is the minibatch's)")
     print(f"Training {args.model}, batch {batch_size}, on {n_parallel} processes...")
     train_time, steps = 0.0, 0  # seconds of all steps but the first (it compiles)
+    curves = Curves("train_mnist_cpu_data")
     for epoch in range(args.num_epochs):
         train_err, train_batches, start = 0.0, 0, time.perf_counter()
-        for batch in iterate_minibatch_indices(len(y_train), batch_size, shuffle=True):
+        minibatches = iterate_minibatch_indices(len(y_train), batch_size, shuffle=True)
+        bar = f"epoch {epoch + 1}/{args.num_epochs}"
+        for batch in progress(minibatches, len(y_train) // batch_size, args, bar):
             step_start = time.perf_counter()
             train_err += train_grad_fn(X_train, y_train, batch=batch)  # synk: rows by index
             synk.all_reduce(grad_shared, op="avg")  # synk: the mean gradient, everywhere
@@ -113,12 +120,12 @@ def main(args):
             steps += 1
         val_err, val_acc = val_fn(X_val, y_val, num_slices=4)  # synk: whole set, sliced
         report_epoch(epoch + 1, args.num_epochs, time.perf_counter() - start,
-                     train_err / train_batches, val_err, val_acc)
+                     train_err / train_batches, val_err, val_acc, curves)
 
     check_result(params, val_fn, X_val, y_val, val_err, val_acc)
     test_err, test_acc = val_fn(X_test, y_test, num_slices=4)  # synk
     report_result("train_mnist_cpu_data", n_parallel, args, train_err / train_batches,
-                  val_err, val_acc, test_err, test_acc, train_time)
+                  val_err, val_acc, test_err, test_acc, train_time, curves)
     synk.close()  # synk (also runs at exit)
 
 

@@ -11,9 +11,10 @@ Validation and test use every row (one call on the whole set), so their numbers
 are the same quantity the data-parallel programs compute.
 
     python demos/lasagne_mnist/train_mnist_pytensor.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--quiet] [--plot run.png]
 
-Needs ``pip install -e .[demos]`` (scikit-learn for the digits).
+Needs ``pip install -e .[demos]`` (scikit-learn for the digits, tqdm for the progress
+bar, matplotlib for ``--plot``).
 """
 
 import sys
@@ -26,12 +27,14 @@ import pytensor.tensor as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from lasagne_mnist.common import (  # noqa: E402
+    Curves,
     build_objectives,
     describe,
     iterate_minibatch_indices,
     lasagne,
     load_dataset,
     parse_args,
+    progress,
     report_epoch,
     report_result,
 )
@@ -56,9 +59,12 @@ def main(args):
 
     print(f"Training {args.model}, batch {args.batch_size}, in one process...")
     train_time, steps = 0.0, 0  # seconds of all steps but the first (it compiles)
+    curves = Curves("train_mnist_pytensor")
     for epoch in range(args.num_epochs):
         train_err, train_batches, start = 0.0, 0, time.perf_counter()
-        for batch in iterate_minibatch_indices(len(X_train), args.batch_size, shuffle=True):
+        minibatches = iterate_minibatch_indices(len(X_train), args.batch_size, shuffle=True)
+        bar = f"epoch {epoch + 1}/{args.num_epochs}"
+        for batch in progress(minibatches, len(X_train) // args.batch_size, args, bar):
             step_start = time.perf_counter()
             train_err += train_fn(X_train[batch], y_train[batch])
             train_batches += 1
@@ -67,11 +73,11 @@ def main(args):
             steps += 1
         val_err, val_acc = val_fn(X_val, y_val)
         report_epoch(epoch + 1, args.num_epochs, time.perf_counter() - start,
-                     train_err / train_batches, val_err, val_acc)
+                     train_err / train_batches, val_err, val_acc, curves)
 
     test_err, test_acc = val_fn(X_test, y_test)
     report_result("train_mnist_pytensor", 1, args, train_err / train_batches, val_err, val_acc,
-                  test_err, test_acc, train_time)
+                  test_err, test_acc, train_time, curves)
 
 
 if __name__ == "__main__":

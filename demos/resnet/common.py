@@ -44,9 +44,10 @@ from lasagne_like.layers import (  # noqa: E402
     Pool2DLayer,
 )
 from lasagne_like.nonlinearities import rectify, softmax  # noqa: E402
+from progress import Curves, add_progress_arguments, progress  # noqa: E402
 
 __all__ = ["build_resnet", "objectives", "require_backend", "iter_mb_idxs", "parse_args",
-           "load_images", "lasagne"]
+           "load_images", "lasagne", "Curves", "progress", "epoch_steps"]
 
 RESNET50 = {"blocks": (3, 4, 6, 3), "width": 64, "image_size": 224}
 SMALL = {"blocks": (1, 1, 1, 1), "width": 8, "image_size": 32}
@@ -112,6 +113,12 @@ def iter_mb_idxs(mb_size, data_length, shuffle=False):
         yield indices[low:low + mb_size] if shuffle else slice(low, low + mb_size)
 
 
+def epoch_steps(mb_size, data_length, max_steps):
+    """Steps in one epoch of ``iter_mb_idxs`` cut at ``max_steps`` (the bar's length)."""
+    steps = data_length // mb_size
+    return steps if max_steps is None else min(steps, max_steps)
+
+
 def load_images(args):
     """The six arrays at the network's image size, labels as int32 (the targets' type)."""
     arrays = list(load_dataset(args.mnist, image_size=args.image_size))
@@ -148,6 +155,7 @@ def parse_args(doc, parallel=True):
                         help="fail unless the final validation accuracy reaches this")
     parser.add_argument("--seed", type=int, default=0)
     add_data_arguments(parser)
+    add_progress_arguments(parser)
     args = parser.parse_args()
     preset = RESNET50 if args.resnet50 else SMALL
     args.blocks = (tuple(int(b) for b in args.blocks.split(",")) if args.blocks

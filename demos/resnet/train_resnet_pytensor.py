@@ -10,8 +10,10 @@ it validates on the whole validation set in one call.
 
     python demos/resnet/train_resnet_pytensor.py [--epochs 3] [--batch-size 64]
         [--max-steps S] [--resnet50] [--mode JAX|NUMBA] [--mnist PATH/mnist.npz]
+        [--quiet] [--plot run.png]
 
-Needs ``pip install -e .[demos]`` (jax, scikit-learn for the digits).
+Needs ``pip install -e .[demos]`` (jax, scikit-learn for the digits, tqdm for the
+progress bar, matplotlib for ``--plot``).
 """
 
 import sys
@@ -26,12 +28,15 @@ from synkhronos.extensions import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demos/
 from resnet.common import (  # noqa: E402
+    Curves,
     build_resnet,
+    epoch_steps,
     iter_mb_idxs,
     lasagne,
     load_images,
     objectives,
     parse_args,
+    progress,
     require_backend,
 )
 
@@ -71,9 +76,12 @@ def main(args):
         momentum=0.9)
 
     train_time, images, steps = 0.0, 0, 0  # time and images of the epochs after the first
+    curves = Curves("train_resnet_pytensor")
     for epoch in range(args.epochs):
         epoch_start, train_loss, i = time.perf_counter(), 0.0, 0
-        for mb_idxs in iter_mb_idxs(args.batch_size, len(x_train), shuffle=True):
+        minibatches = iter_mb_idxs(args.batch_size, len(x_train), shuffle=True)
+        total = epoch_steps(args.batch_size, len(x_train), args.max_steps)
+        for mb_idxs in progress(minibatches, total, args, f"epoch {epoch}/{args.epochs}"):
             step_start = time.perf_counter()
             # float(): wait for the step (JAX returns before computing; see its docs)
             train_loss += float(f_train_minibatch(x_train[mb_idxs], y_train[mb_idxs]))
@@ -90,7 +98,16 @@ def main(args):
         print(f"Epoch {epoch}: training loss {train_loss / i:.3f}, validation loss "
               f"{float(valid_loss):.3f}, accuracy {float(valid_acc):.2%} "
               f"({time.perf_counter() - epoch_start:.1f} s)")
+        curves.add(train_loss=train_loss / i, valid_loss=valid_loss, valid_acc=valid_acc,
+                   seconds=time.perf_counter() - epoch_start)
 
+    if args.plot is not None:
+        result = {"script": "train_resnet_pytensor", "n_parallel": 1, "blocks": list(args.blocks),
+                  "width": args.width, "epochs": args.epochs, "mode": args.mode,
+                  "valid_loss": float(valid_loss), "valid_acc": float(valid_acc),
+                  "images_per_second": images / train_time if train_time > 0 else None}
+        png, record = curves.write(args.plot, result)
+        print(f"wrote {png} and {record}")
     if float(valid_acc) < args.min_accuracy:
         raise SystemExit(f"validation accuracy {float(valid_acc):.2%} is below "
                          f"--min-accuracy {args.min_accuracy:.0%}")

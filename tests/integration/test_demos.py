@@ -46,8 +46,9 @@ def needs(*modules: str) -> None:
                     "(pip install -e .[test] installs it)")
 
 
-def run_demo(script: str, *flags: str, timeout: int = 420) -> str:
-    """Run ``demos/<script> <flags>``; return its stdout after checking it succeeded."""
+def run_demo(script: str, *flags: str, timeout: int = 420, stderr: list | None = None) -> str:
+    """Run ``demos/<script> <flags>``; return its stdout after checking it succeeded
+    (its stderr, where the progress bars go, is appended to ``stderr`` if given)."""
     process = subprocess.Popen([sys.executable, str(DEMOS / script), *flags], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -61,6 +62,8 @@ def run_demo(script: str, *flags: str, timeout: int = 420) -> str:
         f"demos/{script} {' '.join(flags)} exited with {process.returncode}\n"
         f"stdout:\n{out}\nstderr:\n{err[-3000:]}")
     assert segments_of(process.pid) == [], f"demos/{script} left shared memory behind"
+    if stderr is not None:
+        stderr.append(err)
     return out
 
 
@@ -82,9 +85,11 @@ def test_tutorial_demo(number: int, n: int) -> None:
 
 def test_run_lasagne_demos_matches_serial() -> None:
     needs("sklearn")
+    err: list[str] = []
     out = run_demo("lasagne_mnist/run_lasagne_demos.py", "custom_mlp:1,64,0,0", "48", "3",
-                   "--n-parallel", "3", "--min-accuracy", "0.8")
+                   "--n-parallel", "3", "--min-accuracy", "0.8", "--quiet", stderr=err)
     assert "run_lasagne_demos passed" in closing_line(out), out
+    assert "epoch 1/3" not in err[0]  # --quiet reached the three programs: no bar
     assert re.search(r"^train_mnist_cpu_data +3 .* exact$", out, flags=re.MULTILINE), out
     assert re.search(r"^train_mnist_gpu_data +3 .* by accuracy$", out, flags=re.MULTILINE)
     pids = [int(pid) for pid in re.findall(r"exit status 0, pid (\d+)", out)]
@@ -112,25 +117,45 @@ def write_mnist_npz(path: Path) -> Path:
 
 
 def test_cpu_data_demo_with_dropout_on_an_mnist_file(tmp_path: Path) -> None:
-    needs("sklearn")
+    """With a progress bar (on stderr) and --plot: the curves as PNG, and beside them
+    the same numbers and the printed result as JSON."""
+    needs("sklearn", "tqdm", "matplotlib")
     mnist = write_mnist_npz(tmp_path / "mnist.npz")
+    err: list[str] = []
+    png = tmp_path / "plots" / "run.png"
     out = run_demo("lasagne_mnist/train_mnist_cpu_data.py", "custom_mlp:1,64,0.2,0.5", "60",
-                   "2", "--n-parallel", "2", "--mnist", str(mnist), "--min-accuracy", "0.5")
+                   "2", "--n-parallel", "2", "--mnist", str(mnist), "--min-accuracy", "0.5",
+                   "--plot", str(png), stderr=err)
     assert out.startswith("MNIST: 1280 training, 320 validation and 197 test images of 28x28")
     assert "Checked: parameters equal in all processes" in out
-    assert result_of(out)["epochs"] == 2
+    result = result_of(out)
+    assert result["epochs"] == 2
+    # the bar counts each epoch's 1280 // 60 = 21 steps
+    assert "epoch 1/2" in err[0] and "epoch 2/2" in err[0] and "/21" in err[0], err[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads(png.with_suffix(".json").read_text())
+    assert record["result"] == result
+    assert [row["epoch"] for row in record["epochs"]] == [1, 2]
+    assert record["epochs"][-1]["val_acc"] == pytest.approx(result["val_acc"])
 
 
-def test_resnet_demo_and_serial_twin() -> None:
-    needs("sklearn", "jax")
+def test_resnet_demo_and_serial_twin(tmp_path: Path) -> None:
+    needs("sklearn", "jax", "tqdm", "matplotlib")
     tiny = ["--epochs", "1", "--max-steps", "3", "--blocks", "1,1", "--width", "4",
             "--image-size", "16"]  # two stages: JAX compiles it in seconds
-    out = run_demo("resnet/train_resnet.py", "--n-parallel", "2", *tiny)
+    err: list[str] = []
+    out = run_demo("resnet/train_resnet.py", "--n-parallel", "2", *tiny,
+                   "--plot", str(tmp_path / "resnet.png"), stderr=err)
     assert re.fullmatch(r"train_resnet passed on 2 processes: validation accuracy "
                         r"\d+\.\d+% after 1 epochs; .*", closing_line(out)), out
     assert "Checked: parameters and running averages equal" in out
-    out = run_demo("resnet/train_resnet_pytensor.py", *tiny)
+    assert "epoch 0/1" in err[0] and "/3" in err[0], err[0]  # the bar stops at --max-steps
+    record = json.loads((tmp_path / "resnet.json").read_text())
+    assert record["result"]["n_parallel"] == 2 and len(record["epochs"]) == 1
+    assert (tmp_path / "resnet.png").stat().st_size > 0
+    out = run_demo("resnet/train_resnet_pytensor.py", *tiny, "--quiet", stderr=err)
     assert closing_line(out).startswith("train_resnet_pytensor passed"), out
+    assert "epoch 0/1" not in err[1]
 
 
 def _import_from_demos(name: str):

@@ -30,6 +30,9 @@ pm = pytest.importorskip(
     "with the pymc extra"
 )
 
+import arviz as az  # noqa: E402 - a dependency of PyMC
+import xarray as xr  # noqa: E402 - a dependency of ArviZ
+
 import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.testing import session_open  # noqa: E402
@@ -97,20 +100,16 @@ def two():
         synk.close()
 
 
-def mcse(draws: np.ndarray) -> np.ndarray:
-    """Monte Carlo standard error of the mean of each component, by batch means."""
-    chains, n = draws.shape[:2]
-    batches = 10
-    size = n // batches
-    flat = draws[:, :batches * size].reshape(chains, batches, size, -1)
-    means = flat.mean(axis=2).reshape(chains * batches, -1)
-    return means.std(axis=0, ddof=1) / np.sqrt(chains * batches)
+def mcse(draws: xr.DataArray) -> np.ndarray:
+    """ArviZ's Monte Carlo standard error of each component's posterior mean (draws
+    with ``chain`` and ``draw`` dimensions), flattened."""
+    return az.mcse(xr.Dataset({"draws": draws}), method="mean")["draws"].values.ravel()
 
 
 def assert_within_mcse(got, want, names, limit=3.0):
     for name in names:
         a, b = got.posterior[name].values, want.posterior[name].values
-        error = np.sqrt(mcse(a) ** 2 + mcse(b) ** 2)
+        error = np.sqrt(mcse(got.posterior[name]) ** 2 + mcse(want.posterior[name]) ** 2)
         gap = np.abs(a.mean(axis=(0, 1)) - b.mean(axis=(0, 1))).ravel()
         assert np.all(gap <= limit * error), (name, gap, error)
 

@@ -179,13 +179,45 @@ def test_session_helpers_without_a_session():
         run_on_ranks(os.getpid)
 
 
-def test_fork_default_n_is_usable_cores():
+@pytest.mark.parametrize("setting", [None, "", "  "], ids=["unset", "empty", "blank"])
+def test_fork_default_n_is_usable_cores(monkeypatch, setting):
+    if setting is None:
+        monkeypatch.delenv("SYNK_N_PARALLEL", raising=False)
+    else:
+        monkeypatch.setenv("SYNK_N_PARALLEL", setting)
     n = synk.fork()
     try:
         assert n == len(os.sched_getaffinity(0)) == synk.n_parallel()
         ping()
     finally:
         synk.close()
+
+
+def test_fork_reads_synk_n_parallel(monkeypatch):
+    monkeypatch.setenv("SYNK_N_PARALLEL", " 3 ")
+    n = synk.fork()
+    try:
+        assert n == 3 == synk.n_parallel() == len(run_on_ranks(os.getpid))
+    finally:
+        synk.close()
+
+
+def test_n_parallel_given_wins_over_synk_n_parallel(monkeypatch):
+    monkeypatch.setenv("SYNK_N_PARALLEL", "3")
+    assert synk.fork(1) == 1
+    try:
+        assert synk.n_parallel() == 1 and child_pids() == []
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "2x"])
+def test_bad_synk_n_parallel_is_refused_before_forking(monkeypatch, value):
+    monkeypatch.setenv("SYNK_N_PARALLEL", value)
+    with pytest.raises(ValueError, match=rf"SYNK_N_PARALLEL must be an integer >= 1.*"
+                                         rf"got '{value}'"):
+        synk.fork()
+    assert not session_open() and child_pids() == [] and segments_of() == []
 
 
 def test_ping(forked):

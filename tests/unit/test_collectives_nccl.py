@@ -8,7 +8,7 @@ communicator's id made once by the master and carried by the first command that 
 it, every rank building its communicator inside that command, the vote on shapes
 before NCCL is called, each variable bound to its result, and the dtypes NCCL lacks
 taking the staged exchange. NCCL itself on device arrays: ``tests/unit/test_nccl.py``
-(one rank, where CUDA is present) and ``benchmarks/device_check.py``.
+(one rank, where CUDA is present).
 """
 
 from __future__ import annotations

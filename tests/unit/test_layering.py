@@ -18,10 +18,8 @@ Checked here:
   leader, MPI or reduction mode between machines, and ``fused.py`` duck-types no
   backend (no ``getattr``/``hasattr``);
 - tests other than unit tests, benchmarks, demos and the docs' examples import only
-  public modules; the one exception is the MPI layer's own suite, which runs that
-  private layer under ``mpiexec`` as unit tests run the others (``tests/mpi``:
-  ``test_leaders*.py`` and ``scripts/leaders_*.py``, ``scripts/_machine.py``), and may
-  import ``synkhronos._runtime.mpi`` only.
+  public modules, without exception (the MPI layer's own tests, which run that private
+  layer under ``mpiexec``, are unit tests: ``tests/unit/mpi``).
 """
 
 from __future__ import annotations
@@ -224,17 +222,8 @@ def _outside_files() -> list[Path]:
     return files
 
 
-def _tests_the_mpi_layer(path: Path) -> bool:
-    mpi = ROOT / "tests" / "mpi"
-    return (path.parent == mpi and path.name.startswith("test_leaders")) or (
-        path.parent == mpi / "scripts" and path.name.startswith(("leaders_", "_machine")))
-
-
 @pytest.mark.parametrize("path", _outside_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_tests_benchmarks_and_demos_use_public_modules_only(path):
-    allowed = set(PUBLIC)
-    if _tests_the_mpi_layer(path):
-        allowed |= {"synkhronos._runtime", "synkhronos._runtime.mpi"}
     for name in _imports(path, top_level_only=False):
         if name.startswith("synkhronos"):
-            assert name in allowed, f"{path.relative_to(ROOT)} imports the private {name}"
+            assert name in PUBLIC, f"{path.relative_to(ROOT)} imports the private {name}"

@@ -215,7 +215,7 @@ def test_fused_duck_types_no_backend():
 def _outside_files() -> list[Path]:
     roots = [ROOT / "tests" / "integration", ROOT / "tests" / "faults", ROOT / "tests" / "mpi",
              ROOT / "benchmarks", ROOT / "demos", ROOT / "docs" / "examples"]
-    files = [ROOT / "tests" / "conftest.py"]
+    files = [ROOT / "tests" / "conftest.py", ROOT / "tests" / "cases.py"]
     for root in roots:
         if root.exists():
             files += sorted(root.rglob("*.py"))

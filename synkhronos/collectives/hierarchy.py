@@ -4,13 +4,13 @@ machines through the leaders' MPI.
 ``MachinesBackend`` is the ``"cpu"`` backend of a session that spans machines, chosen
 by the backends' factory (``backend.BACKEND``) from the context, once per process; it
 wraps the one-machine backend (``cpu.CpuBackend``), which keeps every buffer, laid out
-by ``MachineGroup``, and runs the one-machine folds between the primitives here. Its
-primitives load and vote as one machine's do (``cpu.loaded``: every process of every
-machine votes that its shapes match, ``RankContext.agree``) and bind the results
-(``cpu.rebind``). Every move between machines is made by the
-machines' leaders only (``ctx.leaders``), after ``Machines.exchange`` (so no leader
-starts a transfer that another, having failed, will never join); the other processes
-wait for it at a barrier of their own machine (``RankContext.local_barrier``).
+by ``MachineGroup``. Its primitives load and vote as one machine's do
+(``cpu.loaded``: every process of every machine votes that its shapes match,
+``RankContext.agree``), run the folds below, and bind the results (``cpu.rebind``).
+Every move between machines is made by the machines' leaders only (``ctx.leaders``),
+after ``Machines.exchange`` (so no leader starts a transfer that another, having
+failed, will never join); the other processes wait for it at a barrier of their own
+machine (``RankContext.local_barrier``).
 
 Two modes (``fork(reduction=...)``):
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI for several machines: tests/mpi/ under each MPI library that installs from a binary
+# CI for several machines: tests/mpi/ (and the MPI layer's own tests, tests/unit/mpi/)
+# under each MPI library that installs from a binary
 # wheel (Open MPI through the package's `mpi` extra, then MPICH), each in its own virtual
 # environment under build/. A library that cannot be installed is skipped with the
 # reason printed; if none can be, the step says so and succeeds. Any test failure fails.
@@ -28,7 +29,7 @@ run_tests() {  # run_tests NAME PIP-ARGS...
     installed=$((installed + 1))
     python -c "import mpi4py; print('$name:', 'mpi4py', mpi4py.__version__)"
     "$venv/bin/mpiexec" --version | head -n 1
-    python -m pytest -q -rs tests/mpi
+    python -m pytest -q -rs tests/mpi tests/unit/mpi
     deactivate
 }
 

@@ -8,7 +8,8 @@ what a command means:
   other leaders in an *envelope*: the arena's journal since the last one (replicas to
   create, copy, release), the kind (a command for every process, a message for the
   leaders alone, or the end), and the message -- or, for a message that repeats, only
-  its id (each leader keeps what it decoded, as the control block does locally).
+  its id (``_runtime/memo.py``, the control block's memo: each leader keeps what it
+  decoded, and empties it when the master's memo was emptied).
 - **Meeting points** (``meet``, ``exchange``, ``finish``): inside a command the leaders
   stay in step through one all-gather of a fixed-size record
   (``Leaders.all_gather_fixed``) holding a status code: 0 "here, yes", 1 "here, no" (a
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._runtime import mpi
+from .._runtime.memo import Decoded, Memo
 from .._runtime.remote import BarrierAborted
 from ..errors import WorkerDiedError, WorkerTimeoutError
 
@@ -48,7 +50,6 @@ _HERE_YES, _HERE_NO, _ENDED = 0, 1, 2
 _RECORD = 1024  # bytes of a status record: code, payload length, payload
 _HEAD = 16
 _CARRIED = _RECORD - _HEAD  # payload bytes the record itself carries
-_MEMO_SIZE = 256
 _IDLE_SPIN = 0.002  # seconds an idle leader spins before it sleeps between commands
 
 
@@ -77,9 +78,8 @@ class Machines:
         self.total = leaders.total
         self._record = np.zeros(_RECORD, np.uint8)
         self._head = self._record[:_HEAD].view(np.int64)
-        self._memo: dict[Any, int] = {}  # master: repeated message -> id
-        self._next_id = 0
-        self._decoded: dict[int, Any] = {}  # other leaders: id -> message
+        self._memo = Memo()  # master: repeated message -> id
+        self._decoded = Decoded(size=None)  # other leaders: id -> message (emptied when told)
 
     @property
     def host(self) -> str:
@@ -94,18 +94,14 @@ class Machines:
         ident, reset = 0, False
         if key is not None:
             try:
-                ident = self._memo.get(key, 0)
+                entry = self._memo.find(key)
             except TypeError:  # not hashable after all
-                key = None
-            if ident:
-                self.mpi.broadcast_object((journal, kind, ident, None, False))
+                entry, key = None, None
+            if entry is not None:
+                self.mpi.broadcast_object((journal, kind, entry[0], None, False))
                 return
             if key is not None:
-                if len(self._memo) >= _MEMO_SIZE:
-                    self._memo.clear()
-                    reset = True
-                self._next_id += 1
-                ident = self._memo[key] = self._next_id
+                ident, reset = self._memo.add(key)
         self.mpi.broadcast_object((journal, kind, ident, message, reset))
 
     def receive(self) -> tuple[tuple, str, int, Any]:
@@ -119,7 +115,7 @@ class Machines:
             if message is None:
                 message = self._decoded[ident]
             else:
-                self._decoded[ident] = message
+                self._decoded.put(ident, message)
         return journal, kind, ident, message
 
     # -- meeting points inside a command -----------------------------------------------

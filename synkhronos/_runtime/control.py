@@ -42,7 +42,8 @@ same arguments thousands of times):
 
 - a message posted with a ``key`` is pickled once: the master keeps its bytes by key
   and gives it an id; a worker keeps what it decoded by id and skips the unpickling
-  when the id comes again (ids are never reused, so a hit is always the same message);
+  when the id comes again (``memo.py``, shared with the link between machines; a
+  message posted as the same object as the last skips its hash too);
 - a reply of arrays is written raw, not pickled (``wire.py``).
 """
 
@@ -57,6 +58,7 @@ import posix_ipc
 
 from . import shmem, wire
 from .arena import Arena, ReleaseLog
+from .memo import Decoded, Memo
 from .remote import BarrierAborted
 
 __all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES", "ReleaseLog"]
@@ -71,7 +73,6 @@ _DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE = 0, 1, 2, 3, 
 _EXTERNAL = -1
 _NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
-_MEMO_SIZE = 256  # messages remembered by key (master) and decoded messages by id (worker)
 
 STATUS_OK, STATUS_FAILED = 0, 1
 
@@ -107,10 +108,8 @@ class ControlBlock:
             sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, mode=0o600)
             sem.unlink()
             self._semaphores.append(sem)
-        self._memo: dict[object, tuple[int, bytes]] = {}  # master: key -> (id, pickle)
-        self._decoded: dict[int, object] = {}  # worker: id -> message
-        self._next_id = 0
-        self._last: tuple | None = None  # master: (key, id, pickle) of the last post
+        self._memo = Memo()  # master: key -> (id, pickle)
+        self._decoded = Decoded()  # worker: id -> message
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
 
@@ -192,12 +191,12 @@ class ControlBlock:
         """
         memo = None
         if key is not None:
-            last = self._last  # the same object as the last command's: a training loop
+            last = self._memo.last  # the same object as the last command's: a training loop
             if last is not None and last[0] is key:
                 memo = last[1:]
             else:
                 try:
-                    memo = self._memo.get(key)
+                    memo = self._memo.find(key)
                 except TypeError:  # not hashable after all: pickle it every time
                     key = None
         data: bytes | None
@@ -211,13 +210,8 @@ class ControlBlock:
             data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
             message_id = 0
             if key is not None and data is not None:
-                if len(self._memo) >= _MEMO_SIZE:
-                    self._memo.clear()
-                self._next_id += 1
-                message_id = self._next_id
-                self._memo[key] = memo = (message_id, data)
+                message_id = self._memo.add(key, data)[0]
             self._in_mailbox = message_id
-        self._last = None if memo is None else (key, *memo)
         self.header[_PAYLOAD_ID] = message_id
         seq = self.header[_SEQ] + 1
         self.header[_SEQ] = seq
@@ -233,9 +227,7 @@ class ControlBlock:
                 return message
         message = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
         if message_id:
-            if len(self._decoded) >= _MEMO_SIZE:
-                self._decoded.clear()
-            self._decoded[message_id] = message
+            self._decoded.put(message_id, message)
         return message
 
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,

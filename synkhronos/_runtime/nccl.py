@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Communicator", "unique_id", "available"]
+__all__ = ["Communicator", "unique_id", "available", "supports"]
 
 _OPS = {"sum": "NCCL_SUM", "avg": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX",
         "min": "NCCL_MIN"}
@@ -51,6 +51,11 @@ def available() -> str | None:
     except Exception as exc:  # ImportError, or CuPy built without NCCL
         return f"NCCL through CuPy is not available: {exc}"
     return None
+
+
+def supports(dtype: Any) -> bool:
+    """Whether NCCL reduces and broadcasts arrays of ``dtype``."""
+    return np.dtype(dtype).name in _DTYPES
 
 
 def unique_id() -> tuple[int, ...]:

@@ -58,6 +58,12 @@ class Placement:
         """In the process of ``local_rank``, before any device library starts: take
         its own device."""
 
+    @property
+    def shares_gpus(self) -> bool:
+        """Whether any two processes share a device (host values: there is none to
+        own, so collectives run through host memory)."""
+        return True
+
     def compile_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``pytensor.function``'s keywords for a function of this session."""
         return kwargs

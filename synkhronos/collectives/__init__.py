@@ -1,13 +1,14 @@
 """Collectives on shared variables: broadcast, scatter, gather, reduce and friends.
 
 ``api`` holds the public functions and ``_checks`` their checks in the master;
-``fused`` the device-independent messages, steps and each rank's part; ``backend`` the
-primitives every device implements; ``cpu`` the shared-memory backend and ``staged``
-the same exchange for device values (imported here, which registers them for
-``device="cpu"`` and ``device="gpu"``).
+``fused`` the messages, steps and each rank's part, the same on every backend;
+``backend`` the interface every backend implements and the factory that picks one per
+process; the backends: ``cpu`` (shared memory), ``hierarchy`` (several machines: wraps
+``cpu``), ``staged`` (device values through shared memory) and ``nccl`` (device values
+through NCCL, when each process has its own GPU). Importing them here registers them.
 """
 
-from . import cpu, staged  # noqa: F401  (the backends register themselves)
+from . import cpu, hierarchy, nccl, staged  # noqa: F401  (the backends register themselves)
 from .api import (
     all_gather,
     all_reduce,

@@ -1,32 +1,38 @@
-"""The device backend of the collectives: a few primitives over fused buffers.
+"""The collectives' backend: the interface ``fused.py`` uses, declared, and its factory.
 
 ``torch.distributed``'s process group is the model: a backend knows how to move and
-combine bytes between ranks, and nothing about shared variables. Everything above it
-(which variables, checks, fusing a list into one buffer, pointing each variable at its
-result: ``fused.py``) is the same on every device.
+combine values between ranks, and nothing about which variables a user named or how
+a call was checked. Everything above it (checks, the messages, the master's steps,
+the replies: ``fused.py``) is the same on every backend, and never asks which one
+runs, how many machines there are, or where values live.
 
 Two kinds of buffer, both laid out by ``FusedLayout`` (every variable of a list at its
 own aligned offset in one flat buffer):
 
-- a **group**: one copy of one layout per rank (the variables of a ``broadcast``,
-  ``reduce``, ``all_reduce``; a training step's flat gradient). Made in the master
-  (``resident``) and announced to the ranks in the first command that uses it
-  (``GroupSpec``); the variables live in it between commands, so the next collective
-  copies nothing in.
-- **regions**: one layout per rank, sizes differing (``gather``, ``all_gather``,
-  ``scatter``, ``set_value``, ``get_value``): the backend's scratch, laid out anew for
-  each command.
+- a **group** (``Group``): one list of variables and its layout (the variables of a
+  ``broadcast``, ``reduce``, ``all_reduce``; a training step's flat gradient). Made in
+  the master (``resident``) and announced to the ranks in the first command that uses
+  it (``GroupSpec``). Where its values live between commands is the backend's: on
+  CPU the variables view their slots of a shared-memory segment, so the next
+  collective copies nothing in; on a device they stay device arrays.
+- **regions**: scratch in host memory, one region per rank, sizes differing
+  (``gather``, ``all_gather``, ``scatter``, ``set_value``, ``get_value``), laid out
+  anew for each command. Every backend has them (a device backend stages these
+  commands through host memory).
 
-The primitives, run by every rank inside one command (rank side):
+The primitives on a group run on every rank inside one command and take the group's
+*variables*: each loads its own values, the ranks vote that their shapes match the
+master's (``RankContext.agree``: all leave unchanged together if any differs), the
+values are combined or copied, and each variable is bound to its result. That is what
+lets a backend whose values are not host arrays (NCCL on JAX arrays) implement them.
+The region primitives run after every rank wrote its region (or the master staged
+its values) and move regions where they are read.
 
-- on a group: ``all_reduce``, ``reduce`` (to a root), ``reduce_scatter`` (each rank its
-  piece, ``FusedLayout.pieces``), ``all_gather`` (each piece from its owner),
-  ``broadcast``;
-- on regions: ``write_region``/``read_regions`` (the data of gather-like commands);
-- ``barrier`` and the vote ``agree`` are the session's (``RankContext``).
-
-A backend registers itself for a device name (``register_backend``); each process
-makes one instance of its session's backend (``BACKEND``).
+A backend registers itself for a device name, optionally with a condition on the
+context (``register_backend``); each process makes one instance, chosen once from
+its context (``BACKEND``): the first registered backend whose condition holds, else
+the device's unconditional one. A backend may wrap another (the several-machines one
+wraps the shared-memory one).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -47,6 +53,7 @@ __all__ = [
     "Backend",
     "BACKEND",
     "FusedLayout",
+    "Group",
     "GroupSpec",
     "Targets",
     "register_backend",
@@ -149,33 +156,62 @@ def _element(byte: int, itemsize: int, size: int) -> int:
     return min(size, max(0, -(-byte // itemsize)))
 
 
-class Backend(abc.ABC):
-    """One device kind's buffers and primitives (see the module docstring).
+class Group:
+    """What ``fused.py`` reads of a group; each backend's groups add their buffers.
 
-    Master-side methods make buffers before a command; rank-side methods run inside
-    one, on every rank, and may trust what the master checked.
+    Attributes
+    ----------
+    key : int
+        The group's id in every process.
+    layout : FusedLayout
+        Its variables' dtypes and shapes (the master's when it was made).
+    variables : list
+        This process's shared variables of the group.
+    small : bool
+        Small enough that one rank combining everything beats splitting the work.
+    pair : bool
+        Two ranks and small: ``all_reduce`` runs as ``Backend.pair_reduce`` (the
+        worker alone combines, no meeting point). False unless a backend says so.
+    steps : dict
+        The master's built steps on this group, kept for repeated calls (``fused.py``).
+    """
+
+    def __init__(self, key: int, layout: FusedLayout, variables: list) -> None:
+        self.key, self.layout, self.variables = key, layout, variables
+        self.small = True
+        self.pair = False
+        self.steps: dict[Any, Any] = {}
+
+
+G = TypeVar("G", bound=Group)
+
+
+class Backend(abc.ABC, Generic[G]):
+    """One kind of exchange's buffers and primitives (see the module docstring).
+
+    Master-side methods run before or after a command; rank-side methods run inside
+    one, on every rank (the master included), and may trust what the master checked.
+    A rank-side primitive on a group returns False, on every rank alike and having
+    changed nothing, when some rank's shapes differ from the group's.
     """
 
     device: str = ""
 
-    # -- buffers ----------------------------------------------------------------------------
+    # -- master: buffers and staging ---------------------------------------------------
     @abc.abstractmethod
     def resident(self, ctx: RankContext, targets: Targets,
-                 shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, GroupSpec | None]:
+                 shapes: tuple[tuple[int, ...], ...]) -> tuple[G, GroupSpec | None]:
         """Master: the group of ``targets`` laid out for ``shapes`` (made if new), and
         its spec when the ranks have not seen it yet."""
 
-    @abc.abstractmethod
-    def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> Any:
-        """Rank: the group ``key``, mapped from ``spec`` the first time."""
+    def current(self, ctx: RankContext, targets: Targets) -> G | None:
+        """Master: the group of ``targets`` if the master's values already are where
+        the group keeps them (nothing to load, no new layout), else None."""
+        return None
 
     @abc.abstractmethod
     def regions(self, ctx: RankContext, nbytes: int) -> tuple[Any, str | None]:
-        """Master: scratch of at least ``nbytes``, and its name when it is new."""
-
-    @abc.abstractmethod
-    def scratch(self, ctx: RankContext, name: str) -> Any:
-        """Rank: the scratch a command names."""
+        """Master: host scratch of at least ``nbytes``, and its name when it is new."""
 
     @property
     @abc.abstractmethod
@@ -190,61 +226,119 @@ class Backend(abc.ABC):
     def discard(self, ctx: RankContext, new: Sequence[str]) -> None:
         """Master, after a failed command: forget buffers some rank may not have."""
 
-    # -- primitives on a group (rank side) ----------------------------------------------
     @abc.abstractmethod
-    def all_reduce(self, ctx: RankContext, group: Any, op: ReduceOp,
-                   values: list[np.ndarray]) -> list[np.ndarray]:
-        """Every rank's values combined by ``op``; returns this rank's result arrays.
+    def stage_broadcast(self, ctx: RankContext, group: G, values: list | None) -> None:
+        """Master, before a ``broadcast``: ``values`` (host arrays; None: the master's
+        own) become its variables' values and what the ranks receive."""
 
-        ``values``: this rank's value of each variable, flat (its storage or its slot).
-        """
+    reduce_through_scratch: bool = False
+    """Whether an in-place ``reduce`` also goes through the scratch (one not in place
+    always does: the master reads its result there)."""
 
-    @abc.abstractmethod
-    def reduce(self, ctx: RankContext, group: Any, op: ReduceOp, values: list[np.ndarray],
-               out: list[np.ndarray] | None) -> None:
-        """Every rank's values combined into ``out`` (flat; default: the root's slot)."""
-
-    @abc.abstractmethod
-    def reduce_scatter(self, ctx: RankContext, group: Any, op: ReduceOp,
-                       values: list[np.ndarray]) -> None:
-        """This rank's piece of the combined values, into its own slot."""
-
-    @abc.abstractmethod
-    def all_gather(self, ctx: RankContext, group: Any) -> None:
-        """Every rank's piece (of its own slot) into every slot."""
-
-    @abc.abstractmethod
-    def broadcast(self, ctx: RankContext, group: Any, root: int) -> None:
-        """The root's slot into every slot."""
-
-    def pair_reduce(self, ctx: RankContext, group: Any, op: ReduceOp) -> tuple | None:
-        """The worker of a two-rank ``all_reduce`` without a barrier (only for groups
-        whose ``pair`` is true; a backend that never sets it need not implement it)."""
+    def pair_copies(self, ctx: RankContext, group: G,
+                    resident: bool) -> list[tuple[Any, Any]]:
+        """Master, building a ``pair`` all-reduce: stage its values where the worker
+        reads them (unless ``resident``); the ``(target, source)`` arrays to copy after
+        each such command. Only for groups whose ``pair`` is true."""
         raise NotImplementedError
 
+    def setup(self, ctx: RankContext) -> Any:
+        """Master, building an ``all_reduce`` or a ``broadcast``: what every rank needs
+        before it, once (sent in that command and given to ``accept`` there); None when
+        nothing."""
+        return None
 
-_BACKENDS: dict[str, Callable[[], Backend]] = {}
+    # -- every process -------------------------------------------------------------------
+    @abc.abstractmethod
+    def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> G:
+        """Rank: the group ``key``, mapped from ``spec`` the first time."""
+
+    @abc.abstractmethod
+    def scratch(self, ctx: RankContext, name: str) -> Any:
+        """Rank: the scratch a command names (a writable host buffer)."""
+
+    def accept(self, ctx: RankContext, setup: Any) -> None:  # noqa: B027 (optional)
+        """Rank: take what ``setup`` made in the master (inside that command)."""
+
+    # -- primitives on a group (rank side): load, vote, combine or copy, bind --------------
+    @abc.abstractmethod
+    def all_reduce(self, ctx: RankContext, group: G, op: ReduceOp) -> bool:
+        """Every rank's values combined by ``op``, bound to every rank's variables."""
+
+    def pair_reduce(self, ctx: RankContext, group: G, op: ReduceOp) -> tuple | None:
+        """The worker of a two-rank ``all_reduce`` without a meeting point (groups whose
+        ``pair`` is true); its shapes if they differ from the master's, else None."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def reduce(self, ctx: RankContext, group: G, op: ReduceOp, in_place: bool,
+               scratch: Any) -> bool:
+        """Every rank's values combined by ``op``: into the master's variables
+        (``in_place``), and into ``scratch`` (the layout at its start) when the
+        command names one (not ``in_place``, or ``reduce_through_scratch``); no other
+        value changes."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, ctx: RankContext, group: G, op: ReduceOp) -> bool:
+        """This rank's piece (``FusedLayout.pieces``) of the combined values in its
+        variables; the rest of their elements are left undefined."""
+
+    @abc.abstractmethod
+    def all_gather(self, ctx: RankContext, group: G) -> None:
+        """Every rank's piece (of its variables) into every rank's variables."""
+
+    @abc.abstractmethod
+    def broadcast(self, ctx: RankContext, group: G) -> None:
+        """The master's values (``stage_broadcast``) into every rank's variables."""
+
+    # -- primitives on regions (rank side) ---------------------------------------------
+    @abc.abstractmethod
+    def spread_staged(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        """``scatter``/``set_value``: the values the master staged in ``buffer``, where
+        the ranks that take them read them."""
+
+    @abc.abstractmethod
+    def share_regions(self, ctx: RankContext, message: Any, buffer: Any,
+                      dtypes: list) -> None:
+        """``gather`` (``message.everyone`` false: to the master) or ``all_gather``
+        (to every rank): every rank wrote its region of ``buffer``; make them readable
+        there."""
+
+    @abc.abstractmethod
+    def collect_region(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        """``get_value``: rank ``message.rank`` wrote its region; make it readable in
+        the master."""
 
 
-def register_backend(device: str) -> Callable[[type[Backend]], type[Backend]]:
-    """Class decorator: make ``cls`` the collectives backend of sessions on ``device``."""
+_BACKENDS: dict[str, list[tuple[Callable[[RankContext], bool] | None,
+                                Callable[[], Backend[Any]]]]] = {}
 
-    def decorate(cls: type[Backend]) -> type[Backend]:
+
+def register_backend(device: str, when: Callable[[RankContext], bool] | None = None
+                     ) -> Callable[[type[Backend[Any]]], type[Backend[Any]]]:
+    """Class decorator: make ``cls`` the collectives backend of sessions on ``device``
+    (only of those whose context satisfies ``when``, if given)."""
+
+    def decorate(cls: type[Backend[Any]]) -> type[Backend[Any]]:
         cls.device = device
-        _BACKENDS[device] = cls
+        _BACKENDS.setdefault(device, []).append((when, cls))
         return cls
 
     return decorate
 
 
-def _new_backend(ctx: RankContext) -> Backend:
-    factory = _BACKENDS.get(ctx.device)
-    if factory is None:
-        raise RuntimeError(
-            f"collectives are not implemented for device {ctx.device!r} yet "
-            f"(available: {', '.join(sorted(_BACKENDS))})"
-        )
-    return factory()
+def _new_backend(ctx: RankContext) -> Backend[Any]:
+    candidates = _BACKENDS.get(ctx.device, [])
+    for when, factory in candidates:
+        if when is not None and when(ctx):
+            return factory()
+    for when, factory in candidates:
+        if when is None:
+            return factory()
+    raise RuntimeError(
+        f"collectives are not implemented for device {ctx.device!r} yet "
+        f"(available: {', '.join(sorted(_BACKENDS))})"
+    )
 
 
-BACKEND: RankVar[Backend] = RankVar("collectives backend", _new_backend)
+BACKEND: RankVar[Backend[Any]] = RankVar("collectives backend", _new_backend)

@@ -36,13 +36,13 @@ names it; the master unlinks the name right after that command (``settle``; mapp
 stay valid), so ``/dev/shm`` holds nothing of ours between commands. A replaced
 segment is released through the arena, whose log tells the workers to drop it.
 
-Over several machines every machine has its own replica of each segment (the arena's
-journal), laid out the same everywhere: in ``fast`` mode a group holds one slot per
-process of a machine (the largest machine's count), each process's at its local rank;
-in ``exact`` mode one slot per process of the whole session, each at its global rank,
-so that every machine can hold every process's values. ``Group`` indexes its views by
-global rank either way (``None`` where a rank has no slot here); the primitives
-between machines are in ``hierarchy.py``.
+A group's rank-side primitives take its variables: each rank loads its values into
+its slot (``load``; only what the others read, where a rank reads its own values in
+place), votes, runs the folds, and binds each variable to its result (``rebind``),
+through the session's placement (the identity on CPU; ``staged.py`` crosses to the
+device there). Over several machines ``hierarchy.py`` wraps this backend: it lays
+groups out with its own ``Group`` subclass (``group_type``) and uses ``load`` and
+``rebind`` around its own folds.
 """
 
 from __future__ import annotations
@@ -55,13 +55,16 @@ from typing import Any
 import numpy as np
 
 from .. import _pytensor
+from .._core import faults
 from .._core.context import RankContext
 from .._reducers import ReduceOp, combine_into, combined, ufunc_of
 from .._runtime.arena import Segment
 from ..distribute import REGISTRY
+from . import backend
 from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
 
-__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "slot_count"]
+__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "load", "loaded",
+           "rebind"]
 
 SMALL_BYTES = 1 << 16  # lists up to this size take the one-barrier path
 MAX_GROUPS = 64  # resident groups kept; the least recently used one goes first
@@ -91,57 +94,39 @@ def _foreign(layout: FusedLayout, pieces: list) -> list:
             for mine in pieces]
 
 
-def slot_count(ctx: RankContext) -> int:
-    """Slots in a group's segment: one per process (one machine, or ``exact`` mode over
-    several), else one per process of the largest machine."""
-    if ctx.n_nodes == 1 or ctx.exact:
-        return ctx.size
-    return max(ctx.local_sizes)
-
-
-class Group:
+class Group(backend.Group):
     """One list of variables, its fused layout, and its segment (per process).
 
     ``slots``, ``flats``, ``pieces`` and ``foreign`` are indexed by (global) rank;
-    ``columns`` holds, per variable, the slots of this machine's processes.
+    ``columns`` holds, per variable, the slots of the processes that share this
+    segment. One slot per process, at its rank; a subclass (``hierarchy.py``) lays
+    out groups that span machines (``_lay_out``, ``slot_count``).
     """
 
     def __init__(self, key: int, name: str, buffer: Any, layout: FusedLayout,
                  variables: list, ctx: RankContext):
-        self.key, self.name, self.layout, self.variables = key, name, layout, variables
-        self.buffer = buffer
-        stride = self.stride(layout)
-        n = ctx.size
-        self.pieces = layout.pieces(n)
+        super().__init__(key, layout, variables)
+        self.name, self.buffer = name, buffer
+        self.pieces = layout.pieces(ctx.size)
         self.small = layout.data_bytes <= SMALL_BYTES
         self.pairs: list[tuple] | None = None  # worker: (var, master's, own, 2)
-        self.steps: dict[Any, Any] = {}  # the master's repeated steps on this group
-        self.slots: list[Any]  # rank -> its slot's views (None: no slot on this machine)
+        self.slots: list[Any]  # rank -> its slot's views (None: no slot here)
         self.flats: list[Any]
         self.foreign: list[Any]
-        if ctx.n_nodes == 1:
-            self.slots = [layout.views(buffer, r * stride) for r in range(n)]
-            self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
-            self.columns = [list(views) for views in zip(*self.slots, strict=True)]
-            self.pair = self.small and n == 2  # all_reduce without a barrier: pair_reduce
-            self.foreign = _foreign(layout, self.pieces)  # rank -> variable -> ranges
-            return
-        first = ctx.offsets[ctx.node]
-        local = range(first, first + ctx.local_size)
-        self.base = 0 if ctx.exact else first  # slot index = rank - base
-        present = range(n) if ctx.exact else local
-        self.slots = [None] * n
-        for rank in present:
-            self.slots[rank] = layout.views(buffer, (rank - self.base) * stride)
-        self.flats = [None if slot is None else [view.reshape(-1) for view in slot]
-                      for slot in self.slots]
-        self.columns = [list(views) for views in zip(*(self.slots[r] for r in local),
-                                                     strict=True)]
-        self.pair = False
-        self.local_pieces = layout.pieces(ctx.local_size)  # this machine's own split
-        self.foreign = [None] * n
-        for rank, ranges in zip(local, _foreign(layout, self.local_pieces), strict=True):
-            self.foreign[rank] = ranges
+        self._lay_out(ctx, self.stride(layout))
+
+    def _lay_out(self, ctx: RankContext, stride: int) -> None:
+        n, layout = ctx.size, self.layout
+        self.slots = [layout.views(self.buffer, r * stride) for r in range(n)]
+        self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
+        self.columns = [list(views) for views in zip(*self.slots, strict=True)]
+        self.pair = self.small and n == 2  # all_reduce without a barrier: pair_reduce
+        self.foreign = _foreign(layout, self.pieces)  # rank -> variable -> ranges
+
+    @classmethod
+    def slot_count(cls, ctx: RankContext) -> int:
+        """Slots in a group's segment: one per process."""
+        return ctx.size
 
     @staticmethod
     def stride(layout: FusedLayout) -> int:
@@ -152,11 +137,62 @@ class Group:
         return n * cls.stride(layout)
 
 
+# -- a rank's values in and out of its slot ---------------------------------------------
+def load(ctx: RankContext, group: Group, whole: bool) -> tuple[list[np.ndarray], bool]:
+    """Copy this rank's values into its slot; per variable, the flat array holding its
+    value (its storage or its slot); and whether its shapes are the group's.
+
+    ``whole``: copy everything (every rank reads every slot); otherwise only the
+    ranges the other ranks read (``Group.foreign``: a rank reads its own values where
+    they lie).
+    """
+    rank, values = ctx.rank, []
+    foreign = None if whole else group.foreign[rank]
+    to_host = ctx.placement.to_host
+    for i, (var, view) in enumerate(zip(group.variables, group.slots[rank], strict=True)):
+        value = to_host(_pytensor.value(var))
+        if value is view:
+            values.append(group.flats[rank][i])
+            continue
+        if value.shape != view.shape:
+            return values, False
+        if foreign is None:
+            view[...] = value
+            values.append(group.flats[rank][i])
+            continue
+        flat, slot = value.reshape(-1), group.flats[rank][i]
+        values.append(flat)
+        for lo, hi in foreign[i]:
+            slot[lo:hi] = flat[lo:hi]
+    return values, True
+
+
+def loaded(ctx: RankContext, group: Group, whole: bool) -> list[np.ndarray] | None:
+    """Load and vote: this rank's values (``load``), or None if any rank's shapes
+    differ (every rank then returns None, nothing changed)."""
+    values, ok = load(ctx, group, whole)
+    if not ctx.agree(ok):
+        return None
+    if faults.ARMED:
+        faults.hit("exchange")
+    return values
+
+
+def rebind(ctx: RankContext, variables: list, results: Sequence[np.ndarray]) -> None:
+    """Point each variable's storage at its result (no copy on CPU; on a device, a
+    device copy of it)."""
+    to_device = ctx.placement.to_device
+    for var, result in zip(variables, results, strict=True):
+        if _pytensor.value(var) is not result:
+            _pytensor.bind(var, to_device(result))
+
+
 @register_backend("cpu")
-class CpuBackend(Backend):
+class CpuBackend(Backend[Group]):
     """Collectives through POSIX shared memory (one instance per process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group_type: type[Group] = Group) -> None:
+        self.group_type = group_type  # how groups are laid out in their segments
         self._by_key: dict[int, Group] = {}  # every process: groups by key
         self._owned: dict[str, Segment] = {}  # master: segments it made, by name
         self._groups: OrderedDict[tuple[int, ...], Group] = OrderedDict()  # master
@@ -204,9 +240,10 @@ class CpuBackend(Backend):
         key = self._next_key
         self._next_key += 1
         layout = FusedLayout(targets.dtypes, shapes)
-        segment = self._create(ctx, Group.segment_bytes(layout, slot_count(ctx)))
-        group = Group(key, segment.name, segment.buffer, layout, list(targets.variables),
-                      ctx)
+        kind = self.group_type
+        segment = self._create(ctx, kind.segment_bytes(layout, kind.slot_count(ctx)))
+        group = kind(key, segment.name, segment.buffer, layout, list(targets.variables),
+                     ctx)
         self._groups[targets.uids] = self._by_key[key] = group
         spec = GroupSpec(key, segment.name, tuple(d.str for d in layout.dtypes), shapes,
                          targets.uids, tuple(self._evicted))
@@ -255,22 +292,47 @@ class CpuBackend(Backend):
         for old in spec.evicted:
             self._by_key.pop(old, None)
         shared = REGISTRY.get(ctx).shared
-        group = Group(key, spec.name, ctx.arena.map(spec.name),
+        group = self.group_type(key, spec.name, ctx.arena.map(spec.name),
                       FusedLayout(spec.dtypes, spec.shapes),
                       [shared[uid] for uid in spec.uids], ctx)
         self._by_key[key] = group
         return group
 
-    # -- primitives ------------------------------------------------------------------------
-    def reduce_scatter(self, ctx: RankContext, group: Group, op: ReduceOp,
-                       values: list[np.ndarray]) -> None:
+    def stage_broadcast(self, ctx: RankContext, group: Group, values: list | None) -> None:
+        """The values into the master's slot, and its variables onto them."""
+        slot = group.slots[ctx.master_rank]
+        for i, (var, view) in enumerate(zip(group.variables, slot, strict=True)):
+            value = ctx.placement.to_host(_pytensor.value(var)) if values is None else values[i]
+            if value is not view:
+                np.copyto(view, value)
+            _pytensor.bind(var, ctx.placement.to_device(view))
+
+    def pair_copies(self, ctx: RankContext, group: Group,
+                    resident: bool) -> list[tuple[Any, Any]]:
+        """The master's values into its slot (the worker reads them there); after the
+        command, the worker's slot (the result) into the master's."""
+        master = ctx.master_rank
+        if not resident:
+            for var, view in zip(group.variables, group.slots[master], strict=True):
+                value = _pytensor.value(var)
+                if value is not view:
+                    view[...] = value  # faster than np.copyto when tiny
+                    _pytensor.bind(var, ctx.placement.to_device(view))
+        return list(zip(group.slots[master], group.slots[1 - master], strict=True))
+
+    # -- primitives (inside a command, every rank) ----------------------------------------
+    def _fold(self, ctx: RankContext, group: Group, op: ReduceOp,
+              values: list[np.ndarray]) -> None:
+        """Piece ``rank`` of every rank's values, combined into its own slot (its own
+        value read where it lies)."""
         rank, n, flats = ctx.rank, ctx.size, group.flats
         own = flats[rank]
         for i, lo, hi in group.pieces[rank]:
             others = [flats[k][i][lo:hi] for k in range(n) if k != rank]
             combine_into(own[i][lo:hi], values[i][lo:hi], others, op)
 
-    def all_gather(self, ctx: RankContext, group: Group) -> None:
+    def _spread(self, ctx: RankContext, group: Group) -> None:
+        """Barrier, then every other rank's piece from its owner's slot into this one."""
         ctx.barrier()
         rank, flats = ctx.rank, group.flats
         own = flats[rank]
@@ -279,34 +341,79 @@ class CpuBackend(Backend):
                 for i, lo, hi in group.pieces[k]:
                     own[i][lo:hi] = flats[k][i][lo:hi]
 
-    def all_reduce(self, ctx: RankContext, group: Group, op: ReduceOp,
-                   values: list[np.ndarray]) -> list[np.ndarray]:
+    def all_reduce(self, ctx: RankContext, group: Group, op: ReduceOp) -> bool:
+        values = loaded(ctx, group, whole=group.small)
+        if values is None:
+            return False
         if group.small:  # every slot is loaded (the vote was a barrier): combine them all
-            return [combined(views, op) for views in group.columns]
-        self.reduce_scatter(ctx, group, op, values)
-        self.all_gather(ctx, group)
-        return group.slots[ctx.rank]
+            rebind(ctx, group.variables, [combined(views, op) for views in group.columns])
+            return True
+        self._fold(ctx, group, op, values)
+        self._spread(ctx, group)
+        rebind(ctx, group.variables, group.slots[ctx.rank])
+        return True
 
-    def reduce(self, ctx: RankContext, group: Group, op: ReduceOp, values: list[np.ndarray],
-               out: list[np.ndarray] | None) -> None:
+    def reduce_scatter(self, ctx: RankContext, group: Group, op: ReduceOp) -> bool:
+        values = loaded(ctx, group, whole=False)
+        if values is None:
+            return False
+        self._fold(ctx, group, op, values)
+        rebind(ctx, group.variables, group.slots[ctx.rank])  # its own piece is the result
+        return True
+
+    def all_gather(self, ctx: RankContext, group: Group) -> None:
+        rank, own = ctx.rank, group.flats[ctx.rank]
+        for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
+            value = ctx.placement.to_host(_pytensor.value(group.variables[i]))
+            if value is not group.slots[rank][i]:
+                own[i][lo:hi] = value.reshape(-1)[lo:hi]
+        self._spread(ctx, group)
+        rebind(ctx, group.variables, group.slots[rank])
+
+    def reduce(self, ctx: RankContext, group: Group, op: ReduceOp, in_place: bool,
+               scratch: Any) -> bool:
+        values = loaded(ctx, group, whole=group.small)
+        if values is None:
+            return False
         rank, n, root = ctx.rank, ctx.size, ctx.master_rank
         flats = group.flats
-        if out is None:
-            out = flats[root]
+        out = (flats[root] if scratch is None
+               else [view.reshape(-1) for view in group.layout.views(scratch)])
         if group.small:  # the root alone: every slot is loaded
             if rank == root:
-                for i, views in enumerate(group.columns):
-                    out[i][...] = combined(views, op).reshape(-1)
-            return
+                results = [combined(views, op) for views in group.columns]
+                if scratch is not None:
+                    for target, result in zip(out, results, strict=True):
+                        target[...] = result.reshape(-1)
+                if in_place:
+                    rebind(ctx, group.variables, results)
+            return True
         for i, lo, hi in group.pieces[rank]:
             pieces = [values[i][lo:hi] if k == rank else flats[k][i][lo:hi] for k in range(n)]
             first = pieces.pop(root)
             combine_into(out[i][lo:hi], first, pieces, op)
+        if in_place and rank == root:  # every piece of its slot is the result
+            rebind(ctx, group.variables, group.slots[root])
+        return True
 
-    def broadcast(self, ctx: RankContext, group: Group, root: int) -> None:
-        if ctx.rank != root:
-            for source, view in zip(group.slots[root], group.slots[ctx.rank], strict=True):
-                np.copyto(view, source)
+    def broadcast(self, ctx: RankContext, group: Group) -> None:
+        root = ctx.master_rank
+        if ctx.rank == root:
+            return  # its slot was filled and bound before the command
+        for source, view in zip(group.slots[root], group.slots[ctx.rank], strict=True):
+            np.copyto(view, source)
+        rebind(ctx, group.variables, group.slots[ctx.rank])
+
+    def spread_staged(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        """Every rank maps the scratch: nothing to move on one machine."""
+
+    def share_regions(self, ctx: RankContext, message: Any, buffer: Any,
+                      dtypes: list) -> None:
+        if message.everyone:  # every rank reads every region
+            ctx.barrier()
+
+    def collect_region(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        """The master maps the same scratch: nothing to move on one machine."""
 
     def pair_reduce(self, ctx: RankContext, group: Group, op: ReduceOp) -> tuple | None:
         """The worker of two: combine its values with the master's (written into the

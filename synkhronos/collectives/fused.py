@@ -1,7 +1,8 @@
-"""Collectives on shared variables, device-independent: messages, steps, and each rank's part.
+"""Collectives on shared variables, the same on every backend: messages, steps, and each
+rank's part.
 
 A collective on a list of shared variables travels as one fused buffer. This module
-owns what is the same on every device:
+owns what is the same on every backend:
 
 - the typed messages (``Shapes``, ``Broadcast``, ``AllReduce``, ``Reduce``,
   ``ReduceScatter``, ``AllGatherPieces``, ``Place``, ``Gather``, ``GetValue``);
@@ -9,21 +10,22 @@ owns what is the same on every device:
   introduces, and ``finish``, which turns the ranks' replies into the result or the
   error), built without running it, so that a training step can run several in one
   command (``run_steps``);
-- each rank's half (``HANDLERS``): load its values into its slot of the group (and
-  vote that its shapes match the master's: every rank leaves unchanged together if
-  any differs), call the backend's primitive, and point each variable's storage at
-  its result (``_rebind``), so the next collective on the same variables copies
-  nothing in.
+- each rank's half (``HANDLERS``): find the group or the scratch the message names
+  and call the backend's primitive, which loads this rank's values, votes that its
+  shapes match the master's (every rank leaves unchanged together if any differs:
+  the handler then replies its shapes, ``Mismatch``), moves or combines them and
+  binds each variable to its result; for the region commands (``scatter``,
+  ``gather``, ``get_value``, ...) write or read this rank's region of the host
+  scratch around the backend's move.
 
-The backend (``backend.py``; ``cpu.py`` today) only moves and combines bytes. Over
-several machines each rank's half goes through ``hierarchy.py`` after the same load
-and vote: within each machine through shared memory, between machines through the
-leaders (one attribute check, ``ctx.n_nodes``, on one machine).
+Which backend runs (``backend.py``: shared memory, staged device values, NCCL,
+several machines) was chosen once per process from its context; nothing here asks.
 
 Per-rank example: ``all_reduce([w, b], op="sum")`` at two ranks builds one group for
-``(w, b)``; each rank copies the parts of ``w`` and ``b`` the other rank reduces into
-its slot, both vote, each sums its half of both slots into its own slot, then copies
-the other half from the other's slot; ``w`` and ``b`` of each rank now view its slot.
+``(w, b)``; on CPU each rank copies the parts of ``w`` and ``b`` the other rank
+reduces into its slot, both vote, each sums its half of both slots into its own slot,
+then copies the other half from the other's slot; ``w`` and ``b`` of each rank now
+view its slot.
 """
 
 from __future__ import annotations
@@ -41,11 +43,10 @@ from .._core.protocol import Message
 from .._core.protocol import Sequence as SequenceMessage
 from .._core.session import Session
 from .._dataref import DataRef
-from .._reducers import ReduceOp, combined
+from .._reducers import ReduceOp
 from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
-from . import hierarchy
-from .backend import BACKEND, Backend, FusedLayout, GroupSpec, Targets
+from .backend import BACKEND, Backend, FusedLayout, Group, GroupSpec, Targets
 
 __all__ = ["HANDLERS", "Step", "run_step", "run_steps", "Mismatch"]
 
@@ -60,6 +61,7 @@ class Shapes(Message):
 class Broadcast(Message):
     key: int
     spec: GroupSpec | None
+    setup: Any = None  # the backend's, once (``Backend.setup``)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class AllReduce(Message):
     spec: GroupSpec | None
     op: ReduceOp
     pair: bool  # two ranks, small: the worker alone combines (no barrier)
+    setup: Any = None  # the backend's, once (``Backend.setup``)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Reduce(Message):
     spec: GroupSpec | None
     op: ReduceOp
     in_place: bool
-    scratch: str | None  # not in place, large: the result goes there
+    scratch: str | None  # the result goes there too (not in place: the master reads it)
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,11 @@ def _raise_mismatch(targets: Targets, replies: list, expected: tuple) -> None:
             )
 
 
-def _group_for(ctx: RankContext, backend: Any, targets: Targets) -> tuple[Any, Any, bool]:
+def _group_for(ctx: RankContext, backend: Backend, targets: Targets
+               ) -> tuple[Group, GroupSpec | None, bool]:
     """The group of ``targets`` laid out for the master's shapes, its spec if it is
-    new, and whether every master's value already lives in the master's slot."""
-    current = getattr(backend, "current", None)
-    group = current(ctx, targets) if current is not None else None
+    new, and whether the master's values are already where the group keeps them."""
+    group = backend.current(ctx, targets)
     if group is not None:
         return group, None, True
     shapes = tuple(_pytensor.value(var).shape for var in targets.variables)
@@ -227,14 +230,13 @@ def broadcast_step(session: Session, backend: Backend, targets: Targets,
                    values: list | None) -> Step:
     ctx = session.ctx
     if values is None:
-        values = [_host(ctx, var) for var in targets.variables]
-    group, spec = backend.resident(ctx, targets, tuple(v.shape for v in values))
-    for var, value, view in zip(targets.variables, values, group.slots[ctx.master_rank],
-                                strict=True):
-        if value is not view:
-            np.copyto(view, value)
-        _store(ctx, var, view)
-    return Step(Broadcast(group.key, spec), new=(spec.name,) if spec else ())
+        shapes = tuple(_pytensor.value(var).shape for var in targets.variables)
+    else:
+        shapes = tuple(value.shape for value in values)
+    group, spec = backend.resident(ctx, targets, shapes)
+    backend.stage_broadcast(ctx, group, values)
+    return Step(Broadcast(group.key, spec, backend.setup(ctx)),
+                new=(spec.name,) if spec else ())
 
 
 def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
@@ -243,23 +245,15 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
     may skip the barrier (the master finishes after the command)."""
     ctx = session.ctx
     group, spec, resident = _group_for(ctx, backend, targets)
-    pair = standalone and getattr(group, "pair", False)
-    steps = getattr(group, "steps", None) if spec is None else None
+    pair = standalone and group.pair
     key = (op, pair, targets.labels)
-    if resident and steps is not None:  # the same step as last time, built once
-        step = steps.get(key)
+    if resident and spec is None:  # the same step as last time, built once
+        step = group.steps.get(key)
         if step is not None:
             return step
-    master = ctx.master_rank
-    if pair and not resident:  # the worker will read the master's values
-        for var, view in zip(targets.variables, group.slots[master], strict=True):
-            value = _pytensor.value(var)
-            if value is not view:
-                view[...] = value  # faster than np.copyto when tiny
-                _store(ctx, var, view)
-    shapes = group.layout.shapes
     # pair: the worker leaves the result in its slot, the master copies it into its own
-    copies = list(zip(group.slots[master], group.slots[1 - master], strict=True)) if pair else []
+    copies = backend.pair_copies(ctx, group, resident) if pair else []
+    shapes = group.layout.shapes
 
     def finish(replies: list) -> None:
         if replies.count(None) != len(replies):
@@ -267,12 +261,12 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
         for view, result in copies:
             view[...] = result
 
-    if spec is None:
-        step = Step(AllReduce(group.key, None, op, pair), finish, repeats=True)
-        if steps is not None:
-            steps[key] = step
+    setup = backend.setup(ctx)
+    message = AllReduce(group.key, spec, op, pair, setup)
+    if spec is None and setup is None:
+        step = group.steps[key] = Step(message, finish, repeats=True)
         return step
-    return Step(AllReduce(group.key, spec, op, pair), finish, new=(spec.name,))
+    return Step(message, finish, new=(spec.name,) if spec else ())
 
 
 def reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
@@ -282,7 +276,7 @@ def reduce_step(session: Session, backend: Backend, targets: Targets, op: Reduce
     shapes = group.layout.shapes
     scratch: str | None = None
     new: tuple[str, ...] = ()
-    if ctx.n_nodes > 1 or (not in_place and not group.small):  # machines: always a scratch
+    if not in_place or backend.reduce_through_scratch:
         buffer, name = backend.regions(ctx, group.layout.total)
         scratch = backend.scratch_name
         new = (name,) if name else ()
@@ -292,9 +286,8 @@ def reduce_step(session: Session, backend: Backend, targets: Targets, op: Reduce
         _raise_mismatch(targets, replies, shapes)
         if in_place:
             return None
-        if scratch is not None:
-            return [np.array(view) for view in group.layout.views(backend.scratch(ctx, scratch))]
-        return replies[ctx.master_rank]  # the master's own reply: its new arrays
+        assert scratch is not None
+        return [np.array(view) for view in group.layout.views(backend.scratch(ctx, scratch))]
 
     return Step(Reduce(group.key, spec, op, in_place, scratch), finish, new=new)
 
@@ -392,34 +385,6 @@ def _variables(ctx: RankContext, uids: tuple[int, ...]) -> list:
     return [shared[uid] for uid in uids]
 
 
-def _load(ctx: RankContext, group: Any, whole: bool) -> tuple[list[np.ndarray], bool]:
-    """Copy this rank's values into its slot; per variable, the flat array holding its
-    value (its storage or its slot); and whether its shapes are the group's.
-
-    ``whole``: copy everything (every rank reads every slot); otherwise only the
-    ranges the other ranks reduce (a rank reads its own pieces where they lie).
-    """
-    rank, values = ctx.rank, []
-    foreign = None if whole else group.foreign[rank]
-    to_host = ctx.placement.to_host
-    for i, (var, view) in enumerate(zip(group.variables, group.slots[rank], strict=True)):
-        value = to_host(_pytensor.value(var))
-        if value is view:
-            values.append(group.flats[rank][i])
-            continue
-        if value.shape != view.shape:
-            return values, False
-        if foreign is None:
-            view[...] = value
-            values.append(group.flats[rank][i])
-            continue
-        flat, slot = value.reshape(-1), group.flats[rank][i]
-        values.append(flat)
-        for lo, hi in foreign[i]:
-            slot[lo:hi] = flat[lo:hi]
-    return values, True
-
-
 def _host(ctx: RankContext, var: Any) -> np.ndarray:
     """A shared variable's value on the host (itself on CPU; a copy from a device)."""
     return ctx.placement.to_host(_pytensor.value(var))
@@ -430,27 +395,8 @@ def _store(ctx: RankContext, var: Any, array: np.ndarray) -> None:
     _pytensor.bind(var, ctx.placement.to_device(array))
 
 
-def _rebind(ctx: RankContext, variables: list, results: Sequence[np.ndarray]) -> None:
-    """Point each variable's storage at its result (no copy on CPU; on a device, a
-    device copy of it)."""
-    to_device = ctx.placement.to_device
-    for var, result in zip(variables, results, strict=True):
-        if _pytensor.value(var) is not result:
-            _pytensor.bind(var, to_device(result))
-
-
 def _own_shapes(variables: list) -> Mismatch:
     return Mismatch(tuple(_pytensor.value(var).shape for var in variables))
-
-
-def _loaded(ctx: RankContext, group: Any, whole: bool) -> list[np.ndarray] | None:
-    """Load and vote: this rank's values, or None if any rank's shapes differ."""
-    values, ok = _load(ctx, group, whole)
-    if not ctx.agree(ok):
-        return None
-    if faults.ARMED:
-        faults.hit("exchange")
-    return values
 
 
 def _on_shapes(ctx: RankContext, message: Shapes) -> tuple:
@@ -460,106 +406,48 @@ def _on_shapes(ctx: RankContext, message: Shapes) -> tuple:
 def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    if ctx.n_nodes > 1:
-        _rebind(ctx, group.variables, hierarchy.broadcast(ctx, group))
-        return
-    if ctx.is_master:
-        return  # its slot was filled and bound before the command
-    backend.broadcast(ctx, group, ctx.master_rank)
-    _rebind(ctx, group.variables, group.slots[ctx.rank])
+    if message.setup is not None:
+        backend.accept(ctx, message.setup)
+    backend.broadcast(ctx, group)
 
 
 def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
-    if message.pair and ctx.rank == ctx.master_rank:
-        return None  # its values are in its slot already; the worker does the rest
-    backend = BACKEND.get(ctx)
-    group = backend.group(ctx, message.key, message.spec)
     if message.pair:
+        if ctx.rank == ctx.master_rank:
+            return None  # its values are in its slot already; the worker does the rest
+        backend = BACKEND.get(ctx)
+        group = backend.group(ctx, message.key, message.spec)
         mismatch = backend.pair_reduce(ctx, group, message.op)
         return None if mismatch is None else Mismatch(mismatch)
-    if ctx.n_nodes > 1:
-        values = _loaded(ctx, group, whole=group.small or ctx.exact)
-        if values is None:
-            return _own_shapes(group.variables)
-        _rebind(ctx, group.variables, hierarchy.all_reduce(ctx, group, message.op, values))
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    if message.setup is not None:
+        backend.accept(ctx, message.setup)
+    if backend.all_reduce(ctx, group, message.op):
         return None
-    values = _loaded(ctx, group, whole=group.small)
-    if values is None:
-        return _own_shapes(group.variables)
-    _rebind(ctx, group.variables, backend.all_reduce(ctx, group, message.op, values))
-    return None
+    return _own_shapes(group.variables)
 
 
 def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    if ctx.n_nodes > 1:
-        return _reduce_machines(ctx, backend, group, message)
-    values = _loaded(ctx, group, whole=group.small)
-    if values is None:
-        return _own_shapes(group.variables)
-    master = ctx.master_rank
-    if group.small:
-        if ctx.rank != master:
-            return None
-        results = [combined(views, message.op) for views in group.columns]
-        if not message.in_place:
-            return results
-        _rebind(ctx, group.variables, results)
+    scratch = None if message.scratch is None else backend.scratch(ctx, message.scratch)
+    if backend.reduce(ctx, group, message.op, message.in_place, scratch):
         return None
-    out = None
-    if message.scratch is not None:
-        out = [v.reshape(-1) for v in group.layout.views(backend.scratch(ctx, message.scratch))]
-    backend.reduce(ctx, group, message.op, values, out)
-    if out is None and ctx.rank == master:  # every piece of its slot is the result
-        _rebind(ctx, group.variables, group.slots[master])
-    return None
-
-
-def _reduce_machines(ctx: RankContext, backend: Any, group: Any, message: Reduce) -> Any:
-    """``reduce`` over several machines: the result in the scratch, then (in place) in
-    the master's variables."""
-    values = _loaded(ctx, group, whole=group.small or ctx.exact)
-    if values is None:
-        return _own_shapes(group.variables)
-    assert message.scratch is not None
-    scratch = backend.scratch(ctx, message.scratch)
-    hierarchy.reduce(ctx, group, message.op, values, scratch)
-    if message.in_place and ctx.is_master:
-        master = group.slots[ctx.rank]
-        for view, result in zip(master, group.layout.views(scratch), strict=True):
-            np.copyto(view, result)
-        _rebind(ctx, group.variables, master)
-    return None
+    return _own_shapes(group.variables)
 
 
 def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    values = _loaded(ctx, group, whole=ctx.exact)
-    if values is None:
-        return _own_shapes(group.variables)
-    if ctx.n_nodes > 1:
-        hierarchy.reduce_scatter(ctx, group, message.op, values)
-    else:
-        backend.reduce_scatter(ctx, group, message.op, values)
-    _rebind(ctx, group.variables, group.slots[ctx.rank])  # its own piece is the result
-    return None
+    if backend.reduce_scatter(ctx, group, message.op):
+        return None
+    return _own_shapes(group.variables)
 
 
 def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
     backend = BACKEND.get(ctx)
-    group = backend.group(ctx, message.key, message.spec)
-    rank, own = ctx.rank, group.flats[ctx.rank]
-    for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
-        value = _host(ctx, group.variables[i])
-        if value is not group.slots[rank][i]:
-            own[i][lo:hi] = value.reshape(-1)[lo:hi]
-    if ctx.n_nodes > 1:
-        hierarchy.all_gather(ctx, group)
-    else:
-        backend.all_gather(ctx, group)
-    _rebind(ctx, group.variables, group.slots[rank])
+    backend.all_gather(ctx, backend.group(ctx, message.key, message.spec))
 
 
 class _Views:
@@ -594,9 +482,9 @@ def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
 
 
 def _on_place(ctx: RankContext, message: Place) -> None:
-    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
-    if ctx.n_nodes > 1:
-        hierarchy.place(ctx, message, buffer)
+    backend = BACKEND.get(ctx)
+    buffer = backend.scratch(ctx, message.scratch)  # every rank maps what it names
+    backend.spread_staged(ctx, message, buffer)
     if message.rank is not None and message.rank != ctx.rank:
         return
     for var, source, batch in zip(_variables(ctx, message.uids), message.sources,
@@ -621,14 +509,12 @@ def _write_region(ctx: RankContext, buffer: Any, variables: list, base: int) -> 
 
 
 def _on_gather(ctx: RankContext, message: Gather) -> None:
-    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)
+    backend = BACKEND.get(ctx)
+    buffer = backend.scratch(ctx, message.scratch)
     variables = _variables(ctx, message.uids)
     if message.everyone or not ctx.is_master:
         _write_region(ctx, buffer, variables, message.bases[ctx.rank])
-    if ctx.n_nodes > 1:
-        hierarchy.regions(ctx, message, buffer, [var.type.dtype for var in variables])
-    elif message.everyone:
-        ctx.barrier()
+    backend.share_regions(ctx, message, buffer, [var.type.dtype for var in variables])
     if not message.everyone:
         return
     if faults.ARMED:
@@ -641,11 +527,11 @@ def _on_gather(ctx: RankContext, message: Gather) -> None:
 
 
 def _on_get_value(ctx: RankContext, message: GetValue) -> None:
-    buffer = BACKEND.get(ctx).scratch(ctx, message.scratch)  # every rank maps what it names
+    backend = BACKEND.get(ctx)
+    buffer = backend.scratch(ctx, message.scratch)  # every rank maps what it names
     if ctx.rank == message.rank:
         _write_region(ctx, buffer, _variables(ctx, message.uids), 0)
-    if ctx.n_nodes > 1:
-        hierarchy.get_value(ctx, message, buffer)
+    backend.collect_region(ctx, message, buffer)
 
 
 def _with_points(handler: Callable[[RankContext, Any], Any]) -> Callable[[RankContext, Any], Any]:

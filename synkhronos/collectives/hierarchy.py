@@ -1,12 +1,16 @@
-"""Collectives over several machines: within each machine through shared memory, between
+"""The several-machines backend: within each machine through shared memory, between
 machines through the leaders' MPI.
 
-``fused.py``'s handlers call these when a session spans machines (``ctx.n_nodes > 1``),
-after each process loaded its values and every process of every machine voted that
-its shapes match (``RankContext.agree``). Every move between machines is made by the
-machines' leaders only (``ctx.leaders``), after ``Machines.exchange`` (so no leader
-starts a transfer that another, having failed, will never join); the other processes
-wait for it at a barrier of their own machine (``RankContext.local_barrier``).
+``MachinesBackend`` is the ``"cpu"`` backend of a session that spans machines, chosen
+by the backends' factory (``backend.BACKEND``) from the context, once per process; it
+wraps the one-machine backend (``cpu.CpuBackend``), which keeps every buffer, laid out
+by ``MachineGroup``. Its primitives load and vote as one machine's do
+(``cpu.loaded``: every process of every machine votes that its shapes match,
+``RankContext.agree``), run the folds below, and bind the results (``cpu.rebind``).
+Every move between machines is made by the machines' leaders only (``ctx.leaders``),
+after ``Machines.exchange`` (so no leader starts a transfer that another, having
+failed, will never join); the other processes wait for it at a barrier of their own
+machine (``RankContext.local_barrier``).
 
 Two modes (``fork(reduction=...)``):
 
@@ -33,19 +37,55 @@ of any length is one MPI call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import _pytensor
 from .._core.context import RankContext
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
 from .._scatter import Batch, block, select_rows
-from .backend import FusedLayout
-from .cpu import Group
+from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
+from .cpu import CpuBackend, _foreign, loaded, rebind
+from .cpu import Group as LocalGroup
 
-__all__ = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "place",
-           "regions", "get_value"]
+__all__ = ["MachinesBackend", "MachineGroup"]
+
+
+class MachineGroup(LocalGroup):
+    """A group's segment on one machine of several (every machine has its replica).
+
+    In ``fast`` mode one slot per process of a machine (the largest machine's count),
+    each process's at its local rank; in ``exact`` mode one slot per process of the
+    whole session, each at its global rank, so that every machine can hold every
+    process's values. Views are indexed by global rank either way (``None`` where a
+    rank has no slot here); ``local_pieces`` splits the work of this machine's
+    processes.
+    """
+
+    def _lay_out(self, ctx: RankContext, stride: int) -> None:
+        n, layout = ctx.size, self.layout
+        first = ctx.offsets[ctx.node]
+        local = range(first, first + ctx.local_size)
+        self.base = 0 if ctx.exact else first  # slot index = rank - base
+        present = range(n) if ctx.exact else local
+        self.slots = [None] * n
+        for rank in present:
+            self.slots[rank] = layout.views(self.buffer, (rank - self.base) * stride)
+        self.flats = [None if slot is None else [view.reshape(-1) for view in slot]
+                      for slot in self.slots]
+        self.columns = [list(views) for views in zip(*(self.slots[r] for r in local),
+                                                     strict=True)]
+        self.local_pieces = layout.pieces(ctx.local_size)  # this machine's own split
+        self.foreign = [None] * n
+        for rank, ranges in zip(local, _foreign(layout, self.local_pieces), strict=True):
+            self.foreign[rank] = ranges
+
+    @classmethod
+    def slot_count(cls, ctx: RankContext) -> int:
+        return ctx.size if ctx.exact else max(ctx.local_sizes)
 
 
 def _sum_for(op: ReduceOp) -> ReduceOp:
@@ -95,21 +135,21 @@ def _whole(layout: FusedLayout) -> list[tuple[int, int, int]]:
     return [(i, 0, size) for i, size in enumerate(layout.sizes) if size]
 
 
-def _slot_base(group: Group, rank: int) -> int:
-    return (rank - group.base) * Group.stride(group.layout)
+def _slot_base(group: MachineGroup, rank: int) -> int:
+    return (rank - group.base) * MachineGroup.stride(group.layout)
 
 
-def _slot_spans(group: Group, rank: int,
+def _slot_spans(group: MachineGroup, rank: int,
                 triples: list[tuple[int, int, int]] | None = None) -> list[np.ndarray]:
     return _spans(group.buffer, group.layout, _slot_base(group, rank),
                   _whole(group.layout) if triples is None else triples)
 
 
-def _pieces_of(group: Group, ranks: range) -> list[tuple[int, int, int]]:
+def _pieces_of(group: MachineGroup, ranks: range) -> list[tuple[int, int, int]]:
     return [triple for rank in ranks for triple in group.pieces[rank]]
 
 
-def _copy_slot(group: Group, source: int, target: int, skip: int | None = None) -> None:
+def _copy_slot(group: MachineGroup, source: int, target: int, skip: int | None = None) -> None:
     """Rank ``source``'s slot into rank ``target``'s (every piece but ``skip``'s)."""
     if skip is None:
         for dst, src in zip(group.slots[target], group.slots[source], strict=True):
@@ -122,14 +162,14 @@ def _copy_slot(group: Group, source: int, target: int, skip: int | None = None) 
                 into[i][lo:hi] = out[i][lo:hi]
 
 
-def _exchange_slots(ctx: RankContext, group: Group) -> None:
+def _exchange_slots(ctx: RankContext, group: MachineGroup) -> None:
     """Exact mode: every machine's slots to every machine (each slot holds its
     process's whole value)."""
     ctx.local_barrier()
     leaders = ctx.leaders
     if leaders is not None:
         leaders.exchange()
-        stride = Group.stride(group.layout)
+        stride = MachineGroup.stride(group.layout)
         for node in range(ctx.n_nodes):
             ranks = _machine(ctx, node)
             region = np.frombuffer(group.buffer, np.uint8, len(ranks) * stride,
@@ -138,17 +178,17 @@ def _exchange_slots(ctx: RankContext, group: Group) -> None:
     ctx.local_barrier()
 
 
-def _local_stack(group: Group, ctx: RankContext) -> list[np.ndarray]:
+def _local_stack(group: MachineGroup, ctx: RankContext) -> list[np.ndarray]:
     """Exact mode, on a leader: this machine's slots as ``(processes, n)`` views, one per
     run of the layout (no copy)."""
-    stride = Group.stride(group.layout)
+    stride = MachineGroup.stride(group.layout)
     base = _slot_base(group, ctx.offsets[ctx.node])
     return [np.ndarray((ctx.local_size, count), dtype, group.buffer, base + offset,
                        (stride, dtype.itemsize))
             for dtype, offset, count in _runs(group.layout, _whole(group.layout))]
 
 
-def _fold_small_exact(ctx: RankContext, group: Group, op: ReduceOp) -> None:
+def _fold_small_exact(ctx: RankContext, group: MachineGroup, op: ReduceOp) -> None:
     """Exact mode, a small list: every process's value folded in rank order into the
     leader's slot (``Leaders.all_reduce_pieces``), as one machine's ``combined``."""
     leaders = ctx.leaders
@@ -167,7 +207,7 @@ def _fold_small_exact(ctx: RankContext, group: Group, op: ReduceOp) -> None:
 
 
 # -- all-reduce, reduce-scatter ------------------------------------------------------------
-def _fast_into_leader(ctx: RankContext, group: Group, op: ReduceOp, values: list,
+def _fast_into_leader(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list,
                       fold: bool) -> None:
     """Fast mode: this machine's combined values in the leader's slot, then combined
     over every machine there (``fold``: each process folds its own piece of the
@@ -195,7 +235,7 @@ def _fast_into_leader(ctx: RankContext, group: Group, op: ReduceOp, values: list
                 np.true_divide(span, ctx.size, out=span)
 
 
-def all_reduce(ctx: RankContext, group: Group, op: ReduceOp,
+def all_reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp,
                values: list[np.ndarray]) -> list[np.ndarray]:
     """Every process's values combined, in every process: this rank's result arrays.
 
@@ -228,7 +268,7 @@ def all_reduce(ctx: RankContext, group: Group, op: ReduceOp,
     return group.slots[rank]
 
 
-def reduce_scatter(ctx: RankContext, group: Group, op: ReduceOp,
+def reduce_scatter(ctx: RankContext, group: MachineGroup, op: ReduceOp,
                    values: list[np.ndarray]) -> None:
     """This process's piece (``Group.pieces``) of the combined values, into its slot.
 
@@ -248,7 +288,7 @@ def reduce_scatter(ctx: RankContext, group: Group, op: ReduceOp,
         combine_into(out, out, [flats[k][i][lo:hi] for k in range(n) if k != rank], op)
 
 
-def all_gather(ctx: RankContext, group: Group) -> None:
+def all_gather(ctx: RankContext, group: MachineGroup) -> None:
     """Every process's piece (in its own slot) into every process's slot."""
     lead, rank = ctx.leader_rank, ctx.rank
     ctx.local_barrier()
@@ -268,7 +308,7 @@ def all_gather(ctx: RankContext, group: Group) -> None:
         _copy_slot(group, lead, rank, skip=rank)
 
 
-def broadcast(ctx: RankContext, group: Group) -> list[np.ndarray]:
+def broadcast(ctx: RankContext, group: MachineGroup) -> list[np.ndarray]:
     """The master's slot (filled before the command) into every process's slot."""
     lead, rank = ctx.leader_rank, ctx.rank
     leaders = ctx.leaders
@@ -282,7 +322,7 @@ def broadcast(ctx: RankContext, group: Group) -> list[np.ndarray]:
     return group.slots[rank]
 
 
-def reduce(ctx: RankContext, group: Group, op: ReduceOp, values: list[np.ndarray],
+def reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list[np.ndarray],
            scratch: Any) -> None:
     """Every process's values combined into the scratch (the layout at its start), on
     the master's machine (exact mode in the one-machine order: the master's value
@@ -445,3 +485,102 @@ def get_value(ctx: RankContext, message: Any, buffer: Any) -> None:
         parts = leaders.mpi.gather(mine, root=0)
         if parts is not None:
             np.copyto(np.frombuffer(buffer, np.uint8, message.nbytes), parts[target])
+
+
+# -- the backend ---------------------------------------------------------------------------
+def _spans_machines(ctx: RankContext) -> bool:
+    return ctx.n_nodes > 1
+
+
+@register_backend("cpu", when=_spans_machines)
+class MachinesBackend(Backend[MachineGroup]):
+    """Collectives of a session over several machines: the one-machine backend's
+    buffers (laid out by ``MachineGroup``), these primitives."""
+
+    def __init__(self) -> None:
+        self.local = CpuBackend(group_type=MachineGroup)
+
+    # -- buffers: the local backend's ------------------------------------------------------
+    def resident(self, ctx: RankContext, targets: Targets,
+                 shapes: tuple[tuple[int, ...], ...]) -> tuple[MachineGroup, GroupSpec | None]:
+        group, spec = self.local.resident(ctx, targets, shapes)
+        return group, spec  # type: ignore[return-value]  # laid out by MachineGroup
+
+    def current(self, ctx: RankContext, targets: Targets) -> MachineGroup | None:
+        return self.local.current(ctx, targets)  # type: ignore[return-value]
+
+    def regions(self, ctx: RankContext, nbytes: int) -> tuple[Any, str | None]:
+        return self.local.regions(ctx, nbytes)
+
+    @property
+    def scratch_name(self) -> str:
+        return self.local.scratch_name
+
+    def settle(self, ctx: RankContext, new: Sequence[str]) -> None:
+        self.local.settle(ctx, new)
+
+    def discard(self, ctx: RankContext, new: Sequence[str]) -> None:
+        self.local.discard(ctx, new)
+
+    def stage_broadcast(self, ctx: RankContext, group: MachineGroup, values: list | None) -> None:
+        self.local.stage_broadcast(ctx, group, values)
+
+    reduce_through_scratch = True  # the result crosses machines into the scratch
+
+    def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> MachineGroup:
+        return self.local.group(ctx, key, spec)  # type: ignore[return-value]
+
+    def scratch(self, ctx: RankContext, name: str) -> Any:
+        return self.local.scratch(ctx, name)
+
+    # -- primitives -------------------------------------------------------------------------
+    def all_reduce(self, ctx: RankContext, group: MachineGroup, op: ReduceOp) -> bool:
+        values = loaded(ctx, group, whole=group.small or ctx.exact)
+        if values is None:
+            return False
+        rebind(ctx, group.variables, all_reduce(ctx, group, op, values))
+        return True
+
+    def reduce(self, ctx: RankContext, group: MachineGroup, op: ReduceOp, in_place: bool,
+               scratch: Any) -> bool:
+        values = loaded(ctx, group, whole=group.small or ctx.exact)
+        if values is None:
+            return False
+        reduce(ctx, group, op, values, scratch)
+        if in_place and ctx.is_master:
+            master = group.slots[ctx.rank]
+            for view, result in zip(master, group.layout.views(scratch), strict=True):
+                np.copyto(view, result)
+            rebind(ctx, group.variables, master)
+        return True
+
+    def reduce_scatter(self, ctx: RankContext, group: MachineGroup, op: ReduceOp) -> bool:
+        values = loaded(ctx, group, whole=ctx.exact)
+        if values is None:
+            return False
+        reduce_scatter(ctx, group, op, values)
+        rebind(ctx, group.variables, group.slots[ctx.rank])  # its own piece is the result
+        return True
+
+    def all_gather(self, ctx: RankContext, group: MachineGroup) -> None:
+        rank, own = ctx.rank, group.flats[ctx.rank]
+        to_host = ctx.placement.to_host
+        for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
+            value = to_host(_pytensor.value(group.variables[i]))
+            if value is not group.slots[rank][i]:
+                own[i][lo:hi] = value.reshape(-1)[lo:hi]
+        all_gather(ctx, group)
+        rebind(ctx, group.variables, group.slots[rank])
+
+    def broadcast(self, ctx: RankContext, group: MachineGroup) -> None:
+        rebind(ctx, group.variables, broadcast(ctx, group))
+
+    def spread_staged(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        place(ctx, message, buffer)
+
+    def share_regions(self, ctx: RankContext, message: Any, buffer: Any,
+                      dtypes: list) -> None:
+        regions(ctx, message, buffer, dtypes)
+
+    def collect_region(self, ctx: RankContext, message: Any, buffer: Any) -> None:
+        get_value(ctx, message, buffer)

@@ -1,11 +1,12 @@
 """The ``device="gpu"`` collectives backend staged through host shared memory.
 
 Used when processes share a GPU (NCCL refuses two ranks on one device) and on JAX's
-CPU platform standing in for GPUs. It is the CPU backend's exchange, with the values
-crossing between device and host at its two ends: ``fused.py`` reads each variable's
-value through the session's placement (device -> host, into this rank's slot) and
-binds each result through it (host -> a new device array), so a variable never views
-an exchange slot, as it does on CPU. Two consequences, both declared here:
+CPU platform standing in for GPUs (and, with NCCL, for every command NCCL does not
+run: ``nccl.py``). It is the CPU backend's exchange, with the values crossing between
+device and host at its two ends: ``cpu.load`` reads each variable's value through the
+session's placement (device -> host, into this rank's slot) and ``cpu.rebind`` binds
+each result through it (host -> a new device array), so a variable never views an
+exchange slot, as it does on CPU. Two consequences, both declared here:
 
 - no group is ever *resident* (the master's values never live in its slot), so every
   collective copies its values in;

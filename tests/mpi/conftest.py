@@ -33,11 +33,9 @@ def netns():
         if shutil.which(tool) is None:
             pytest.skip(f"network namespaces need the '{tool}' command, not found")
     try:
-        namespaces = harness.Netns()
+        return harness.Netns.shared()  # deleted at exit (tests/unit/mpi takes it too)
     except RuntimeError as exc:
         pytest.skip(f"network namespaces cannot be made here: {exc}")
-    yield namespaces
-    namespaces.close()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ only entries that appeared during the launch and match those names.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ MPI_SHM_PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.")
 NETNS_HOSTS = ("synk-a", "synk-b")
 NETNS_ADDRESSES = ("198.18.0.1", "198.18.0.2")
 NETNS_IFACE = "synk0"
+_SHARED_NETNS: Netns | None = None
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -134,6 +136,16 @@ class Netns:
         for name in self.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    @classmethod
+    def shared(cls) -> Netns:
+        """The one pair of this test process (the fixtures of ``tests/mpi`` and of
+        ``tests/unit/mpi`` both take it: the names are per process), deleted at exit."""
+        global _SHARED_NETNS
+        if _SHARED_NETNS is None:
+            _SHARED_NETNS = cls()
+            atexit.register(_SHARED_NETNS.close)
+        return _SHARED_NETNS
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` run in the first namespace, as host ``synk-a``."""

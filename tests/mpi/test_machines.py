@@ -4,9 +4,11 @@ Each case launches a script of ``scripts/`` under ``mpiexec`` (2 machines x 1 or
 processes, over shared memory, TCP over loopback, or two network namespaces) and alone
 with the same total number of processes, and compares what the masters wrote:
 
-- ``suite.py``: key cases of the function, data and collective suites. Everything is
-  bit-identical, except in fast mode the reductions of collectives (names starting
-  ``reduce/``), equal within rounding; in exact mode those are bit-identical too.
+- ``suite.py``: the shared cases (``tests/cases.py``, which the integration suite runs
+  on one machine too). Everything is bit-identical, except in fast mode the
+  reductions of collectives (names starting ``reduce/``), equal within rounding; in
+  exact mode those are bit-identical too; and every result with a reference equals
+  numpy's on the full data.
 - ``train.py``: the issue's Done-when -- an Appendix-A-style training script
   (``make_train_function``, ``synk.Data`` inputs, shuffled minibatches) gives the same
   parameters in every process under ``mpiexec -n 2`` (each machine forking 2) as one
@@ -22,6 +24,8 @@ import json
 
 import numpy as np
 import pytest
+
+from tests.cases import Check
 
 from . import harness
 from .harness import NETNS_HOSTS
@@ -90,6 +94,9 @@ def test_suite_equals_one_machine(launcher, alone, tmp_path, transport, processe
         else:
             assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), (
                 f"{key} differs from the run on one machine")
+    references = np.load(tmp_path / "reference.npz")
+    for key in references.files:
+        Check(got[key], references[key]).compare(key)
     assert harness.alive(mine["pids"]) == []
     assert harness.leftovers(mine["pids"]) == []
 

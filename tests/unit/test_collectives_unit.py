@@ -109,3 +109,26 @@ def test_every_collective_before_fork_says_to_fork(call, name):
     var = pytensor.shared(np.zeros(1), name="w")
     with pytest.raises(RuntimeError, match=rf"synk.fork\(\) must be called before synk.{name}"):
         call(var)
+
+
+def test_fused_uses_only_what_the_backend_declares():
+    """Every attribute ``fused.py`` reads of a backend or a group is declared by
+    ``backend.Backend`` or ``backend.Group`` (no backend-specific feature reached by
+    name), and every abstract primitive is one it calls."""
+    import ast
+    from pathlib import Path
+
+    from synkhronos.collectives import fused
+
+    tree = ast.parse(Path(fused.__file__).read_text())
+    used = {"backend": set(), "group": set()}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in used):
+            used[node.value.id].add(node.attr)
+    declared_group = backend.Group(0, FusedLayout([], []), [])
+    assert used["backend"] and used["group"]
+    assert {a for a in used["backend"] if not hasattr(backend.Backend, a)} == set()
+    assert {a for a in used["group"] if not hasattr(declared_group, a)} == set()
+    unused = backend.Backend.__abstractmethods__ - used["backend"]
+    assert unused == set(), f"declared but never called by fused.py: {sorted(unused)}"

@@ -18,6 +18,7 @@ import pytest
 from synkhronos._runtime import control as C
 from synkhronos._runtime import shmem
 from synkhronos._runtime.arena import Arena
+from synkhronos._runtime.memo import SIZE as MEMO_SIZE
 from synkhronos._runtime.remote import BarrierAborted, RemoteFailure
 
 BIG = C.MAILBOX_BYTES + 12345  # larger than the mailbox (and than a reply slot)
@@ -410,11 +411,11 @@ def test_unhashable_key_falls_back_to_pickling(make_block):
 
 def test_memo_is_bounded_and_ids_stay_unique(make_block):
     block = make_block(2)
-    for i in range(C._MEMO_SIZE * 2 + 3):
-        plan = ("p", i % (C._MEMO_SIZE + 7))  # more distinct plans than are kept
+    for i in range(MEMO_SIZE * 2 + 3):
+        plan = ("p", i % (MEMO_SIZE + 7))  # more distinct plans than are kept
         block.post(plan, 0, block.master_arena, key=plan)
         assert block.read_command(block.worker_arena) == plan
-        assert len(block._memo) <= C._MEMO_SIZE and len(block._decoded) <= C._MEMO_SIZE
+        assert len(block._memo) <= MEMO_SIZE and len(block._decoded) <= MEMO_SIZE
 
 
 def test_reply_of_arrays_round_trips_without_pickle(make_block):
@@ -433,3 +434,26 @@ def test_reply_of_arrays_round_trips_without_pickle(make_block):
     block.finish(1, seq, big, False, 0, block.worker_arena)
     np.testing.assert_array_equal(block.reply(1, block.master_arena)[1][0], big[1][0])
     assert _entries(block.prefix) == []
+
+
+def test_memo_same_object_is_found_without_hashing():
+    """The last key posted again is found by identity: its hash is never asked."""
+    from synkhronos._runtime.memo import Decoded, Memo
+
+    class Counted:
+        hashes = 0
+
+        def __hash__(self):
+            Counted.hashes += 1
+            return 1
+
+    memo, key = Memo(size=2), Counted()
+    ident, reset = memo.add(key, b"pickle")
+    assert (ident, reset) == (1, False) and Counted.hashes == 1
+    assert memo.find(key) == (1, b"pickle") and Counted.hashes == 1
+    memo.add(("other",))
+    _, reset = memo.add(("third",))  # full: emptied first, and says so
+    assert reset and len(memo) == 1
+    decoded = Decoded(size=None)
+    decoded.put(3, "message")
+    assert decoded[3] == "message" and decoded.get(4) is None

@@ -12,11 +12,14 @@ Checked here:
 - ``extensions`` and ``pymc`` reach the rest of the package through its public names
   only (``from .. import fork``, ``synkhronos.steps``), never a private module;
 - no import cycle between the package's modules (imports at module level);
+- the modules that must not care how many machines there are, or which collectives
+  backend runs, do not *name* them (identifiers and attributes in code, not prose):
+  ``collectives/fused.py`` and the one-machine backends name no machine, node,
+  leader, MPI or reduction mode between machines, and ``fused.py`` duck-types no
+  backend (no ``getattr``/``hasattr``);
 - tests other than unit tests, benchmarks, demos and the docs' examples import only
-  public modules; the one exception is the MPI layer's own suite, which runs that
-  private layer under ``mpiexec`` as unit tests run the others (``tests/mpi``:
-  ``test_leaders*.py`` and ``scripts/leaders_*.py``, ``scripts/_machine.py``), and may
-  import ``synkhronos._runtime.mpi`` only.
+  public modules, without exception (the MPI layer's own tests, which run that private
+  layer under ``mpiexec``, are unit tests: ``tests/unit/mpi``).
 """
 
 from __future__ import annotations
@@ -92,10 +95,11 @@ def _is_stdlib(name: str) -> bool:
     return name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "_runtime").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "_runtime").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE / "_runtime")))
 def test_runtime_imports_only_stdlib_numpy_posix_ipc(path):
     allowed = set(THIRD_PARTY_OF_RUNTIME)
-    if path.stem.startswith("mpi"):
+    if "mpi" in path.relative_to(PACKAGE / "_runtime").parts or path.stem.startswith("mpi"):
         allowed.add("mpi4py")
     if path.stem in DEVICE_MODULES:
         allowed |= {"jax", "cupy"}
@@ -161,27 +165,65 @@ def test_no_import_cycles():
             visit(node)
 
 
+# -- names, not only imports ------------------------------------------------------------
+MACHINE_WORDS = {"node", "nodes", "leader", "leaders", "machine", "machines", "mpi",
+                 "exact", "hierarchy", "local_barrier", "local_rank", "local_size",
+                 "local_sizes", "leader_rank", "machine_of"}  # (FusedLayout has offsets)
+BACKEND_BLIND = ["collectives/fused.py", "collectives/backend.py", "collectives/cpu.py",
+                 "collectives/staged.py", "collectives/nccl.py", "collectives/api.py",
+                 "collectives/_checks.py"]
+
+
+def _code_names(path: Path) -> set[str]:
+    """Every identifier the code of ``path`` uses: names, attributes, definitions,
+    arguments, imported names (docstrings, comments and strings are prose)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.update((node.asname or node.name).split("."))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(node.module.split("."))
+    return names
+
+
+def _words(name: str) -> set[str]:
+    lowered = name.lower()
+    return {lowered} | set(lowered.strip("_").split("_"))
+
+
+@pytest.mark.parametrize("relative", BACKEND_BLIND)
+def test_one_machine_collectives_name_no_machine(relative):
+    named = {name for name in _code_names(PACKAGE / relative)
+             if _words(name) & MACHINE_WORDS}
+    assert not named, f"{relative} names {sorted(named)}: that belongs to collectives/hierarchy.py"
+
+
+def test_fused_duck_types_no_backend():
+    named = _code_names(PACKAGE / "collectives" / "fused.py")
+    assert not named & {"getattr", "hasattr"}, (
+        "fused.py asks a backend what it has; declare it on backend.Backend instead")
+
+
 def _outside_files() -> list[Path]:
     roots = [ROOT / "tests" / "integration", ROOT / "tests" / "faults", ROOT / "tests" / "mpi",
              ROOT / "benchmarks", ROOT / "demos", ROOT / "docs" / "examples"]
-    files = [ROOT / "tests" / "conftest.py"]
+    files = [ROOT / "tests" / "conftest.py", ROOT / "tests" / "cases.py"]
     for root in roots:
         if root.exists():
             files += sorted(root.rglob("*.py"))
     return files
 
 
-def _tests_the_mpi_layer(path: Path) -> bool:
-    mpi = ROOT / "tests" / "mpi"
-    return (path.parent == mpi and path.name.startswith("test_leaders")) or (
-        path.parent == mpi / "scripts" and path.name.startswith(("leaders_", "_machine")))
-
-
 @pytest.mark.parametrize("path", _outside_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_tests_benchmarks_and_demos_use_public_modules_only(path):
-    allowed = set(PUBLIC)
-    if _tests_the_mpi_layer(path):
-        allowed |= {"synkhronos._runtime", "synkhronos._runtime.mpi"}
     for name in _imports(path, top_level_only=False):
         if name.startswith("synkhronos"):
-            assert name in allowed, f"{path.relative_to(ROOT)} imports the private {name}"
+            assert name in PUBLIC, f"{path.relative_to(ROOT)} imports the private {name}"

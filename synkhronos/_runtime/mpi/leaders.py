@@ -33,9 +33,9 @@ Two modes of :meth:`Leaders.all_reduce`:
 
 - ``"exact"``: the *chunk-owner scheme*. The elements are split into one chunk per
   leader; leader ``j`` receives every machine's pieces of chunk ``j`` (point to point)
-  and folds them in global rank order (``acc = p0; acc = op(acc, p1); ...``, as
-  ``_reducers.reduce_arrays_inplace`` does on one machine), then an all-gather spreads
-  the chunks. With every local process's piece passed
+  and folds them in global rank order (``acc = p0; acc = op(acc, p1); ...``, with
+  the ufuncs of ``_runtime/reducers.py``, as one machine's ``combine_into`` does),
+  then an all-gather spreads the chunks. With every local process's piece passed
   (:meth:`Leaders.all_reduce_pieces`) the result is bit-identical to one machine
   folding all processes in rank order.
 - ``"fast"``: the MPI library's ``Iallreduce`` below ``Leaders.fast_chunked_from``
@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 import numpy as np
+
+from ..reducers import ReduceOp, ufunc_of
 
 __all__ = [
     "CHECK_INTERVAL",
@@ -87,8 +89,7 @@ _TAG_FAILURE = 11  # another leader -> master: a failure on that machine (utf-8 
 _TAG_ABORT = 12  # master -> other leaders: end the job (utf-8 reason)
 _TAG_ACK = 13  # other leader -> master: my machine is clean, kill me when you like
 _TAG_EXACT = 21  # exact all-reduce: pieces of a chunk sent to its owner
-_OPS = ("sum", "prod", "max", "min")
-_UFUNCS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+_OPS = ("sum", "prod", "max", "min")  # "avg" is the caller's sum, then divide
 _FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
 
 
@@ -811,7 +812,7 @@ class Leaders:
                 received[source] = np.empty((k, hi - lo), flat.dtype)
                 receives[source] = self._p2p.Irecv(received[source], source, _TAG_EXACT)
         keep = [flat, sent, received]
-        ufunc = _UFUNCS[name]
+        ufunc = ufunc_of(ReduceOp(name))[0]
         mine = out.reshape(-1)[lo:hi]  # where this leader's chunk of the result goes
         acc = None  # the running fold: a received buffer (ours to change), or mine
         for source in range(self.size):

@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
+from tests.mpi.harness import NETNS_HOSTS
+
 from .conftest import TRANSPORTS
-from .harness import NETNS_HOSTS
 
 
 def hosts_for(transport):

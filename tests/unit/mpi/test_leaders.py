@@ -15,8 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from .conftest import TRANSPORTS
-from .harness import NETNS_HOSTS, SCRIPTS
+from tests.mpi.harness import NETNS_HOSTS
+
+from .conftest import SCRIPTS, TRANSPORTS
 
 sys.path.insert(0, str(SCRIPTS))
 from leaders_suite import LOCAL, piece  # noqa: E402

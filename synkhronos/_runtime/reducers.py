@@ -1,0 +1,355 @@
+"""Reduction kernels: the one module where values of several processes are combined.
+
+It owns the set of reduce operations (:class:`ReduceOp`) and the parsing of the
+user's ``op`` argument, and two families of kernels:
+
+- weighted, for function outputs: :class:`Accumulator` combines values that arrive one
+  at a time (a process's slices), and :func:`reduce_values` the processes' replies;
+  weights are row counts, so ``avg`` of per-process means is the mean over all rows;
+- equal, for the collectives (every process counts once): :func:`combine_into` into a
+  given buffer (a piece of an exchange slot), :func:`combined` into a new array, and
+  :func:`ufunc_of`, the one ufunc table, which the leaders' folds between machines
+  (``mpi/leaders.py``) use too.
+
+Numpy only: it lives in ``_runtime`` so that the MPI layer can use it; the layers
+above import it as ``synkhronos._reducers``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
+           "reduce_values", "ufunc_of"]
+
+
+class ReduceOp(enum.Enum):
+    """How values from several processes are combined."""
+
+    AVG = "avg"
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    GATHER = "gather"
+    NONE = "none"  # no reduction: the master's own result (the user writes ``None``)
+
+    # Members are singletons compared by identity: hash them so too, in C (Enum's own
+    # hash runs in Python, and messages carrying an op are hashed on every command).
+    __hash__ = object.__hash__
+
+
+_UFUNCS = {
+    ReduceOp.AVG: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.MIN: np.minimum,
+}
+
+
+_PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
+
+
+def parse_op(op: Any, *, allow_gather: bool = True) -> ReduceOp:
+    """Turn the user's ``op`` argument into a :class:`ReduceOp`.
+
+    Parameters
+    ----------
+    op : str, ReduceOp or None
+        One of ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``
+        (case-insensitive), the original Synkhronos' host-side spellings ``"c_avg"``,
+        ``"c_sum"``, ... (aliases of the plain ops), a :class:`ReduceOp`, or None: no
+        reduction (the master keeps its own result).
+    allow_gather : bool, optional
+        Whether the function-output-only ops (gather, and None) are acceptable here.
+
+    Returns
+    -------
+    ReduceOp
+
+    Raises
+    ------
+    TypeError
+        If ``op`` is not a string, a ReduceOp or None.
+    ValueError
+        If ``op`` names no known operation, or is gather / None where that is not
+        allowed.
+    """
+    if isinstance(op, ReduceOp) and (allow_gather or op not in _PER_PROCESS):
+        return op  # the hot path: already parsed
+    valid = [o.value for o in ReduceOp
+             if o is not ReduceOp.NONE and (allow_gather or o not in _PER_PROCESS)]
+    if op is None:
+        parsed = ReduceOp.NONE
+    elif isinstance(op, ReduceOp):
+        parsed = op
+    elif isinstance(op, str):
+        name = op.lower()
+        if name.startswith("c_"):
+            name = name[2:]
+        try:
+            parsed = ReduceOp(name)
+        except ValueError:
+            raise ValueError(f"op must be one of {', '.join(valid)}"
+                             f"{' or None' if allow_gather else ''}; got {op!r}") from None
+    else:
+        raise TypeError(f"op must be a string, a ReduceOp or None; got {type(op).__name__}")
+    if parsed in _PER_PROCESS and not allow_gather:
+        shown = "None" if parsed is ReduceOp.NONE else repr(op)
+        raise ValueError(f"op must be one of {', '.join(valid)} here (gather and None "
+                         f"are for function outputs); got {shown}")
+    return parsed
+
+
+def _check_weight(weight: Any) -> int:
+    if isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (int, np.integer)):
+        raise TypeError(f"weight must be a non-negative integer; got {type(weight).__name__}")
+    if weight < 0:
+        raise ValueError(f"weight must be a non-negative integer; got {weight}")
+    return int(weight)
+
+
+class Accumulator:
+    """Combine values that arrive one at a time, each weighted by its row count.
+
+    ``avg`` is the weighted mean (equal weights if every weight is 0), accumulated
+    in float64 / complex128 and returned in the first value's dtype when that is
+    inexact, else float64. ``sum``, ``prod``, ``max`` and ``min`` are elementwise
+    in the first value's dtype, computed in place in a private copy. ``gather``
+    concatenates along axis 0 in arrival order (0-d values are stacked into 1-d).
+    ``none`` (an output not reduced over processes) also concatenates: it puts one
+    process's slices back together in row order.
+
+    Parameters
+    ----------
+    op : ReduceOp or str
+        The operation.
+    """
+
+    def __init__(self, op: ReduceOp | str) -> None:
+        self._op = parse_op(op)
+        self._count = 0
+        self._total_weight = 0
+        self._first_dtype: Any = None
+        self._shape: Any = None
+        self._acc: Any = None  # the running result (an ndarray once a value came)
+        self._scratch: Any = None
+        self._pieces: list[np.ndarray] = []
+        self._handed_out = False  # result() returned self._acc; copy before changing it
+
+    @property
+    def op(self) -> ReduceOp:
+        """The operation."""
+        return self._op
+
+    @property
+    def count(self) -> int:
+        """Number of values added so far."""
+        return self._count
+
+    @property
+    def total_weight(self) -> int:
+        """Sum of the weights added so far."""
+        return self._total_weight
+
+    def add(self, value: Any, weight: int) -> None:
+        """Combine one more value.
+
+        Parameters
+        ----------
+        value : array_like or scalar
+            The value; never modified, and not referenced after this call returns.
+        weight : int
+            Its weight (row count), >= 0.
+        """
+        weight = _check_weight(weight)
+        arr = np.asarray(value)
+        if self._op in _PER_PROCESS:  # one process's slices, back in row order
+            self._add_gather(arr)
+        elif self._acc is None:
+            self._first_dtype, self._shape = arr.dtype, arr.shape
+            if self._op is ReduceOp.AVG:
+                self._acc = np.empty(arr.shape, dtype=_avg_dtype(arr.dtype))
+                if weight > 1:  # weight 0 is kept unweighted, see _add_avg
+                    np.multiply(arr, weight, out=self._acc, dtype=self._acc.dtype)
+                else:
+                    np.copyto(self._acc, arr, casting="unsafe")
+            else:
+                self._acc = np.array(arr, copy=True)
+        else:
+            if arr.shape != self._shape:
+                raise ValueError(f"value shape {arr.shape} does not match the first "
+                                 f"value's shape {self._shape}")
+            if self._handed_out:
+                self._acc = self._acc.copy()
+                self._handed_out = False
+            if self._op is ReduceOp.AVG:
+                self._add_avg(arr, weight)
+            else:
+                _UFUNCS[self._op](self._acc, arr, out=self._acc, casting="unsafe")
+        self._count += 1
+        self._total_weight += weight
+
+    def _add_gather(self, arr: np.ndarray) -> None:
+        if self._pieces:
+            first = self._pieces[0]
+            if (arr.ndim == 0) != (first.ndim == 0) or arr.shape[1:] != first.shape[1:]:
+                raise ValueError(f"value shape {arr.shape} cannot be gathered with the "
+                                 f"first value's shape {first.shape}")
+        self._pieces.append(np.array(arr, copy=True))
+
+    def _add_avg(self, arr: np.ndarray, weight: int) -> None:
+        acc = self._acc
+        need = _avg_dtype(arr.dtype)
+        if need != acc.dtype and np.can_cast(acc.dtype, need):
+            acc = self._acc = acc.astype(need)
+            self._scratch = None
+        if self._total_weight == 0 and weight > 0:
+            # Everything so far had weight 0 (kept as an unweighted sum); restart.
+            np.multiply(arr, weight, out=acc, dtype=acc.dtype, casting="unsafe")
+        elif weight == 1 or (weight == 0 and self._total_weight == 0):
+            np.add(acc, arr, out=acc, dtype=acc.dtype, casting="unsafe")
+        elif weight > 0:
+            if self._scratch is None:
+                self._scratch = np.empty_like(acc)
+            np.multiply(arr, weight, out=self._scratch, dtype=acc.dtype, casting="unsafe")
+            np.add(acc, self._scratch, out=acc)
+
+    def result(self) -> np.ndarray | None:
+        """The combined value so far (an ndarray, 0-d for scalars), or None if empty."""
+        if self._count == 0:
+            return None
+        if self._op in _PER_PROCESS:
+            if self._pieces[0].ndim == 0:
+                return np.stack(self._pieces)
+            return np.concatenate(self._pieces, axis=0)
+        if self._op is ReduceOp.AVG:
+            dtype = self._first_dtype if self._first_dtype.kind in "fc" else np.float64
+            if self._acc.dtype.kind == "c":
+                dtype = np.result_type(dtype, np.complex64)
+            out = np.empty(self._shape, dtype=dtype)
+            divisor = self._total_weight or self._count
+            np.divide(self._acc, divisor, out=out, casting="unsafe")
+            return out
+        self._handed_out = True
+        return self._acc
+
+
+def _avg_dtype(dtype: np.dtype) -> np.dtype:
+    """Accumulation dtype for ``avg``: float64 or complex128 (wider kept)."""
+    if dtype.kind not in "biufc":
+        raise TypeError(f"op 'avg' needs numeric values; got dtype {dtype}")
+    return np.promote_types(dtype, np.float64)
+
+
+def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.ndarray | None:
+    """Combine ``values`` with ``weights`` by ``op`` (see :class:`Accumulator`).
+
+    Parameters
+    ----------
+    op : ReduceOp or str
+        The operation.
+    values : list of array_like
+        The values, in order.
+    weights : list of int
+        One non-negative weight per value.
+
+    Returns
+    -------
+    np.ndarray or None
+        The combined value, or None if ``values`` is empty.
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"weights must have one entry per value ({len(values)}); "
+                         f"got {len(weights)}")
+    op = parse_op(op)
+    if _uniform(op, values, weights):
+        return _reduce_uniform(op, values, weights)
+    acc = Accumulator(op)
+    for value, weight in zip(values, weights, strict=True):
+        acc.add(value, weight)
+    return acc.result()
+
+
+def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
+    """The common case: same-dtype, same-shape numeric arrays, every weight positive."""
+    if op in _PER_PROCESS or not values:
+        return False
+    first = values[0]
+    if type(first) is not np.ndarray:
+        return False
+    dtype, shape = first.dtype, first.shape
+    if dtype.kind not in "biufc":
+        return False
+    for value in values:  # (reduce_values checked that there is one weight per value)
+        if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+            return False
+    for weight in weights:
+        if type(weight) is not int or weight <= 0:
+            return False
+    return True
+
+
+def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarray:
+    """What ``Accumulator`` computes for ``_uniform`` values, the same operations in the
+    same order, without its per-value bookkeeping (a call's reply is reduced this way).
+    """
+    first = values[0]
+    if op is not ReduceOp.AVG:
+        return combined(values, op)
+    acc_dtype = _avg_dtype(first.dtype)
+    acc = np.array(first, dtype=acc_dtype)  # a copy, 0-d included
+    if weights[0] != 1:
+        acc *= weights[0]
+    native = first.dtype == acc_dtype  # then value * weight is already in acc_dtype
+    for value, weight in zip(values[1:], weights[1:], strict=True):
+        if weight == 1:
+            acc += value
+        else:
+            acc += value * weight if native else np.multiply(value, weight, dtype=acc_dtype)
+    acc /= sum(weights)
+    dtype = first.dtype if first.dtype.kind in "fc" else np.dtype(np.float64)
+    return acc if acc.dtype == dtype else acc.astype(dtype)
+
+
+# -- the collectives' kernels: every process counts once ---------------------------------
+_KERNELS = {op: (ufunc, op is ReduceOp.AVG) for op, ufunc in _UFUNCS.items()}
+
+
+def ufunc_of(op: ReduceOp) -> tuple[np.ufunc, bool]:
+    """The ufunc that combines two values by ``op``, and whether to divide by the count
+    after (``avg`` is the sum divided by the number of values)."""
+    return _KERNELS[op]
+
+
+def combine_into(out: np.ndarray, first: np.ndarray, others: list[np.ndarray],
+                 op: ReduceOp) -> None:
+    """``out = op(first, *others)`` elementwise; ``avg`` is the plain mean.
+
+    ``first`` may be ``out`` itself; no other value may overlap ``out``. No checks:
+    the collectives call this on buffers they laid out (same shape and dtype).
+    """
+    if not others:
+        if first is not out:
+            np.copyto(out, first)
+        return
+    ufunc, mean = _KERNELS[op]
+    ufunc(first, others[0], out=out)
+    for other in others[1:]:
+        ufunc(out, other, out=out)
+    if mean:
+        np.true_divide(out, len(others) + 1, out=out)
+
+
+def combined(values: list[np.ndarray], op: ReduceOp) -> np.ndarray:
+    """A new array: ``op`` over ``values`` (same shape and dtype) elementwise."""
+    first = values[0]
+    if len(values) == 1:
+        return first.copy()
+    out = np.empty(first.shape, first.dtype)
+    combine_into(out, first, values[1:], op)
+    return out

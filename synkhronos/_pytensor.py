@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - PyTensor 2.x
     from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
+from pytensor.tensor.random.type import RandomType
 
 __all__ = [
     "ancestors",
@@ -36,6 +37,7 @@ __all__ = [
     "reduce_for_pickle",
     "graph_nodes",
     "precompile",
+    "is_random_generator",
 ]
 
 log = logging.getLogger("synkhronos")
@@ -150,3 +152,9 @@ def precompile(fn: Any) -> bool:
         log.debug("precompile skipped: %s", exc)
         return False
     return True
+
+
+def is_random_generator(var: Any) -> bool:
+    """Whether a shared variable holds a random generator (``RandomStream``'s, or one
+    made with ``pytensor.shared(np.random.default_rng())``)."""
+    return isinstance(getattr(var, "type", None), RandomType)

@@ -17,6 +17,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
+from synkhronos.extensions.train import make_train_function, make_train_function_pytensor
 from synkhronos.testing import rank_values, set_rank_values, split_bounds
 
 from ..conftest import session_fixture
@@ -235,3 +236,61 @@ def test_logistic_sgd_port_prints_the_serial_numbers(model):
     """The tutorials' batch of 600 splits evenly at n = 1, 2, 3."""
     data, serial = _digits()
     assert _train(synk.function, 3, data) == serial
+
+
+def _nll_model():
+    W = pytensor.shared(W0.copy(), name="W_train")
+    b = pytensor.shared(np.zeros(3), name="b_train")
+    x, y = pt.dmatrix("x"), pt.ivector("y")
+    p = pt.special.softmax(x.dot(W) + b, axis=-1)
+    return x, y, [W, b], -pt.log(p[pt.arange(y.shape[0]), y]).mean()
+
+
+def _serial_steps(minibatches):
+    """The same rule in one plain PyTensor process, on the same minibatches."""
+    x, y, params, loss = _nll_model()
+    train = make_train_function_pytensor(loss, params, [x, y], "adam", learning_rate=0.05)
+    losses = [float(train(X[rows], LABELS[rows].astype("int32"))) for rows in minibatches]
+    return losses, [p.get_value() for p in params]
+
+
+def _assert_trained_like(losses, params, minibatches):
+    want_losses, want_params = _serial_steps(minibatches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-10)
+    for param, want in zip(params, want_params, strict=True):
+        for value in rank_values(param):  # the same parameters in every process
+            np.testing.assert_allclose(value, want, rtol=1e-9, atol=1e-12)
+
+
+def test_make_train_function_on_minibatches_sliced_by_givens(model):
+    """Minibatches of 7 (uneven at n = 2, 3; the last one, 1 row, leaves processes
+    without rows): each step is exactly the serial step."""
+    x, y, params, loss = _nll_model()
+    index = pt.lscalar("index")
+    labels = pt.cast(model.data_y, "int32")
+    train = make_train_function(
+        loss, params, [index], "adam", learning_rate=0.05,
+        givens={x: model.data_x[index * 7:(index + 1) * 7], y: labels[index * 7:(index + 1) * 7]})
+    assert train.form == "slice"
+    losses = [float(train(i)) for i in range(8)]
+    _assert_trained_like(losses, params, [slice(i * 7, (i + 1) * 7) for i in range(8)])
+
+
+def test_make_train_function_on_sliceable_shareds_with_batch_s(model):
+    """Every process holds the whole data; batch_s gives each its part of the serial
+    minibatch (one slice per process), so each step is the serial step."""
+    x, y, params, loss = _nll_model()
+    labels = pt.cast(model.data_y, "int32")
+    train = make_train_function(loss, params, [], "adam", learning_rate=0.05,
+                                givens=[(x, model.data_x), (y, labels)],
+                                sliceable_shareds=[model.data_x, labels])
+    assert train.form == "sliceable"
+    minibatches, losses = [], []
+    for start, size in [(0, 7), (7, 11), (18, 2), (20, 30)]:
+        parts = split_bounds(size, synk.n_parallel())
+        losses.append(float(train(batch_s=[slice(start + lo, start + hi) for lo, hi in parts])))
+        minibatches.append(slice(start, start + size))
+    _assert_trained_like(losses, params, minibatches)
+    with pytest.raises(ValueError, match="sliceable_shareds.*inputs must be empty"):
+        make_train_function(loss, params, [x], "sgd", learning_rate=0.1,
+                            givens=[(y, labels)], sliceable_shareds=[labels])

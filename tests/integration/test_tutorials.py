@@ -83,8 +83,13 @@ def assert_close(got, want):
                          ids=["first", "middle", "last-short", "all", "20", "end-short",
                               "past-end", "one-row"])
 def test_slice_pattern_matches_serial(model, index, size):
+    try:
+        want = model.evaluate_serial(index, size)
+    except MemoryError:  # PyTensor 2.38's LogSoftmax refuses no rows: so does the master
+        with pytest.raises(synk.WorkerError, match="MemoryError"):
+            model.evaluate(index, size)
+        return
     got = model.evaluate(index, size)
-    want = model.evaluate_serial(index, size)
     if size * index >= 50:  # an empty slice: the serial mean is nan, the gathers empty
         assert np.isnan(got[0]) and np.isnan(want[0])
         assert all(np.shape(g) == np.shape(w) for g, w in zip(got, want, strict=True))

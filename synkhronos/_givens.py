@@ -36,6 +36,7 @@ import pytensor
 from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable, equal_computations
+from pytensor.tensor.basic import ScalarFromTensor
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.subtensor import Subtensor, get_idx_list
 
@@ -103,7 +104,7 @@ def _row_slice(value: Any) -> tuple[SharedVariable, Variable, Any, Any] | None:
 def _bound_tensor(bound: Any) -> Variable:
     """A bound of a Subtensor (a scalar-typed variable) as a 0-d tensor."""
     owner = bound.owner
-    if owner is not None and type(owner.op).__name__ == "ScalarFromTensor":
+    if owner is not None and isinstance(owner.op, ScalarFromTensor):
         return owner.inputs[0]
     return pytensor.tensor.as_tensor_variable(bound)
 

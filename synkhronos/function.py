@@ -164,19 +164,16 @@ class Function:
         self.sliceable_shareds = _sliceable(sliceable_shareds)
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
         _check_used(self.sliceable_shareds, self._outputs, self._updates, given)
-        # The Theano tutorials' pattern: givens slicing rows of shared variables, bounds
-        # from scalar inputs; those become broadcast, each process gets its block of rows.
+        self._kwargs = dict(kwargs)
         self._slices = _givens.find_slices(given, self.inputs, self.sliceable_shareds)
         _givens.check_scalars(self.inputs, self._slices)
         self._row_shareds = list(self.sliceable_shareds)  # each gets a stand-in input
         if self._slices is not None:
-            self.bcast_inputs = self._slices.scalars + self.bcast_inputs
-            self.inputs = []
             self._row_shareds += self._slices.shareds
         self._slice_inputs = [var.type(name=var.name) for var in self._row_shareds]
         stand_ins = dict(zip(self._row_shareds, self._slice_inputs, strict=True))
         if self._slices is not None:
-            given = self._slices.givens(stand_ins)
+            given = self._use_slice_pattern(given, stand_ins)
         mine = {var: stand_ins[var] for var in self.sliceable_shareds}
         # The original's pattern givens=[(x, s_x)], sliceable_shareds=[s_x]: each
         # process passes its selected rows of s_x in place of s_x, so the stand-in goes
@@ -184,13 +181,7 @@ class Function:
         given = [(var, _pytensor.substitute(value, mine) if isinstance(value, Variable)
                   else value) for var, value in given]
         self._givens = given + list(mine.items())
-        self._kwargs = dict(kwargs)
         self._signature = self.inputs + self.bcast_inputs
-        if self._slices is not None:
-            roots = self._outputs + [value for _, value in self._updates] + [
-                value for _, value in (givens.items() if isinstance(givens, dict) else givens)]
-            self._kwargs = self._slices.compile_kwargs(self._signature, roots, self._kwargs)
-            self._slices.compile(self._signature)
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
         self._binder = _validate.Binder(self._signature, len(self.inputs))
         self._session: Session = session
@@ -204,6 +195,19 @@ class Function:
         self._variants: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
+
+    def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
+        """The Theano tutorials' pattern (``_givens``): the scalar inputs become
+        broadcast, each slice is replaced by its variable's stand-in (fed with each
+        process's block of the slice), and the master compiles the slice's bounds.
+        Returns the rewritten givens."""
+        assert self._slices is not None
+        self.bcast_inputs = self._slices.scalars + self.bcast_inputs
+        self.inputs = []
+        roots = self._outputs + [value for _, value in self._updates + given]
+        self._kwargs = self._slices.compile_kwargs(self.bcast_inputs, roots, self._kwargs)
+        self._slices.compile(self.bcast_inputs)
+        return self._slices.givens(stand_ins)
 
     @property
     def output_modes(self) -> list[str | None]:

@@ -104,6 +104,15 @@ def test_scalars_are_broadcast(model):
     assert_close(model.evaluate(size=7, index=2), model.evaluate_serial(2, 7))
 
 
+def test_index_given_as_a_broadcast_input_divides_the_rows_too(model):
+    index, x = pt.lscalar("index"), pt.dmatrix("x")
+    f = synk.function([], [(x.shape[0], "gather"), (x, "gather")], bcast_inputs=[index],
+                      givens={x: model.data_x[index * 9:(index + 1) * 9]})
+    counts, rows = f(2)
+    assert list(counts) == [hi - lo for lo, hi in split_bounds(9, synk.n_parallel())]
+    np.testing.assert_array_equal(rows, X[18:27])
+
+
 @pytest.mark.parametrize("num_slices", [2, 3])
 def test_slices_of_the_slice_match_serial(model, num_slices):
     got = model.evaluate(1, 20, num_slices=num_slices)

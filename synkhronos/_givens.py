@@ -20,7 +20,7 @@ needs at call time:
   fed with each process's rows) serves this pattern too; the scalar inputs become
   broadcast inputs;
 - ``SlicePattern.rows``: per call, in the master: the bounds evaluated on the call's
-  broadcast inputs (a small function compiled once, Python linker: no C compile),
+  broadcast inputs (a small function compiled once),
   clipped as numpy clips a slice, and the slice's rows divided by the rule that
   divides scattered rows: one ``(start, stop)`` per process and per shared variable,
   sent with the call. Each process passes ``value[start:stop]`` for its stand-in.
@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import pytensor
-from pytensor.compile.mode import Mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable, equal_computations
 from pytensor.tensor.basic import ScalarFromTensor
@@ -120,6 +119,7 @@ class SlicePattern:
     others: list[tuple[Any, Any]]  # the other givens, untouched
     scalars: list[Variable]  # the inputs that become broadcast
     _compute: Any = field(default=None, repr=False)
+    _inputs: list = field(default_factory=list, repr=False)
 
     def givens(self, stand_ins: dict) -> list[tuple[Any, Any]]:
         """The givens with each slice replaced by its view of the stand-in (which each
@@ -149,18 +149,31 @@ class SlicePattern:
     def compile(self, signature: list) -> None:
         """Build the bounds' function of the call's inputs (once, in the master)."""
         outputs = [b for pair in self.bounds for b in pair if b is not None]
-        mode = Mode(linker="py", optimizer="fast_compile")
-        self._compute = pytensor.function(list(signature), outputs, mode=mode,
+        self._inputs = list(signature)
+        self._compute = pytensor.function(self._inputs, outputs,
+                                          mode=_pytensor.scalar_mode(),
                                           on_unused_input="ignore")
-        self._compute.trust_input = False
+        # its inputs are made exact below (dtype, ndim): skip PyTensor's own check
+        self._compute.trust_input = True
+
+    def _evaluate(self, values: list) -> list:
+        """The bounds for one call's values (numpy arrays, Data, or, from
+        ``as_pytensor``, anything PyTensor would accept)."""
+        arrays = []
+        for var, value in zip(self._inputs, values, strict=True):
+            value = value.data if hasattr(value, "ref") else value  # a synk.Data
+            if not (isinstance(value, np.ndarray) and value.dtype == var.type.numpy_dtype
+                    and value.ndim == var.ndim):
+                value = var.type.filter(value, strict=False, allow_downcast=True)
+            arrays.append(value)
+        return self._compute(*arrays)
 
     def whole(self, values: list) -> list[tuple[int, int]]:
         """``(start, stop)`` of each shared variable's slice, as numpy clips it.
 
         Raises ValueError when the slices select different numbers of rows (they are
         the rows of one minibatch)."""
-        arrays = [v.data if hasattr(v, "ref") else v for v in values]
-        computed = iter(self._compute(*arrays) if self._compute is not None else [])
+        computed = iter(self._evaluate(values) if self._compute is not None else [])
         spans = []
         for shared, (start, stop) in zip(self.shareds, self.bounds, strict=True):
             length = np.shape(_pytensor.value(shared))[0]

@@ -71,6 +71,8 @@ class Call(Message):
     # no sliceable shared variables
     profile: bool = False  # reply with (gather, function) seconds too
     prepared: Prepared | None = None  # sent with a variant's first call
+    shared_rows: tuple | None = None  # givens' slice pattern: per rank, (start, stop)
+    # of each sliceable shared variable's rows (instead of batch_s)
 
 
 def machine_rows(ctx: RankContext) -> Callable[[int, int], list[tuple[int, int]]]:
@@ -201,11 +203,14 @@ class PreparedCall:
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
-                profile: bool, epoch: int) -> Call:
+                profile: bool, epoch: int, shared_rows: tuple | None = None,
+                empty: bool = False) -> Call:
         """The ``Call`` for validated arguments; numpy inputs are staged now.
 
         ``epoch``: which command this call will run in (calls prepared for the same
-        command never share staging buffers).
+        command never share staging buffers). ``shared_rows``: the givens' slice
+        pattern's rows per rank; ``empty``: that slice has no rows (the master runs
+        anyway, as for scattered inputs with none).
         """
         self._warn_casts(checked.casts)
         refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered)
@@ -213,11 +218,12 @@ class PreparedCall:
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,
             checked.minibatch, batch_s, num_slices,
-            checked.total_rows == 0 and n > 0,
+            (checked.total_rows == 0 and n > 0) or empty,
             indices is None and not self.prepared.sliceable and not any(checked.casts)
             and all(ref.segment.startswith(self._prefix) for ref in refs),
             profile,
             None if self.registered else self.prepared,
+            shared_rows,
         )
 
     def _warn_casts(self, casts: tuple) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pytensor
 
 try:  # PyTensor >= 3
     from pytensor.graph.traversal import ancestors as _ancestors
@@ -24,6 +25,7 @@ except ImportError:  # pragma: no cover - PyTensor 2.x
     from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
+from pytensor.tensor.random.type import RandomType
 
 __all__ = [
     "ancestors",
@@ -36,6 +38,8 @@ __all__ = [
     "reduce_for_pickle",
     "graph_nodes",
     "precompile",
+    "is_random_generator",
+    "scalar_mode",
 ]
 
 log = logging.getLogger("synkhronos")
@@ -150,3 +154,20 @@ def precompile(fn: Any) -> bool:
         log.debug("precompile skipped: %s", exc)
         return False
     return True
+
+
+def is_random_generator(var: Any) -> bool:
+    """Whether a shared variable holds a random generator (``RandomStream``'s, or one
+    made with ``pytensor.shared(np.random.default_rng())``)."""
+    return isinstance(getattr(var, "type", None), RandomType)
+
+
+def scalar_mode() -> Any:
+    """The fastest mode for a tiny graph of scalars evaluated once per call in the
+    master (the slice pattern's bounds): the C VM, about 1 us a call, where PyTensor
+    3's default (Numba) takes about 30 and the Python linker about 80; the Python
+    linker where there is no C compiler."""
+    from pytensor.compile.mode import Mode
+
+    linker = "cvm" if pytensor.config.cxx else "py"
+    return Mode(linker=linker, optimizer="fast_run")

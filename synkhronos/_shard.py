@@ -11,7 +11,8 @@ master included) then runs ``run_call`` on it independently:
    every process;
 3. its ``sliceable_shareds`` rows, selected by its entry of ``batch_s``, checked
    here against its own rows: every rank votes, and if any refuses, none runs (the
-   master raises the ``ValueError``);
+   master raises the ``ValueError``); or, for givens that slice rows of shared
+   variables (``_givens``), its block of that slice, as the master computed it;
 4. the local PyTensor function, once, or once per slice with outputs and update values
    accumulated in place, the updates computed from the original values and applied
    once at the end;
@@ -123,6 +124,9 @@ def _sliceable_rows(ctx: RankContext, call: Call, prepared: Prepared) -> list[np
     """
     shared = REGISTRY.get(ctx).shared
     values = [_pytensor.value(shared[uid]) for uid in prepared.sliceable]
+    if call.shared_rows is not None:  # the givens' slice: the master computed the rows
+        return [value[start:stop] for value, (start, stop)
+                in zip(values, call.shared_rows[ctx.rank], strict=True)]
     if call.batch_s is None:
         return values
     raw = call.batch_s[ctx.rank]

@@ -18,7 +18,9 @@ So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
    already-distributed variable, its storage cell and its current value as a
    reference (its uid);
 3. runs one ``Distribute`` command: each worker unpickles, resolving references to its
-   own objects, and registers the new functions and variables under the master's ids.
+   own objects, and registers the new functions and variables under the master's ids;
+   a new random generator gets the worker's own stream (``_streams``) unless the
+   program asked for identical streams.
 
 Over several machines the same pickle goes to every machine; there the leader first
 unpickles and compiles it (``prepare``, before its workers see the command), so that
@@ -44,6 +46,7 @@ from ._core import faults
 from ._core.context import RankContext, RankVar
 from ._core.protocol import Message
 from ._core.session import require
+from ._streams import Streams, check_streams, reseed
 
 __all__ = ["distribute", "Distribute", "Registry", "REGISTRY", "receive", "prepare"]
 
@@ -68,6 +71,7 @@ class Registry:
         self.distributed_once = False
         self.prepared: Distribute | None = None  # another machine's leader: unpickled
         self.prepared_seconds: float | None = None
+        self.random_streams: Streams = "independent"  # for generators shipped next, master
 
     def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
@@ -104,6 +108,7 @@ class Distribute(Message):
     """The pickle of new functions and shared variables, for every worker."""
 
     payload: bytes
+    independent_streams: bool = True  # workers reseed the new random generators
 
 
 _DEEP_RECURSION = 200_000  # pickle recurses once per level of a graph
@@ -173,7 +178,7 @@ class _ReferenceUnpickler(pickle.Unpickler):
         return _pytensor.value(var)
 
 
-def distribute() -> None:
+def distribute(random_streams: Streams | None = None) -> None:
     """Ship every function built since the last call to every worker.
 
     Compiles each new function in the master first, then pickles them all together
@@ -183,14 +188,31 @@ def distribute() -> None:
 
     Collective: every process takes part; returns when all have finished.
 
+    Parameters
+    ----------
+    random_streams : {"independent", "identical"}, optional
+        What the random generators shipped now (``RandomStream``'s, shared
+        generators) draw in the workers. ``"independent"`` (the default): each
+        worker's generator is reseeded from a child of the master generator's
+        ``SeedSequence`` keyed by its rank, so every process's rows get their own
+        draws (dropout masks, corruption noise); the master keeps its generator, so
+        one process draws what the serial program draws. ``"identical"``: every
+        process draws what the master draws. The choice holds for later calls
+        (and for functions distributed at their first call) until given again.
+
     Raises
     ------
     RuntimeError
         Before ``synk.fork()``.
+    ValueError
+        ``random_streams`` is not one of the two choices.
     """
     session = require("synk.distribute()")
     session.check_usable()
     reg = REGISTRY.get(session.ctx)
+    chosen = check_streams(random_streams)
+    if chosen is not None:
+        reg.random_streams = chosen
     reg.distributed_once = True
     if not reg.pending:
         return
@@ -220,7 +242,8 @@ def distribute() -> None:
             buffer = io.BytesIO()
             nodes = [n for fn in functions.values() for n in _pytensor.graph_nodes(fn)]
             _deep(_ReferencePickler(buffer, known).dump, (nodes, functions, new_shared))
-            replies = session.run(Distribute(buffer.getvalue()))
+            replies = session.run(Distribute(buffer.getvalue(),
+                                             reg.random_streams == "independent"))
         except Exception:
             # These functions did not reach the workers. They leave the queue, so that
             # functions built later still distribute, and are retried alone when next
@@ -246,6 +269,8 @@ def _load(ctx: RankContext, message: Distribute) -> tuple[dict[int, Any], float]
     _, functions, new_shared = _deep(_ReferenceUnpickler(io.BytesIO(message.payload), reg).load)
     for uid, var in new_shared.items():
         reg.shared[uid] = var
+    if message.independent_streams:
+        reseed(new_shared.values(), ctx.rank)
     ctx.placement.place(new_shared.values())
     reg.functions.update(functions)
     return functions, time.perf_counter() - start

@@ -21,9 +21,10 @@ and shape, nothing else asked) skips 1-3: the variant reuses that call's message
 The compiled functions are built here, in the master: the one the user asked for
 (scattered inputs, broadcast inputs, then one input per sliceable shared variable,
 which replaces that variable through ``givens`` so each process can pass its
-selected rows), and lazily its variants: an ``output_subset`` (PyTensor 3 has no
-call-time subset) and the sliced form, which returns the update values as outputs
-instead of applying them.
+selected rows; givens that slice a minibatch out of shared variables, the Theano
+tutorials' pattern, get such inputs too: ``_givens.py``), and lazily its variants:
+an ``output_subset`` (PyTensor 3 has no call-time subset) and the sliced form, which
+returns the update values as outputs instead of applying them.
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytensor
-from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from . import _pytensor, _validate
+from . import _givens, _pytensor, _validate
 from ._call import Call, Prepared, PreparedCall, combine, machine_rows, repeat_key
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
@@ -100,6 +100,19 @@ def _variables(value: Any, what: str) -> list:
     return items
 
 
+def _sliceable(value: Any) -> list:
+    """``sliceable_shareds`` as shared variables: an elementwise view of one (a cast,
+    the Theano tutorials' labels) counts as the variable it reads."""
+    variables = _variables(value, "sliceable_shareds")
+    for i, var in enumerate(variables):
+        shared = _givens.shared_of(var)
+        if shared is None:
+            raise TypeError(f"sliceable_shareds[{i}] must be a shared variable or an "
+                            f"elementwise view of one (a cast); got {var!r}")
+        variables[i] = shared
+    return variables
+
+
 def _check_used(sliceable: list, outputs: list, updates: list, givens: list) -> None:
     """Refuse a sliceable shared variable that nothing the function computes reads."""
     if not sliceable:
@@ -127,9 +140,11 @@ class Function:
     inputs : list of Variable
         Inputs scattered along axis 0 across processes.
     bcast_inputs : list of Variable
-        Inputs every process uses whole.
+        Inputs every process uses whole (with givens that slice shared variables,
+        the scalar ``inputs`` come first here).
     sliceable_shareds : list of SharedVariable
-        Shared variables holding data rows, subject to ``batch_s`` and slicing.
+        Shared variables holding data rows, subject to ``batch_s`` and slicing (an
+        elementwise view given there, such as a cast, is listed as its variable).
     output_modes : list of str or None
         The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
         ``"min"``, ``"gather"``, or None (the master's own result).
@@ -146,21 +161,26 @@ class Function:
         self.bcast_inputs = _variables(bcast_inputs, "bcast_inputs")
         self._outputs, self._output_ops, self._single = _parse_outputs(outputs)
         self._updates, self._update_ops = _parse_updates(updates)
-        self.sliceable_shareds = _variables(sliceable_shareds, "sliceable_shareds")
-        for i, var in enumerate(self.sliceable_shareds):
-            if not isinstance(var, SharedVariable):
-                raise TypeError(f"sliceable_shareds[{i}] must be a shared variable; got {var!r}")
-        self._slice_inputs = [var.type(name=var.name) for var in self.sliceable_shareds]
-        stand_ins = dict(zip(self.sliceable_shareds, self._slice_inputs, strict=True))
+        self.sliceable_shareds = _sliceable(sliceable_shareds)
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
         _check_used(self.sliceable_shareds, self._outputs, self._updates, given)
+        self._kwargs = session.ctx.placement.compile_kwargs(dict(kwargs))
+        self._slices = _givens.find_slices(given, self.inputs, self.sliceable_shareds)
+        _givens.check_scalars(self.inputs, self._slices)
+        self._row_shareds = list(self.sliceable_shareds)  # each gets a stand-in input
+        if self._slices is not None:
+            self._row_shareds += self._slices.shareds
+        self._slice_inputs = [var.type(name=var.name) for var in self._row_shareds]
+        stand_ins = dict(zip(self._row_shareds, self._slice_inputs, strict=True))
+        if self._slices is not None:
+            given = self._use_slice_pattern(given, stand_ins)
+        mine = {var: stand_ins[var] for var in self.sliceable_shareds}
         # The original's pattern givens=[(x, s_x)], sliceable_shareds=[s_x]: each
         # process passes its selected rows of s_x in place of s_x, so the stand-in goes
         # into the user's replacement values (PyTensor refuses chained givens).
-        given = [(var, _pytensor.substitute(value, stand_ins) if isinstance(value, Variable)
+        given = [(var, _pytensor.substitute(value, mine) if isinstance(value, Variable)
                   else value) for var, value in given]
-        self._givens = given + list(stand_ins.items())
-        self._kwargs = session.ctx.placement.compile_kwargs(dict(kwargs))
+        self._givens = given + list(mine.items())
         self._signature = self.inputs + self.bcast_inputs
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
         self._binder = _validate.Binder(self._signature, len(self.inputs))
@@ -171,10 +191,23 @@ class Function:
             self._signature + self._slice_inputs, len(self.inputs), len(self.bcast_inputs)
         )
         self._local = self._compile(self._outputs, self._updates, **self._kwargs)
-        fn_id = self._registry.add_function(self._local, self.sliceable_shareds)
+        fn_id = self._registry.add_function(self._local, self._row_shareds)
         self._variants: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
+
+    def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
+        """The Theano tutorials' pattern (``_givens``): the scalar inputs become
+        broadcast, each slice is replaced by its variable's stand-in (fed with each
+        process's block of the slice), and the master compiles the slice's bounds.
+        Returns the rewritten givens."""
+        assert self._slices is not None
+        self.bcast_inputs = self._slices.scalars + self.bcast_inputs
+        self.inputs = []
+        roots = self._outputs + [value for _, value in self._updates + given]
+        self._kwargs = self._slices.compile_kwargs(self.bcast_inputs, roots, self._kwargs)
+        self._slices.compile(self.bcast_inputs)
+        return self._slices.givens(stand_ins)
 
     @property
     def output_modes(self) -> list[str | None]:
@@ -220,7 +253,7 @@ class Function:
         ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
         static = Prepared(
             fn_id,
-            tuple(reg.uid(var) for var in self.sliceable_shareds),
+            tuple(reg.uid(var) for var in self._row_shareds),
             tuple(ops),
             tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
             tuple(self._update_ops) if sliced else (),
@@ -281,7 +314,8 @@ class Function:
         took = session.enter()  # staging and the command: one thread at a time
         try:
             if (self._plain is not None and not kwargs and batch is None and batch_s is None
-                    and num_slices == 1 and output_subset is None and session.observer is None):
+                    and num_slices == 1 and output_subset is None and session.observer is None
+                    and self._slices is None):
                 key = repeat_key(args)
                 call = self._plain.repeat(key, args) if key is not None else None
                 if call is not None:
@@ -319,11 +353,15 @@ class Function:
             self._check_sliceable_outputs(subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
+        rows, empty = None, False
+        if self._slices is not None:  # the givens' slice, divided: its bounds vary per call
+            rows, length = self._slices.rows(checked.values, session.n)
+            empty = length == 0
         call = prepared.message(checked, selections, num_slices, observer is not None,
-                                session.commands)
+                                session.commands, rows, empty)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None and num_slices == 1
-            and subset is None and observer is None) else None
+            and subset is None and observer is None and self._slices is None) else None
         ops = prepared.prepared.output_ops
         if observer is not None:
             staged = time.perf_counter()
@@ -377,6 +415,10 @@ class Function:
         values = self._binder.bind(args, kwargs)
         values = [v.data if hasattr(v, "ref") else v for v in values]
         whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
+        if self._slices is not None:  # the serial function's own slice of each
+            spans = self._slices.whole(values)
+            whole += [var.get_value(borrow=True)[lo:hi]
+                      for var, (lo, hi) in zip(self._slices.shareds, spans, strict=True)]
         with self._untrusted:  # these values are the caller's: let PyTensor check them
             self._local.trust_input = False
             try:
@@ -445,7 +487,8 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     Parameters
     ----------
     inputs : list of Variable
-        Scattered along axis 0 across processes.
+        Scattered along axis 0 across processes; scalars only where ``givens`` slice
+        shared variables (below), which makes them broadcast.
     outputs : Variable, (Variable, op) or list of these
         ``op`` is ``"avg"`` (default, weighted by rows), ``"sum"``, ``"prod"``,
         ``"max"``, ``"min"``, ``"gather"`` (concatenate in row order), or ``None``: no
@@ -456,9 +499,15 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     updates : dict or list of (shared, new_value[, op])
         Applied locally in every process; ``op`` accumulates across slices.
     givens : dict or list of pairs
-        As in ``pytensor.function``.
+        As in ``pytensor.function``. A given whose value is a slice along axis 0 of a
+        shared variable (or of a cast of one), with bounds computed from scalar inputs
+        (the Theano tutorials' ``givens={x: data_x[index * bs:(index + 1) * bs]}``),
+        runs each process on its block of the slice's rows, as scattered rows are
+        divided; every process holds the whole data, and the scalar inputs are
+        broadcast.
     sliceable_shareds : list of SharedVariable
-        Shared variables holding data rows, subject to ``batch_s`` and slicing.
+        Shared variables holding data rows, subject to ``batch_s`` and slicing; a
+        cast or other elementwise view of one counts as the variable.
     name : str
     **kwargs
         Passed to ``pytensor.function`` untouched.
@@ -473,7 +522,8 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     RuntimeError
         Before ``synk.fork()`` or after ``synk.close()``.
     TypeError, ValueError
-        An output, update or op that is not valid (the message names it).
+        An output, update or op that is not valid (the message names it); a scalar
+        among ``inputs`` that no given slicing a shared variable makes broadcast.
 
     Examples
     --------

@@ -162,28 +162,33 @@ class TrainFunction:
     update_rule : callable
         The rule, from :mod:`synkhronos.extensions.updates`.
     inputs : list of Variable
-        The scattered inputs, in the order ``train`` takes its data.
+        The scattered inputs, in the order ``train`` takes its data (with givens
+        slicing shared variables: the scalar inputs).
+    form : {"inputs", "slice", "sliceable"}
+        Where a step's rows come from: scattered ``inputs``; ``givens`` slicing
+        shared variables by scalar inputs (the Theano tutorials' pattern); or
+        ``sliceable_shareds`` selected by ``batch_s``.
     """
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
                  hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
-                 rule_args: Sequence[Any] = (), sharded: bool | None = None) -> None:
+                 rule_args: Sequence[Any] = (), sharded: bool | None = None,
+                 givens: Any = None, sliceable_shareds: Any = None) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if isinstance(inputs, Variable):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)):
             raise TypeError(f"inputs must be a list of variables scattered along axis 0; "
                             f"got {type(inputs).__name__}")
-        if not inputs:
-            raise ValueError("inputs must hold at least one variable scattered along axis 0 "
-                             "(the minibatch rows); got an empty list")
         self.update_rule = update_rule
         loss, self.params = _check_loss(loss), _check_params(params)
         self.inputs = list(inputs)
         dtype = _flat_dtype(self.params)
-        self._total = pt.scalar("total_rows", dtype=dtype)
-        rows = pt.cast(self.inputs[0].shape[0], dtype)
+        self._givens = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
+        self._sliceable = sliceable_shareds
+        self.form = _data_form(self.inputs, self._givens, sliceable_shareds)
+        rows, self._total = self._row_counts(dtype)
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the
         # gradient itself.
@@ -208,10 +213,21 @@ class TrainFunction:
         name = update_rule.__name__
         self.sharded = self._choose_sharded(sharded, compile_kwargs)
         self.grad_function: Function = function(
-            self.inputs, loss, bcast_inputs=[self._total],
-            updates=[(grad_shared, flat, "sum")],
+            self.inputs, loss,
+            bcast_inputs=[self._total] if self.form == "inputs" else None,
+            updates=[(grad_shared, flat, "sum")], givens=self._givens or None,
+            sliceable_shareds=sliceable_shareds,
             name=f"train_grad_{name}", **compile_kwargs,
         )
+        self._count_function: Function | None = None
+        if self.form == "sliceable":
+            # each process's row count, summed over processes before the gradient call
+            assert isinstance(self._total, SharedVariable)
+            self._count_function = function(
+                [], updates=[(self._total, pt.cast(rows, dtype))],
+                givens=self._givens or None, sliceable_shareds=sliceable_shareds,
+                name=f"train_rows_{name}",
+                **dict(compile_kwargs, on_unused_input="ignore"))  # the labels' rows
         self.params_flat: SharedVariable | None = None
         if self.sharded:
             self.state = self._build_sharded(name, _hyper_of(update_rule, rule_args, hyper),
@@ -221,12 +237,28 @@ class TrainFunction:
                                            name=f"train_apply_{name}", **compile_kwargs)
             targets = {id(p) for p in self.params}
             self.state = [var for var, _ in param_updates if id(var) not in targets]
+        zeroed = [(grad_shared, pt.zeros_like(grad_shared))]
+        if self.form == "sliceable":  # a process with no rows adds no stale count
+            zeroed.append((self._total, pt.zeros_like(self._total)))
         self._zero_function: Function = function(
-            [], updates=[(grad_shared, pt.zeros_like(grad_shared))],
-            name=f"train_zero_{name}", **compile_kwargs,
+            [], updates=zeroed, name=f"train_zero_{name}", **compile_kwargs,
         )
         self._ready = False
         self._steps: dict[str, synk_steps.Step] = {}
+
+    def _row_counts(self, dtype: str) -> tuple[Variable, Variable]:
+        """This process's rows in a step, and the minibatch's (an input, an expression
+        of the slice's bounds, or a shared scalar summed over processes each step)."""
+        if self.form == "inputs":
+            return pt.cast(self.inputs[0].shape[0], dtype), pt.scalar("total_rows", dtype=dtype)
+        key, value = self._givens[0]  # the first given's rows are the minibatch's
+        rows = pt.cast(key.shape[0], dtype)
+        if self.form == "slice":
+            # the slice of the whole shared variable, as the serial function takes it:
+            # every process evaluates its length (the shared variable itself is not
+            # replaced; only the given's value is, by each process's block)
+            return rows, pt.cast(value.shape[0], dtype)
+        return rows, pytensor.shared(np.zeros((), dtype=dtype), name="train_total_rows")
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
         """Sharded unless asked otherwise, or impossible: one process, a rule of the
@@ -303,9 +335,12 @@ class TrainFunction:
             self._steps["gather"] = synk_steps.all_gather_pieces(self.params_flat)
         else:
             self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum")
+        if self._count_function is not None:
+            self._steps["count"] = synk_steps.all_reduce(self._total, op="sum")
         self._ready = True
 
-    def __call__(self, *data: Any, batch: Any = None, num_slices: int = 1) -> np.ndarray:
+    def __call__(self, *data: Any, batch: Any = None, batch_s: Any = None,
+                 num_slices: int = 1) -> np.ndarray:
         """Take one step on the selected rows; return their mean loss.
 
         Collective: every process takes part; returns when all have finished.
@@ -313,9 +348,13 @@ class TrainFunction:
         Parameters
         ----------
         *data : synk.Data or array_like
-            One value per input, all of the same length along axis 0.
+            One value per input, all of the same length along axis 0 (with ``givens``
+            slicing shared variables: the scalar inputs, e.g. the minibatch index).
         batch : None, int, slice or 1-d array of int, optional
             The minibatch's rows, as for a ``synk.Function`` call.
+        batch_s : slice, index array, or a list of them (one per process), optional
+            With ``sliceable_shareds``: each process's rows of them, as for a
+            ``synk.Function`` call.
         num_slices : int, optional
             Slices each process runs its rows in (to bound memory); same result.
 
@@ -334,7 +373,10 @@ class TrainFunction:
         if len(data) != len(self.inputs):
             raise TypeError(f"train takes one data argument per input ({len(self.inputs)}); "
                             f"got {len(data)}")
-        total = _selected(data[0], batch)
+        if batch_s is not None and self.form != "sliceable":
+            raise ValueError("batch_s selects rows of sliceable_shareds, but this training "
+                             "step was built without them")
+        total = _selected(data[0], batch) if self.form == "inputs" else None
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")
         if not self._ready:
@@ -343,13 +385,19 @@ class TrainFunction:
         steps = []
         if self.sharded:
             steps.append(self._steps["views_in"])  # a parameter set since: its value counts
-        if total is not None and total < n:
-            # some process runs nothing in the gradient call: its old gradient must not count
+        if (total is not None and total < n) or (self.form != "inputs" and n > 1):
+            # some process runs nothing in the gradient call: its old gradient must not
+            # count (with data in shared variables, the master does not know the rows)
             steps.append(synk_steps.call(self._zero_function))
+        if self._count_function is not None:
+            steps += [synk_steps.call(self._count_function, batch_s=batch_s),
+                      self._steps["count"]]
         grad_at = len(steps)
+        extra = ((np.asarray(total or 1, dtype=self.grad_shared.type.dtype),)
+                 if self.form == "inputs" else ())
         steps.append(synk_steps.call(
-            self.grad_function, *data, np.asarray(total or 1, dtype=self.grad_shared.type.dtype),
-            batch=batch, num_slices=num_slices,
+            self.grad_function, *data, *extra, batch=batch, batch_s=batch_s,
+            num_slices=num_slices,
         ))
         if self.sharded:
             steps += [self._steps["reduce"], synk_steps.call(self.apply_function, self._bounds),
@@ -602,6 +650,26 @@ class _StateRecorder(updates.State):
         return [recorder.made[id(var)] for var, _ in extra]
 
 
+def _data_form(inputs: list, givens: list, sliceable: Any) -> str:
+    """Where a step's rows come from: ``"inputs"`` (scattered inputs), ``"slice"``
+    (``givens`` slicing shared variables by scalar inputs, the Theano tutorials'
+    pattern) or ``"sliceable"`` (``sliceable_shareds`` with ``batch_s``)."""
+    if sliceable:
+        if inputs:
+            raise ValueError("with sliceable_shareds the rows come from them: inputs must "
+                             "be empty (the rows of each step are chosen by batch_s)")
+        if not givens:
+            raise ValueError("sliceable_shareds need givens that put them in place of the "
+                             "loss's inputs, givens=[(x, s_x), (y, s_y)]")
+        return "sliceable"
+    if inputs and all(var.ndim == 0 for var in inputs) and givens:
+        return "slice"
+    if not inputs:
+        raise ValueError("inputs must hold at least one variable scattered along axis 0 "
+                         "(the minibatch rows); got an empty list")
+    return "inputs"
+
+
 def _forms(inputs: Any, rest: tuple, what: str) -> tuple[list, Any, tuple]:
     """``(inputs, update_rule, rule_args)`` from today's form or the original's.
 
@@ -622,7 +690,8 @@ def _forms(inputs: Any, rest: tuple, what: str) -> tuple[list, Any, tuple]:
 def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
                         compile_kwargs: dict[str, Any] | None = None,
-                        sharded: bool | None = None, **hyper: Any) -> TrainFunction:
+                        sharded: bool | None = None, givens: Any = None,
+                        sliceable_shareds: Any = None, **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
 
     Two call forms: today's ``make_train_function(loss, params, inputs, update_rule,
@@ -650,6 +719,15 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         process, a rule of :mod:`~synkhronos.extensions.updates`, parameters of one
         dtype and a backend other than JAX; ``False`` all-reduces the gradient and
         applies the rule in every process to every parameter. The same result.
+    givens : dict or list of pairs, optional
+        Data held in shared variables, as for ``synk.function``: either givens that
+        slice each minibatch out of shared variables with bounds from scalar
+        ``inputs`` (the Theano tutorials' pattern; ``train(index)``), or, with
+        ``sliceable_shareds``, givens that put those variables in place of the loss's
+        inputs (``inputs=[]``; ``train(batch_s=...)``). The first given's variable
+        counts the rows of a step.
+    sliceable_shareds : list of SharedVariable, optional
+        Shared variables holding each process's rows, selected by ``batch_s``.
     **hyper
         The rule's hyper-parameters (``learning_rate=...`` or the original's
         ``lr=...``, ...); positional ones may follow ``update_rule``.
@@ -657,7 +735,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     Returns
     -------
     TrainFunction
-        ``train(*data, batch=None, num_slices=1) -> loss``. Numerically equal to the
+        ``train(*data, batch=None, batch_s=None, num_slices=1) -> loss``. Numerically equal to the
         same rule run in one PyTensor process on the same minibatches, for any split
         of the rows and any ``num_slices`` (the original averaged the processes'
         gradients equally, exact only on even splits). It is distributed on its first
@@ -669,7 +747,8 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         If ``update_rule`` is missing, neither a rule nor a rule's name, or a
         hyper-parameter is unknown to the rule.
     ValueError
-        If ``update_rule`` names no rule, or ``inputs`` is empty.
+        If ``update_rule`` names no rule, or ``inputs`` is empty (without
+        ``sliceable_shareds``).
     RuntimeError
         Before ``synk.fork()``.
 
@@ -682,7 +761,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     """
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
     return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
-                         compile_kwargs, rule_args, sharded)
+                         compile_kwargs, rule_args, sharded, givens, sliceable_shareds)
 
 
 def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],
@@ -693,15 +772,17 @@ def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable
 
     The serial program :func:`make_train_function` must match (the original's
     ``make_train_function_theano``; that name is an alias). Same call forms; returns
-    ``train(*data) -> loss`` over whole arrays (slice the minibatch yourself).
+    ``train(*data) -> loss`` over whole arrays (slice the minibatch yourself), or, with
+    ``givens=`` (passed to ``pytensor.function``), over what the givens select.
     """
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args,
                                             "make_train_function_pytensor")
     rule = _resolve_rule(update_rule)
     inputs = [inputs] if isinstance(inputs, Variable) else list(inputs)
+    givens = hyper.pop("givens", None)
     grad_updates, param_updates, _ = rule(loss, params, *rule_args, **hyper)
     kwargs = dict(compile_kwargs or {})
-    grad_step = pytensor.function(inputs, loss, updates=grad_updates, **kwargs)
+    grad_step = pytensor.function(inputs, loss, updates=grad_updates, givens=givens, **kwargs)
     apply_step = pytensor.function([], [], updates=param_updates, **kwargs)
 
     def train(*data: Any) -> np.ndarray:

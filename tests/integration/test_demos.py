@@ -10,6 +10,9 @@ exits with 0, prints its closing line, and leaves no shared-memory segment behin
   must follow the serial program to float32 rounding; ``train_mnist_cpu_data`` also
   runs an MLP with dropout on a small ``mnist.npz`` written here (the digits upscaled
   to 28x28; no test downloads);
+- ``tutorials/logistic_sgd.py`` and ``mlp.py`` (the Deep Learning Tutorials' ports)
+  against their serial twins, line for line, on the digits and on an ``mnist.npz``;
+  and each differs from its twin only by synkhronos's lines;
 - ``resnet/train_resnet.py`` and its serial twin: a two-stage ResNet with JAX, a few
   steps (the default four-stage net takes JAX a minute to compile);
 - the Lasagne-style layers (``demos/lasagne_like``) against numpy, and the data
@@ -156,6 +159,55 @@ def test_resnet_demo_and_serial_twin(tmp_path: Path) -> None:
     out = run_demo("resnet/train_resnet_pytensor.py", *tiny, "--quiet", stderr=err)
     assert closing_line(out).startswith("train_resnet_pytensor passed"), out
     assert "epoch 0/1" not in err[1]
+
+
+TUTORIAL_RUNS = [("logistic_sgd", ("--n-epochs", "2"), 2),
+                 ("logistic_sgd", ("--n-epochs", "1"), 3),
+                 ("mlp", ("--n-epochs", "1", "--n-hidden", "30"), 2)]
+
+
+@pytest.mark.parametrize(("script", "flags", "n"), TUTORIAL_RUNS,
+                         ids=[f"{s}-n{n}" for s, _, n in TUTORIAL_RUNS])
+def test_deep_learning_tutorials_print_the_serial_numbers(script, flags, n) -> None:
+    """The minibatches (600 and 20 rows) split evenly: the same lines, digit for digit."""
+    needs("sklearn")
+    serial = run_demo(f"tutorials/{script}_serial.py", *flags)
+    parallel = run_demo(f"tutorials/{script}.py", *flags, "--n-parallel", str(n))
+    assert "validation error" in serial and "Optimization complete" in serial, serial
+    assert parallel.splitlines() == serial.splitlines()
+
+
+def test_logistic_sgd_on_an_mnist_file(tmp_path: Path) -> None:
+    needs("sklearn")
+    mnist = str(write_mnist_npz(tmp_path / "mnist.npz"))
+    flags = ("--n-epochs", "2", "--batch-size", "160", "--dataset", mnist)
+    serial = run_demo("tutorials/logistic_sgd_serial.py", *flags)
+    parallel = run_demo("tutorials/logistic_sgd.py", *flags, "--n-parallel", "2")
+    assert "minibatch 8/8, validation error" in serial, serial  # 1280 rows of 28x28
+    assert parallel.splitlines() == serial.splitlines()
+
+
+@pytest.mark.parametrize("script", ["logistic_sgd", "mlp"])
+def test_tutorial_ports_differ_from_their_serial_twins_by_synk_lines(script) -> None:
+    """Apart from the docstring, the data-parallel program is the serial one plus
+    ``import synkhronos``, ``fork``, ``distribute``, ``all_reduce`` and ``synk.function``
+    for ``pytensor.function`` (and the ``--n-parallel`` flag); mlp.py imports the
+    logistic regression from its own twin."""
+    import difflib
+
+    def code(name: str) -> list[str]:
+        text = (DEMOS / "tutorials" / name).read_text()
+        return text.split('"""', 2)[2].splitlines()  # after the module docstring
+
+    serial, parallel = code(f"{script}_serial.py"), code(f"{script}.py")
+    changed = [line for line in difflib.unified_diff(serial, parallel, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    allowed = re.compile(r"^[+-](\s*|import synkhronos as synk|.*\bsynk\.\w+\(.*"
+                         r"|.*= pytensor\.function\(|.*\"--n-parallel\".*"
+                         r"|from logistic_sgd(_serial)? import LogisticRegression)$")
+    assert [line for line in changed if not allowed.match(line)] == []
+    added = [line for line in changed if line.startswith("+") and line[1:].strip()]
+    assert len(added) <= 9, added
 
 
 def _import_from_demos(name: str):

@@ -8,7 +8,7 @@ failure at any step leaves nothing behind:
 3. the master's ``RankContext`` and ``Session``, with the one handler table;
 4. fork the workers (each builds its own context and runs ``worker.main``); limit this
    process's BLAS and Numba threads; take over SIGINT/SIGTERM where Python's defaults
-   are in place, so Ctrl-C closes the session.
+   are in place, so Ctrl-C interrupts a command and SIGTERM closes the session.
 
 ``close()`` undoes all of it (``Session.close``) and runs at interpreter exit.
 

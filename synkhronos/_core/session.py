@@ -118,7 +118,9 @@ class Session:
         self.machines: Machines | None = None  # the link to the other machines' leaders
         self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
         self._program_lock = program_lock
-        self._command_lock = threading.Lock()
+        # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
+        # so ``enter`` must be able to tell whether the interrupted acquire() got it.
+        self._command_lock = threading.RLock()
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
         self._seq = 0
@@ -189,7 +191,13 @@ class Session:
         self.check_usable()
         if self._holder == me:
             return False
-        self._command_lock.acquire()  # interruptible by Ctrl-C in the main thread
+        lock = self._command_lock
+        try:
+            lock.acquire()  # interruptible by Ctrl-C in the main thread
+        except BaseException:
+            if lock._is_owned():  # type: ignore[attr-defined]  # raised once it returned
+                lock.release()
+            raise
         self._holder = me
         if self.state is not State.READY:  # another thread broke or closed it meanwhile
             self.leave(True)
@@ -394,15 +402,15 @@ class Session:
         except BaseException as exc:
             self._fail(exc)
             raise
-        self._pending = None
         arena = self.ctx.arena
         for rank in workers:
             try:
                 control.reply(rank, arena)  # unlinks a one-off reply segment
-            except Exception as exc:  # nobody asked for it any more
+            except Exception as exc:  # nobody asked for it any more (or read already)
                 log.debug("synkhronos: the interrupted command's reply of rank %d: %s",
                           rank, exc)
         control.release_external_payload(arena)
+        self._pending = None  # last: a Ctrl-C above leaves it to the next command
 
     def _fail_over_machines(self, machines: Any, exc: BaseException) -> NoReturn:
         """Break the session over ``exc`` and raise what it means across machines (a

@@ -40,7 +40,7 @@ from ._core.leader import Leader
 from ._core.machines import Machines
 from ._core.protocol import Join
 from ._core.session import Session
-from ._runtime import devices, mpi, processes, shmem, signals
+from ._runtime import devices, mpi, processes, shmem, signals, watcher
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
 from ._threads import limit_threads
@@ -224,6 +224,7 @@ def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
     segments (a command too large for the control block) take ids of their own."""
     prefix = shmem.new_session_prefix()
     lock = shmem.ProgramLock(prefix)  # inherited by the workers
+    watcher.start(prefix)  # sweeps the prefix once the lock is free: also after a group kill
     try:
         control = ControlBlock(prefix, n, spin) if n > 1 else None
     except BaseException:  # e.g. a squatted name: what it made is unlinked already

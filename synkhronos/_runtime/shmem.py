@@ -6,10 +6,12 @@ Every segment and semaphore of a program carries one prefix,
 - two programs never collide (the token is random; creation is exclusive),
 - ``close()`` (or a worker that outlives its master) removes everything of one
   program by listing ``/dev/shm`` for that prefix, and
-- the next ``fork()`` on the machine removes what a SIGKILLed master left behind:
-  a program holds an ``flock`` on its ``<prefix>lock`` entry while any of its
+- a program holds an ``flock`` on its ``<prefix>lock`` entry while any of its
   processes lives, so a lock that can be taken means the program is gone (no pid
-  is trusted: pids repeat and differ between PID namespaces).
+  is trusted: pids repeat and differ between PID namespaces). The session's watcher
+  (``watcher.py``) waits for that lock and sweeps the prefix when every process was
+  killed at once; the next ``fork()`` on the machine removes what is left when the
+  watcher was killed too (or an older version ran without one).
 
 Only entries owned by the current user are ever removed.
 

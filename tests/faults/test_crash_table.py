@@ -586,8 +586,9 @@ def test_master_sigkilled_workers_sweep_with_threaded_master(master):
 
 
 def test_next_fork_sweeps_what_a_dead_program_left(master):
-    """Nobody got to clean up (all SIGKILLed, workers stopped first): fork() sweeps it."""
-    m = master()
+    """Nobody got to clean up (all SIGKILLed, workers stopped first, and no watcher, as
+    in versions before it or if it is killed too): the next fork() sweeps it."""
+    m = master("--no-watcher")
     m.wait_started()
     for pid in m.workers:
         os.kill(pid, signal.SIGSTOP)

@@ -224,8 +224,8 @@ def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
     segments (a command too large for the control block) take ids of their own."""
     prefix = shmem.new_session_prefix()
     lock = shmem.ProgramLock(prefix)  # inherited by the workers
-    watcher.start(prefix)  # sweeps the prefix once the lock is free: also after a group kill
     try:
+        watcher.start(prefix)  # sweeps the prefix once the lock is free: after a group kill
         control = ControlBlock(prefix, n, spin) if n > 1 else None
     except BaseException:  # e.g. a squatted name: what it made is unlinked already
         lock.close()

@@ -4,7 +4,8 @@
 failure at any step leaves nothing behind:
 
 1. sweep ``/dev/shm`` of programs that died without cleaning up;
-2. a fresh prefix, the program lock, the control block (with more than one process);
+2. a fresh prefix, the program lock and its watcher (which sweeps the prefix if every
+   process is killed at once), the control block (with more than one process);
 3. the master's ``RankContext`` and ``Session``, with the one handler table;
 4. fork the workers (each builds its own context and runs ``worker.main``); limit this
    process's BLAS and Numba threads; take over SIGINT/SIGTERM where Python's defaults

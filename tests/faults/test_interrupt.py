@@ -1,13 +1,14 @@
 """Ctrl-C keeps the session (SPEC section 6), as a terminal and as Jupyter send it.
 
 ``scripts/interrupt_keeps_session.py`` runs in its own session (process group); the
-test interrupts it four times -- during a worker's long command, during a loop of
-calls, during another long command and during the next call's wait for it -- with
-SIGINT to the whole group (a terminal's Ctrl-C) or to the master alone (a Jupyter
-interrupt). Each must raise ``KeyboardInterrupt`` in the master within a second, and
-after each the function gives the plain PyTensor function's values and a collective is
-right. The script makes Ctrl-C deliverable itself, so this passes when the suite runs
-with SIGINT ignored (``nohup``, ``pytest &``).
+test interrupts it seven times -- during a worker's long command, during four loops
+of calls (at different moments), during another long command and during the next
+call's wait for it -- with SIGINT to the whole group (a terminal's Ctrl-C) or to the
+master alone (as a Jupyter kernel's interrupt may). Each must raise
+``KeyboardInterrupt`` in the master within a second, and after each the function
+gives the plain PyTensor function's values and a collective is right. The script
+makes Ctrl-C deliverable itself, so this passes when the suite runs with SIGINT
+ignored (``nohup``, ``pytest &``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SCRIPT = Path(__file__).parent / "scripts" / "interrupt_keeps_session.py"
 BUSY_S = 2.0  # the script's
+LOOP_DELAYS = (0.3, 0.05, 0.17, 0.41)  # one per loop of calls the script runs (LOOPS)
 
 
 def _alive(pid: int) -> bool:
@@ -64,12 +66,11 @@ def test_ctrl_c_keeps_the_session(tmp_path, target):
     try:
         info = json.loads(proc.stdout.readline() or "null")
         assert info is not None, proc.communicate()[1]
-        sent = {
-            "busy-1": when("busy-1", 0.05),
-            "loop": when("loop", 0.3),
-            "busy-2": when("busy-2", 0.05),
-            "settling": when("settling", 0.2),
-        }
+        sent = {"busy-1": when("busy-1", 0.05)}
+        for k, delay in enumerate(LOOP_DELAYS):
+            sent[f"loop-{k}"] = when(f"loop-{k}", delay)
+        sent["busy-2"] = when("busy-2", 0.05)
+        sent["settling"] = when("settling", 0.2)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         result = json.loads(out.splitlines()[-1])

@@ -1,4 +1,4 @@
-"""A master that the test interrupts with Ctrl-C four times and that goes on each time.
+"""A master that the test interrupts with Ctrl-C again and again, and that goes on.
 
 Usage: ``python interrupt_keeps_session.py MARK_DIR``
 
@@ -13,7 +13,9 @@ the same clock in every process) for the test, which sends SIGINT (to this proce
 its whole group) when it sees it:
 
 1. ``busy-1``: rank 1 sleeps ``BUSY_S`` inside a command;
-2. ``loop``: the master calls the function in a loop (the test waits a moment first);
+2. ``loop-<k>`` (``LOOPS`` times): the master calls the function in a loop (the test
+   waits a different moment each time, so that Ctrl-C lands at various points of a
+   call);
 3. ``busy-2``: rank 2 sleeps ``BUSY_S`` inside a command, then ``settling``: the next
    call waits for it, and the test interrupts that wait too.
 
@@ -44,6 +46,7 @@ from synkhronos import testing  # noqa: E402
 
 BUSY_S = 2.0
 N = 3
+LOOPS = 4  # loops of calls interrupted, each after another delay
 MARKS = sys.argv[1]
 
 
@@ -104,13 +107,14 @@ def main() -> None:
     check("after busy-1")
     waited["busy-1"] = time.monotonic() - start
 
-    def loop() -> None:
-        mark("loop")
-        for i in range(1_000_000):
-            f(inputs[i % len(inputs)])
+    for k in range(LOOPS):
+        def loop(k: int = k) -> None:
+            mark(f"loop-{k}")
+            for i in range(1_000_000):
+                f(inputs[i % len(inputs)])
 
-    interrupted("loop", loop)
-    check("after loop")
+        interrupted(f"loop-{k}", loop)
+        check(f"after loop {k}")
 
     interrupted("busy-2", lambda: testing.run_on_ranks(busy, BUSY_S, ranks=[2]))
     mark("settling")

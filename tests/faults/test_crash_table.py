@@ -144,6 +144,25 @@ def _crash_then_barrier(crash_rank: int, how: str):
     return this_rank()
 
 
+def _threads_of(pid: int) -> list[str]:
+    """Each thread of ``pid``: its id, state, kernel wait channel, and the signals it
+    blocks and has pending (what tells why a signal did not wake the main thread)."""
+    found = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                masks = [line.split()[1] for line in f
+                         if line.startswith(("SigBlk", "SigPnd", "ShdPnd"))]
+        except OSError:
+            continue
+        found.append(f"{tid} {stat[stat.rindex(')') + 2]} {wchan} blk/pnd/shd={'/'.join(masks)}")
+    return found
+
+
 def _master_thread_state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         text = f.read()
@@ -709,7 +728,7 @@ def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
         try:
             code = m.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            hung.append((kill, sorted(int(t) for t in os.listdir(f"/proc/{m.pid}/task"))))
+            hung.append((kill, _threads_of(m.pid)))
             continue
         assert code in KILLS[kill][2], m.proc.stderr.read()
     assert hung == [], f"{len(hung)}/{len(masters)} masters still asleep 5 s after it: {hung}"

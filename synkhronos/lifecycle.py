@@ -4,11 +4,12 @@
 failure at any step leaves nothing behind:
 
 1. sweep ``/dev/shm`` of programs that died without cleaning up;
-2. a fresh prefix, the program lock, the control block (with more than one process);
+2. a fresh prefix, the program lock and its watcher (which sweeps the prefix if every
+   process is killed at once), the control block (with more than one process);
 3. the master's ``RankContext`` and ``Session``, with the one handler table;
 4. fork the workers (each builds its own context and runs ``worker.main``); limit this
    process's BLAS and Numba threads; take over SIGINT/SIGTERM where Python's defaults
-   are in place, so Ctrl-C closes the session.
+   are in place, so Ctrl-C interrupts a command and SIGTERM closes the session.
 
 ``close()`` undoes all of it (``Session.close``) and runs at interpreter exit.
 
@@ -40,7 +41,7 @@ from ._core.leader import Leader
 from ._core.machines import Machines
 from ._core.protocol import Join
 from ._core.session import Session
-from ._runtime import devices, mpi, processes, shmem, signals
+from ._runtime import devices, mpi, processes, shmem, signals, watcher
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
 from ._runtime.placement import placement_for
@@ -244,6 +245,7 @@ def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
     prefix = shmem.new_session_prefix()
     lock = shmem.ProgramLock(prefix)  # inherited by the workers
     try:
+        watcher.start(prefix)  # sweeps the prefix once the lock is free: after a group kill
         control = ControlBlock(prefix, n, spin) if n > 1 else None
     except BaseException:  # e.g. a squatted name: what it made is unlinked already
         lock.close()

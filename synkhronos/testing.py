@@ -69,6 +69,7 @@ __all__ = [
     "split_bounds",
     "barrier",
     "skip_backend_preimport",
+    "skip_watcher",
 ]
 
 Crash = Literal["raise", "sys_exit", "exit", "kill", "segv", "abort", "stop"]
@@ -344,3 +345,15 @@ def skip_backend_preimport() -> None:
     from . import lifecycle
 
     lifecycle.PREIMPORT_BACKEND = False
+
+
+def skip_watcher() -> None:
+    """Make this program's later ``fork()`` calls start no watcher process, as versions
+    before it did: a session whose processes are all killed at once then leaves its
+    segments until the next ``fork()`` on the machine sweeps them.
+
+    For tests of that sweep.
+    """
+    from ._runtime import watcher
+
+    watcher.ENABLED = False

@@ -5,7 +5,9 @@ The loop never dies of a command's exception: ``Executor.run`` turns it into a
 master raises it (as ``WorkerError``, or as the ``ValueError`` a rank-side check
 refused). Every process therefore reaches the end of every command and stays in step.
 Before each command the worker drops the mappings of segments released since the
-last one (the arena's release log). The loop leaves on ``Exit`` or when the master is
+last one (the arena's release log), and skips a command the master abandoned before
+this worker began it (Ctrl-C in the master's own share, or a broken session). The
+loop leaves on ``Exit`` or when the master is
 gone (then it sweeps the program's segments itself).
 """
 
@@ -22,9 +24,14 @@ from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
 from ._runtime.control import ControlBlock
-from ._runtime.remote import RemoteFailure
+from ._runtime.remote import BarrierAborted, RemoteFailure
 
 __all__ = ["main", "worker_context"]
+
+
+_SKIPPED = RemoteFailure.from_exception(
+    BarrierAborted("the master abandoned this command before this process began it"),
+    keep=False)
 
 
 def _is_new(control: ControlBlock, seen: int) -> bool:
@@ -79,6 +86,9 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         arena.catch_up()
         if faults.PENDING:
             faults.activate()
+        if control.aborted(seen):  # abandoned by the master before this rank began it
+            control.finish(rank, seen, _SKIPPED, True, master_rank, arena)
+            continue
         try:
             message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import

@@ -6,8 +6,9 @@ treats an exception the same way:
 - ``Exception`` and ``SystemExit`` raised by a handler (user code included, and
   ``sys.exit()`` inside a PyTensor op) become a failure: the rank reports it and stays
   in the session, which stays usable (``WorkerError`` in the master);
-- ``KeyboardInterrupt`` passes through: in the master it ends the session (workers
-  ignore SIGINT, so it never starts there). One that a handler's exception hides (a
+- ``KeyboardInterrupt`` passes through: in the master it abandons the command there
+  and leaves it pending for the workers (``session.py``; workers ignore SIGINT, so it
+  never starts there). One that a handler's exception hides (a
   signal during a Numba kernel surfaces as a ``SystemError``) is found and re-raised.
 
 The handler table is explicit: ``synkhronos/handlers.py`` lists every message type and

@@ -3,7 +3,11 @@
 A program has at most one live ``Session``, in the master process; ``fork()``
 (``lifecycle.py``) builds it. Its life::
 
-    (none) --fork()--> READY --WorkerDiedError / timeout / Ctrl-C--> BROKEN
+    (none) --fork()--> READY --WorkerDiedError / timeout / SIGTERM--> BROKEN
+                         |  ^                                           |
+                  Ctrl-C |  | the workers are done with it              |
+                         v  |                                           |
+                       READY, a command pending                         |
                          |                                              |
                          +------------------close()---------------------+--> CLOSED
 
@@ -19,6 +23,18 @@ Every command goes through ``Session.run(message)``:
 5. collect the replies and raise the root-cause failure, if any: a rank-side refusal
    of the arguments as the ``ValueError``/``TypeError`` it is, anything else as
    ``WorkerError``.
+
+Ctrl-C (``KeyboardInterrupt`` in the thread that waits) abandons the command in the
+master only; the session stays READY (SPEC section 6). Workers ignore SIGINT and
+cannot be stopped half-way safely, so the command stays *pending*: if the master had
+not finished its own share, it marks that share failed and aborts the command, so
+that workers waiting for it at a barrier give up (``BarrierAborted``) and workers that
+have not started it skip it; a master interrupted while it waits lets them finish.
+The next command (``enter``, and ``run_held`` again) first waits, interruptibly, until
+every worker has marked the pending command done, and throws its replies away
+(one-off reply segments unlinked): only then may it stage shared memory or post. The
+sequence number, the abort flag and the barrier epochs all carry the command's
+number, so nothing of the abandoned command is mistaken for the next one.
 
 An observer (``synk.profile()``) may watch commands; without one, a command costs one
 attribute check for it.
@@ -102,10 +118,13 @@ class Session:
         self.machines: Machines | None = None  # the link to the other machines' leaders
         self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
         self._program_lock = program_lock
-        self._command_lock = threading.Lock()
+        # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
+        # so ``enter`` must be able to tell whether the interrupted acquire() got it.
+        self._command_lock = threading.RLock()
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
         self._seq = 0
+        self._pending: int | None = None  # a command abandoned on Ctrl-C, workers maybe in it
         self.commands = 0  # commands run so far (a test counts round trips with it)
         self._started = 0.0
         self._cleanups: list[Callable[[], None]] = []
@@ -172,11 +191,23 @@ class Session:
         self.check_usable()
         if self._holder == me:
             return False
-        self._command_lock.acquire()  # interruptible by Ctrl-C in the main thread
+        lock = self._command_lock
+        try:
+            lock.acquire()  # interruptible by Ctrl-C in the main thread
+        except BaseException:
+            if lock._is_owned():  # type: ignore[attr-defined]  # raised once it returned
+                lock.release()
+            raise
         self._holder = me
         if self.state is not State.READY:  # another thread broke or closed it meanwhile
             self.leave(True)
             self.check_usable()
+        if self._pending is not None:  # before any staging into shared memory
+            try:
+                self._settle()
+            except BaseException:
+                self.leave(True)
+                raise
         return True
 
     def leave(self, took: bool) -> None:
@@ -204,6 +235,8 @@ class Session:
         self._running = True
         self.commands += 1
         try:
+            if self._pending is not None:
+                self._settle()
             if self.observer is not None:
                 return self._observed(message, repeats)
             if self.machines is not None:
@@ -233,6 +266,8 @@ class Session:
             start = time.perf_counter()
         try:
             outcome = self.executor.run(self.ctx, message, keep_exception=False)
+        except KeyboardInterrupt:
+            raise  # one process: nothing else runs the command, nothing to wait for
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -247,7 +282,13 @@ class Session:
         assert control is not None
         master = ctx.master_rank
         signals.forget()  # only a signal that arrives during this command is ours
-        seq = control.post(message, master, ctx.arena, message if repeats else None)
+        before = control.seq
+        share_done = False
+        try:
+            seq = control.post(message, master, ctx.arena, message if repeats else None)
+        except KeyboardInterrupt:
+            self._interrupted(before, share_done)
+            raise
         self._seq = seq
         try:
             if self.timeout is not None:  # only the timeout reads it
@@ -255,6 +296,7 @@ class Session:
             if timed:
                 start = time.perf_counter()
             own = self.executor.run(ctx, message, keep_exception=False)
+            share_done = True
             if own.failure is not None:
                 control.mark_failed(master, seq)
             workers = self._worker_ranks
@@ -266,6 +308,9 @@ class Session:
             replies: list[Any] = [None] * ctx.size
             replies[master] = own.reply
             first = self._read_replies(control, replies, None)
+        except KeyboardInterrupt:
+            self._interrupted(before, share_done)
+            raise
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -322,6 +367,50 @@ class Session:
             self._fail_over_machines(machines, exc)
         _raise_root_failure(ctx.master_rank, own, first)
         return replies
+
+    def _interrupted(self, before: int, share_done: bool) -> None:
+        """Ctrl-C in the master during a command (see the module docstring): leave it
+        pending. ``before``: the sequence number before the post; ``share_done``: the
+        master's own share had finished."""
+        control = self.ctx.control
+        assert control is not None
+        seq = control.seq
+        if seq == before:  # interrupted before the post took effect: nothing to wait for
+            return
+        self._pending = seq
+        if not share_done:  # no rank may wait for the master's unfinished share
+            control.mark_failed(self.ctx.master_rank, seq)
+            control.abort(seq)
+
+    def _settle(self) -> None:
+        """Wait until every worker is done with the command Ctrl-C left pending, and
+        throw its replies away. Ctrl-C here raises again and leaves it pending; a dead
+        worker or the timeout breaks the session as in any command."""
+        seq = self._pending
+        control = self.ctx.control
+        assert seq is not None and control is not None
+        workers = self._worker_ranks
+        signals.forget()
+        self._seq = seq
+        if self.timeout is not None:
+            self._started = time.monotonic()
+        try:
+            control.wait(self.ctx.master_rank, lambda: control.all_done(seq, workers),
+                         self._watch)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        arena = self.ctx.arena
+        for rank in workers:
+            try:
+                control.reply(rank, arena)  # unlinks a one-off reply segment
+            except Exception as exc:  # nobody asked for it any more (or read already)
+                log.debug("synkhronos: the interrupted command's reply of rank %d: %s",
+                          rank, exc)
+        control.release_external_payload(arena)
+        self._pending = None  # last: a Ctrl-C above leaves it to the next command
 
     def _fail_over_machines(self, machines: Any, exc: BaseException) -> NoReturn:
         """Break the session over ``exc`` and raise what it means across machines (a
@@ -391,7 +480,7 @@ class Session:
             self.ctx.control.abort(self._seq)
         if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
             log.error("synkhronos session broken: %s", exc)
-        elif self.machines is None:  # Ctrl-C, SIGTERM: leave nothing behind
+        elif self.machines is None:  # SIGTERM: leave nothing behind
             self.close()
         # Over several machines the exception goes up first (Python prints it), and
         # close() at exit ends the job: closing here would end the process now.
@@ -425,8 +514,13 @@ class Session:
             if self.workers:
                 control = self.ctx.control
                 if was_ready and owned and control is not None:
+                    grace = 5.0
+                    pending = self._pending
+                    if pending is not None and not control.all_done(pending,
+                                                                    self._worker_ranks):
+                        grace = 0.0  # busy with a command nobody waits for any more
                     control.post(Exit(), self.ctx.master_rank, self.ctx.arena)
-                    processes.stop_workers(self.workers, timeout=5.0)
+                    processes.stop_workers(self.workers, timeout=grace)
                 else:
                     processes.stop_workers(self.workers, timeout=0.0)
         finally:

@@ -200,12 +200,15 @@ class ControlBlock:
                 except TypeError:  # not hashable after all: pickle it every time
                     key = None
         data: bytes | None
+        # The mailbox is about to change: until the post ends it holds no known message
+        # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
+        in_mailbox, self._in_mailbox = self._in_mailbox, 0
         if memo is not None:
             message_id, data = memo
-            if self._in_mailbox != message_id:
+            if in_mailbox != message_id:
                 self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
                 self.header[_PAYLOAD_LEN] = len(data)
-                self._in_mailbox = message_id
+            self._in_mailbox = message_id
         else:
             data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
             message_id = 0

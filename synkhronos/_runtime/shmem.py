@@ -6,10 +6,12 @@ Every segment and semaphore of a program carries one prefix,
 - two programs never collide (the token is random; creation is exclusive),
 - ``close()`` (or a worker that outlives its master) removes everything of one
   program by listing ``/dev/shm`` for that prefix, and
-- the next ``fork()`` on the machine removes what a SIGKILLed master left behind:
-  a program holds an ``flock`` on its ``<prefix>lock`` entry while any of its
+- a program holds an ``flock`` on its ``<prefix>lock`` entry while any of its
   processes lives, so a lock that can be taken means the program is gone (no pid
-  is trusted: pids repeat and differ between PID namespaces).
+  is trusted: pids repeat and differ between PID namespaces). The session's watcher
+  (``watcher.py``) waits for that lock and sweeps the prefix when every process was
+  killed at once; the next ``fork()`` on the machine removes what is left when the
+  watcher was killed too (or an older version ran without one).
 
 Only entries owned by the current user are ever removed.
 
@@ -20,6 +22,7 @@ that needs it has mapped it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import math
 import mmap
@@ -41,6 +44,8 @@ __all__ = [
     "sweep_dead_programs",
     "array_view",
     "ProgramLock",
+    "shm_free",
+    "no_space",
 ]
 
 PREFIX = "synk_"
@@ -62,21 +67,67 @@ def create_segment(name: str, nbytes: int) -> mmap.mmap:
     """Create segment ``name`` exclusively (mode 0600) and map ``nbytes`` of it.
 
     A zero-byte request maps one page: POSIX cannot map an empty segment.
+
+    Raises
+    ------
+    OSError
+        ``ENOSPC`` when ``/dev/shm`` has too little room, saying how much was asked,
+        how much is free and how to get more (``no_space``); nothing is left behind.
     """
     size = max(int(nbytes), 1)
+    free = shm_free()
+    if free is not None and size > free:  # ask first: the message can say why
+        raise no_space(size, free)
     shm = posix_ipc.SharedMemory(
         _posix_name(name), flags=posix_ipc.O_CREX, mode=0o600, size=size
     )
     try:
         # Reserve the pages now: on a full /dev/shm this fails with ENOSPC here,
-        # instead of a SIGBUS at the first write.
-        os.posix_fallocate(shm.fd, 0, size)
+        # instead of a SIGBUS at the first write (another program may have taken the
+        # room since the check above).
+        try:
+            os.posix_fallocate(shm.fd, 0, size)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise no_space(size, shm_free()) from exc
+            raise
         return mmap.mmap(shm.fd, size)
     except BaseException:
         shm.unlink()
         raise
     finally:
         shm.close_fd()
+
+
+def shm_free() -> int | None:
+    """Bytes an unprivileged process may still allocate in ``/dev/shm`` (None if it
+    cannot be read)."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def no_space(asked: int, free: int | None) -> OSError:
+    """The error for a segment of ``asked`` bytes that does not fit in ``/dev/shm``."""
+    have = "an unknown amount" if free is None else f"{free} bytes ({_size(free)})"
+    return OSError(
+        errno.ENOSPC,
+        f"{SHM_DIR} has too little room for a shared-memory segment of {asked} bytes "
+        f"({_size(asked)}): {have} free. synkhronos keeps every synk.data, staged input "
+        f"and collective buffer there (it is RAM). Free some (del Data no longer needed, "
+        f"close other sessions) or give {SHM_DIR} more room: Docker's --shm-size (e.g. "
+        f"docker run --shm-size=8g), a Kubernetes emptyDir with medium Memory mounted at "
+        f"{SHM_DIR}, or as root: mount -o remount,size=8G {SHM_DIR}",
+    )
 
 
 def open_segment(name: str) -> mmap.mmap:

@@ -1,8 +1,10 @@
 """The master's SIGINT and SIGTERM while a session runs.
 
 While a session is open the master turns Ctrl-C into ``KeyboardInterrupt`` and
-SIGTERM into ``SystemExit(143)`` (only where the program kept Python's defaults), so
-that the waiting loop closes the session and ``atexit`` runs: nothing is left behind.
+SIGTERM into ``SystemExit(143)`` (only where the program kept Python's defaults). A
+waiting loop that sees SIGTERM closes the session and ``atexit`` runs: nothing is left
+behind. Ctrl-C abandons the command in the master only; the session stays usable and
+the next command waits for the workers (``_core/session.py``).
 
 Two traps make this more than ``signal.signal``:
 
@@ -16,7 +18,7 @@ Two traps make this more than ``signal.signal``:
   inherit a mask that leaves these signals to the main thread.
 - A handler that raises while the master runs its own share in a Numba kernel leaves
   its exception as the context of a ``SystemError``; ``reraise_interruption`` finds it, so
-  Ctrl-C there also closes the session instead of turning into a ``WorkerError``.
+  Ctrl-C there is still Ctrl-C instead of turning into a ``WorkerError``.
 """
 
 from __future__ import annotations

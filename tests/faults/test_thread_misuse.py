@@ -35,7 +35,7 @@ from synkhronos.testing import (
     session_state,
 )
 
-from .test_crash_table import run_ctrl_c_script
+from .test_crash_table import check_interrupted_command, run_ctrl_c_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,15 +130,11 @@ def test_concurrent_calls_and_collectives_get_their_own_results(n):
 
 def test_ctrl_c_while_another_thread_waits_inside_a_command(tmp_path):
     """Ctrl-C to the master while a thread other than the main one waits in a command:
-    that call ends within a second (KeyboardInterrupt there too) and the session
-    closes, its workers reaped and its segments gone."""
+    that call ends within a second (KeyboardInterrupt there too), the main thread gets
+    it as well, and the session stays usable."""
     result = run_ctrl_c_script("thread", tmp_path)
     assert result["main"] == "KeyboardInterrupt", result
-    assert result["raised"] == "KeyboardInterrupt", result
-    assert result["after_signal"] < 1.0, result
-    assert result["open"] is False
-    assert result["children"] == [] and result["left"] == [], result
-    assert "synk.fork() must be called before" in result["again"]
+    check_interrupted_command(result)
 
 
 # ---------------------------------------------------------------- processes forked from it

@@ -402,6 +402,28 @@ def test_keyed_message_is_decoded_once_per_worker(make_block):
     assert block.read_command(block.worker_arena) == other
 
 
+def test_a_post_interrupted_half_way_leaves_no_stale_mailbox_id(make_block, monkeypatch):
+    """Ctrl-C while a post writes the mailbox: the message it held before is gone, so
+    posting that message again must write it again, not trust the id it had."""
+    block = make_block(2)
+    arena = block.master_arena
+    message = ("plan", (1, 2, 3))
+    block.post(message, 0, arena, key=message)
+    assert block.read_command(block.worker_arena) == message
+
+    def half_written(obj, at, capacity, length_field, arena):
+        block._buffer[at : at + 7] = b"garbage"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(block, "_write", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        block.post("another message", 0, arena)
+    monkeypatch.undo()
+    block.post(message, 0, arena, key=message)
+    block._decoded.clear()  # a worker that never decoded it reads the mailbox
+    assert block.read_command(block.worker_arena) == message
+
+
 def test_unhashable_key_falls_back_to_pickling(make_block):
     block = make_block(2)
     message = {"a": [1, 2]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -152,6 +153,19 @@ def test_array_view_empty_shape(prefix):
     del view
     segment.close()
     shmem.unlink_segment(prefix + "e")
+
+
+def test_a_segment_larger_than_the_free_room_is_refused_before_it_exists(prefix):
+    free = shmem.shm_free()
+    assert free is not None
+    asked = free + (1 << 30)
+    with pytest.raises(OSError) as info:
+        shmem.create_segment(prefix + "huge", asked)
+    assert info.value.errno == errno.ENOSPC
+    message = str(info.value)
+    assert f"segment of {asked} bytes" in message and "bytes (" in message
+    assert "--shm-size" in message and "/dev/shm" in message
+    assert _entries(prefix) == []
 
 
 # ---------------------------------------------------------------- sweeping

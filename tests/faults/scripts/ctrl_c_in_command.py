@@ -11,7 +11,7 @@ once) and prints ``{"master", "workers", "prefix"}`` as one JSON line. Then it r
 command in which worker rank 1 waits until the master's thread that runs the command
 sleeps (its state in ``/proc``), writes the time (``CLOCK_MONOTONIC``, the same clock in
 every process) to MARK, sends SIGINT to the master process (as Ctrl-C does), and sleeps
-30 s; the other ranks return at once.
+``BUSY_S`` seconds more; the other ranks return at once.
 
 - ``main``: the main thread runs the command;
 - ``thread``: a second thread runs it while the main thread waits for that thread (in
@@ -19,9 +19,11 @@ every process) to MARK, sends SIGINT to the master process (as Ctrl-C does), and
 
 It then prints a second JSON line: ``raised`` (what the command raised in its
 thread), ``main`` (what the main thread got, in ``thread`` mode), ``after_signal``
-(seconds from the signal to the end of the command), ``open`` (whether a session is
-still open), ``children`` and ``left`` (child processes and shared-memory entries of
-this program), and ``again`` (what a command raises afterwards).
+(seconds from the signal to the end of the command), ``state`` (the session's state
+afterwards), ``again`` (every rank's reply to the next command, or what it raised),
+``waited`` (seconds from the signal to that reply: the next command waits for rank 1
+to finish the interrupted one), then closes the session and adds ``children`` and
+``left`` (child processes and shared-memory entries of this program).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import time  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import testing  # noqa: E402
+
+BUSY_S = 2.0  # how long rank 1 goes on with the interrupted command
 
 
 def _state(pid: int, tid: int) -> str:
@@ -64,7 +68,7 @@ def signal_when_asleep(master_pid: int, tid: int, mark: str) -> None:
     with open(mark, "w") as f:
         f.write(repr(time.monotonic()))
     os.kill(master_pid, signal.SIGINT)
-    time.sleep(30)
+    time.sleep(BUSY_S)
 
 
 def command(mark: str, outcome: dict) -> None:
@@ -105,16 +109,18 @@ def main() -> None:
         thread.join(10)
     with open(mark) as f:
         signalled = float(f.read())
+    state = testing.session_state()
     try:
-        testing.ping()
-        again = None
-    except RuntimeError as exc:
-        again = str(exc)
+        again = testing.run_on_ranks(testing.this_rank)
+    except BaseException as exc:  # noqa: BLE001 - reported
+        again = f"{type(exc).__name__}: {exc}"
+    waited = time.monotonic() - signalled
+    synk.close()
     print(json.dumps({
         "raised": outcome.get("raised"), "main": main_got,
         "after_signal": outcome["ended"] - signalled if "ended" in outcome else None,
-        "open": testing.session_open(), "children": testing.child_pids(),
-        "left": testing.leftover_segments(), "again": again,
+        "state": state, "again": again, "waited": waited,
+        "children": testing.child_pids(), "left": testing.leftover_segments(),
     }), flush=True)
 
 

@@ -10,8 +10,10 @@ process in a Numba kernel, again and again for up to 60 s. Before the loop it pr
 ``{"master", "workers", "prefix"}`` as one JSON line on stdout. The test sends SIGINT
 to the master alone: it nearly always lands while the master runs its share inside
 the kernel, where Python's handler can only leave its ``KeyboardInterrupt`` behind a
-``SystemError``. The program must still end by ``KeyboardInterrupt`` with the session
-closed, not by a ``WorkerError``.
+``SystemError``. That must still be ``KeyboardInterrupt``, not a ``WorkerError``, and
+the session must stay usable: the program catches it, calls once more, prints
+``{"again", "expected", "state"}`` as a second JSON line, and raises it again, so that
+it ends by ``KeyboardInterrupt`` (the exit handler closes the session).
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ def main() -> None:
             "prefix": testing.program_prefix()}
     print(json.dumps(info), flush=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        f(rows)
+    try:
+        while time.monotonic() < deadline:
+            f(rows)
+    except KeyboardInterrupt:
+        again = float(f(rows))  # waits for the worker still in the interrupted call
+        print(json.dumps({"again": again, "expected": float(np.sort(rows.data).sum()),
+                          "state": testing.session_state()}), flush=True)
+        raise
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """A synkhronos master that the fault tests kill from outside.
 
 Usage: ``python master_long_command.py MARKER_DIR [--idle [--long-sleep]] [--n N]
-[--threads T] [--low-priority-threads] [--busy] [--preimport]``
+[--threads T] [--low-priority-threads] [--busy] [--preimport] [--no-watcher]``
 
 Ctrl-C is made deliverable first (Python's default SIGINT handler), whatever this
 process inherited: a test suite started in the background has SIGINT ignored.
 ``fork()``'s pre-import of the Numba backend (a second or two) is skipped unless
-``--preimport``.
+``--preimport``. ``--no-watcher``: no watcher process sweeps after the session (as
+before there was one), so that what a dead program leaves can be seen.
 
 It starts ``T`` idle helper threads (default 0; ``SCHED_IDLE`` with
 ``--low-priority-threads``), forks ``N`` processes (default 3), makes one ``synk.data``
@@ -75,7 +76,10 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--preimport", action="store_true")
     parser.add_argument("--long-sleep", action="store_true")
+    parser.add_argument("--no-watcher", action="store_true")
     args = parser.parse_args()
+    if args.no_watcher:
+        testing.skip_watcher()
 
     # idle helper threads in the master, as a data loader or a logger would add
     never = threading.Event()

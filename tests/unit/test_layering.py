@@ -16,7 +16,9 @@ Checked here:
   public modules; the one exception is the MPI layer's own suite, which runs that
   private layer under ``mpiexec`` as unit tests run the others (``tests/mpi``:
   ``test_leaders*.py`` and ``scripts/leaders_*.py``, ``scripts/_machine.py``), and may
-  import ``synkhronos._runtime.mpi`` only.
+  import ``synkhronos._runtime.mpi`` only; and ``benchmarks/device_check.py``, which
+  times and probes the NCCL layer on a GPU as ``tests/unit/test_nccl.py`` tests it, and
+  may import ``synkhronos._runtime.nccl`` only.
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ def test_tests_benchmarks_and_demos_use_public_modules_only(path):
     allowed = set(PUBLIC)
     if _tests_the_mpi_layer(path):
         allowed |= {"synkhronos._runtime", "synkhronos._runtime.mpi"}
+    if path == ROOT / "benchmarks" / "device_check.py":
+        allowed |= {"synkhronos._runtime", "synkhronos._runtime.nccl"}
     for name in _imports(path, top_level_only=False):
         if name.startswith("synkhronos"):
             assert name in allowed, f"{path.relative_to(ROOT)} imports the private {name}"

@@ -713,7 +713,8 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
         key = f"synk-{n} scaled {access} allreduce-on"
         headline[f"{key} / pytensor-1thread"] = ratio(main, base[access])
         synk1 = find(configs, framework="synkhronos", n=1, access=access)
-        headline[f"{key} / synk-1"] = ratio(main, synk1)
+        if synk1 is not None:  # --sizes may leave n=1 out
+            headline[f"{key} / synk-1"] = ratio(main, synk1)
         threads = find(configs, framework="pytensor", threads="all", batch=rows,
                        access=access)
         if threads is not None:

@@ -2,7 +2,7 @@
 
 The script is meant for a GPU machine that is rarely at hand; this test keeps it from
 rotting in between: it runs every part on this machine (JAX's CPU platform standing in
-for the GPU, n <= 2, tiny sizes, a few tests of the device suite), in a subprocess, and
+for the GPU, n = 2 only, tiny sizes, one test of the device suite), in a subprocess, and
 checks the JSON it writes: every part is recorded, the NCCL parts are skipped with the
 reason "needs CUDA GPUs", and every other part passed (PyMC's part may be skipped where
 PyMC is not installed, and says so). Marked ``devicecheck`` (``-m devicecheck`` runs it
@@ -30,12 +30,13 @@ NCCL_PARTS = ["nccl_unit", "nccl_all_reduce", "nccl_two_ranks"]
 TINY = {
     "deadline": 900,
     "test_modules": ["tests/integration/test_collectives.py"],
-    "test_k": "test_all_reduce_twice_and_after_function_updates",
+    "test_k": "test_all_reduce_twice_and_after_function_updates", "test_sizes": [2],
     "step_mlp_rows": 8, "step_rounds": 1, "step_seconds": 0.02,
     "step_resnet": {"blocks": [1], "width": 2, "image_size": 16, "rows": 4},
-    "scaling_rows": 8, "scaling_rounds": 1, "scaling_seconds": 0.02, "scaling_attempts": 1,
+    "scaling_sizes": [2], "scaling_rows": 8, "scaling_rounds": 1, "scaling_seconds": 0.02,
+    "scaling_attempts": 1,
     "allreduce_bytes": [4, 4096], "allreduce_scale": 0.003,
-    "pymc_rows": 2000, "pymc_repeats": 2,
+    "pymc_rows": 2000, "pymc_sizes": [2], "pymc_repeats": 2,
     "budgets": {name: 300 for name in PARTS},
 }
 
@@ -97,7 +98,7 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
         assert step[model]["first_losses"][0] == pytest.approx(step[model]["first_losses"][1],
                                                                rel=1e-4)
     runs = parts["gpu_tests"]["result"]["runs"]
-    assert [r["n_parallel"] for r in runs] == [1, 2]
+    assert [r["n_parallel"] for r in runs] == [2]  # two processes: staged collectives
     for run in runs:
         assert run["returncode"] == 0 and run["counts"]["passed"] >= 1, run
         assert run["counts"]["failures"] == run["counts"]["errors"] == 0, run
@@ -108,4 +109,5 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     assert set(reduce["synkhronos (resident)"]) == {"4", "4096"}
     if parts["pymc_evaluation"]["status"] == "passed":
         pymc = parts["pymc_evaluation"]["result"]
-        assert set(pymc["synkhronos_s"]) == {"1", "2"} and pymc["rows"] == 2000
+        assert set(pymc["synkhronos_s"]) == {"2"} and pymc["rows"] == 2000
+        assert set(pymc["fraction_of_ceiling"]) == {"2"}

@@ -248,7 +248,7 @@ def plot(report: dict, path: Path) -> str:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = [r["bytes"] for r in next(iter(report["series"].values()))]
-    ax.set_xticks(sizes, [label(b) for b in sizes], rotation=35)
+    ax.set_xticks(sizes, [size_label(b) for b in sizes], rotation=35)
     ax.set_xlabel("array size (bytes, float32)")
     ax.set_ylabel("GB/s (array bytes / median time)")
     ax.set_title(f"all_reduce({report['op']}), {report['n']} processes, "
@@ -260,7 +260,7 @@ def plot(report: dict, path: Path) -> str:
     return str(path)
 
 
-def label(nbytes: int) -> str:
+def size_label(nbytes: int) -> str:
     """``4 B``, ``1 KiB``, ``64 MiB``: a byte count as the plot's ticks name it."""
     for unit, shift in (("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:

@@ -60,8 +60,10 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   import.
 
 ``--local`` runs the same parts on this machine with ``SYNKHRONOS_GPU_PLATFORM=cpu``
-(JAX's CPU platform stands in for the GPU), n <= 2 and small sizes, in a minute or
-two; the NCCL parts are skipped ("needs CUDA GPUs"). ``--set KEY=JSON`` overrides one
+(JAX's CPU platform stands in for the GPU), n <= 2, small sizes and only the all-reduce
+tests of ``test_collectives.py``, in a few minutes on two cores; the NCCL parts are
+skipped ("needs CUDA GPUs"). The whole device suite on the stand-in is CI's
+``.ci/gpu_standin.sh``. ``--set KEY=JSON`` overrides one
 setting (the keys of ``FULL`` and ``LOCAL`` below), e.g. ``--set 'test_sizes=[1]'``;
 ``tests/integration/test_device_check.py`` runs ``--local`` with tiny settings.
 
@@ -118,8 +120,9 @@ FULL = {
                 "cpu_scaling": 110, "cpu_all_reduce": 50, "pymc_evaluation": 80},
 }
 LOCAL = dict(FULL, **{
-    "deadline": 240.0,
-    "test_sizes": [1, 2], "test_k": None, "test_concurrent": False,
+    "deadline": 420.0,
+    "test_modules": ["tests/integration/test_collectives.py"], "test_k": "all_reduce",
+    "test_sizes": [1, 2], "test_concurrent": False,
     "step_mlp_rows": 32, "step_resnet": {"blocks": [1, 1], "width": 4, "image_size": 16,
                                          "rows": 8},
     "step_rounds": 3, "step_seconds": 0.2,
@@ -546,8 +549,8 @@ def part_pymc_evaluation(cfg: dict) -> dict:
     import importlib.util
 
     if importlib.util.find_spec("pymc") is None:
-        raise PartSkipped("PyMC is not installed here (carry its wheels: "
-                          "benchmarks/device_wheels.sh)")
+        raise PartSkipped("PyMC is not installed here (on the GPU machine, carry its "
+                          "wheels: benchmarks/device_wheels.sh)")
     command = [sys.executable, str(BENCHMARKS / "pymc_sampling.py"), "--models", "logistic",
                "--rows", str(cfg["pymc_rows"]), "--sizes",
                ",".join(map(str, cfg["pymc_sizes"])), "--no-sampling", "--repeats",
@@ -649,7 +652,7 @@ def main() -> None:
                         help="this machine: the CPU stand-in, n <= 2, small sizes")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds after which no part starts (450; --local: 240)")
+                        help="seconds after which no part starts (480; --local: 420)")
     parser.add_argument("--only", default=None, help="comma-separated parts to run")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",

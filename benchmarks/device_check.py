@@ -452,7 +452,7 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
     lines = done["stdout"].strip().splitlines()
     record = {"label": label, "returncode": done["returncode"], "timed_out": done["timed_out"],
               "seconds": done["seconds"], "counts": counts, "failed": failed,
-              "summary": lines[-1] if lines and not done["timed_out"] else
+              "summary": lines[-1].strip("= ") if lines and not done["timed_out"] else
               f"killed after {done['seconds']} s: {counts}", "command": done["command"]}
     if done["returncode"] != 0:
         record["output_tail"] = done["stdout"][-6000:]

@@ -13,7 +13,7 @@ command is::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
-    export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1;
+    export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1; set -o pipefail;
     python3 benchmarks/device_check.py --out $OUT 2>&1 | tee $OUT/device_check.log
 
 with ``carry=[".whl"]`` and ``timeout_s=600`` (the script stops starting parts after

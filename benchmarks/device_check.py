@@ -20,7 +20,8 @@ with ``carry=[".whl"]`` and ``timeout_s=600`` (the script stops starting parts a
 ``--deadline`` seconds, 480 by default, and no part runs past it, so the wheels'
 installation and the transfers fit in the call). It writes ``device_check.json``
 (``device_check_local.json`` with ``--local``) into ``--out`` (default: ``$OUT`` when
-set, else ``benchmarks/results``) and prints a summary table on stdout.
+set, else ``benchmarks/results``), prints a summary table on stdout, and exits with
+status 1 if a part failed.
 
 Parts, in the order they run; each runs in its own process with its own time limit
 (its budget, or less when the deadline is near), so that a part that fails, crashes or
@@ -719,6 +720,7 @@ def main() -> None:
         lines.append(f"  {name:16s} {record['status']:8s} "
                      f"{record.get('wall_s', 0):6.1f} s  {headline(name, record)}")
     print("\n".join(lines), flush=True)
+    sys.exit(1 if report["summary"]["failed"] else 0)
 
 
 if __name__ == "__main__":

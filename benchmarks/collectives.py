@@ -3,9 +3,11 @@
 Usage::
 
     python benchmarks/collectives.py [--n 2] [--op sum] [--out benchmarks/results]
+        [--sizes 4,67108864] [--peers torch,mpi4py]
 
 Every implementation reduces float32 arrays of 1 element, 1 KiB, 64 KiB, 1 MiB,
-16 MiB and 64 MiB across ``--n`` processes in the same run, so the peers see the
+16 MiB and 64 MiB (``--sizes``: the listed byte counts instead) across ``--n``
+processes in the same run, so the peers see the
 same machine load. A trial is one all-reduce; its time is the slowest rank's (for
 synkhronos the master's call, which returns when every process has finished); the
 figure reported is the median over trials, with the 10th and 90th percentiles.
@@ -21,6 +23,9 @@ Implementations:
   imports; the JSON says so otherwise).
 - ``mpi4py``: ``Comm.Allreduce(IN_PLACE, ...)`` under ``mpirun`` (only if mpi4py and
   mpirun are found; the JSON says so otherwise).
+
+``--peers`` names the peers to run beside synkhronos (default both: ``torch,mpi4py``;
+an empty string: none).
 
 Waiting processes spin, then sleep: ``--spin`` sets ``synk.fork(spin=...)`` (MPI
 spins by default; gloo blocks). Left out, the library decides, and picks 0 whenever
@@ -51,6 +56,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
+from _harness import cpu_model, idle_percent  # noqa: E402
+
 SIZES = [4, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # bytes, float32
 QUIET = 90.0  # percent idle before and after a series, for its repetition to count
 
@@ -61,41 +70,8 @@ def trials_for(nbytes: int, scale: float) -> int:
     return max(5, int(base * scale))
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def idle_percent(seconds: float = 0.5) -> float:
-    """How idle all CPUs were over ``seconds`` (from /proc/stat), in percent."""
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]
-
-    total, idle = sample()
-    time.sleep(seconds)
-    total2, idle2 = sample()
-    return round(100.0 * (idle2 - idle) / max(1, total2 - total), 1)
-
-
 def summarize(nbytes: int, times: list[float]) -> dict:
-    median = float(np.median(times))
-    return {
-        "bytes": nbytes,
-        "elements": nbytes // 4,
-        "trials": len(times),
-        "median_us": median * 1e6,
-        "p10_us": float(np.percentile(times, 10)) * 1e6,
-        "p90_us": float(np.percentile(times, 90)) * 1e6,
-        "GB_per_s": nbytes / median / 1e9,
-    }
+    return _harness.summarize_times(times, nbytes)
 
 
 # -- synkhronos ---------------------------------------------------------------------------
@@ -107,7 +83,8 @@ def _set_private(var, rank: int, size: int) -> None:
     var.set_value(arrays[0], borrow=True)
 
 
-def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | None) -> dict:
+def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | None,
+                     sizes: list[int]) -> dict:
     import pytensor
 
     import synkhronos as synk
@@ -116,7 +93,7 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
     synk.fork(n, pin=pin, spin=spin)
     try:
         variables = [pytensor.shared(np.full(s // 4, 0.0, "float32"), name=f"v{s}")
-                     for s in SIZES]
+                     for s in sizes]
         synk.function([], [v.sum() for v in variables])
         synk.distribute()
         results: dict[str, list] = {"resident": [], "copy-in": []}
@@ -128,7 +105,7 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
                 pings.append(time.perf_counter() - start)
         results["ping"] = summarize(0, pings)
         results["spin"] = testing.spin_seconds()
-        for nbytes, var in zip(SIZES, variables, strict=True):
+        for nbytes, var in zip(sizes, variables, strict=True):
             count = trials_for(nbytes, scale)
             for _ in range(min(count, 20)):
                 synk.all_reduce(var, op)
@@ -151,7 +128,8 @@ def bench_synkhronos(n: int, op: str, scale: float, pin: bool, spin: float | Non
 
 
 # -- torch.distributed, gloo ---------------------------------------------------------------
-def _torch_rank(rank: int, n: int, port: int, op: str, scale: float, queue) -> None:
+def _torch_rank(rank: int, n: int, port: int, op: str, scale: float, sizes: list[int],
+                queue) -> None:
     import torch
     import torch.distributed as dist
 
@@ -162,7 +140,7 @@ def _torch_rank(rank: int, n: int, port: int, op: str, scale: float, queue) -> N
                  "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT,
                  "avg": dist.ReduceOp.SUM}[op]
     rows = []
-    for nbytes in SIZES:
+    for nbytes in sizes:
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32)
         count = trials_for(nbytes, scale)
         for _ in range(min(count, 20)):
@@ -183,7 +161,7 @@ def _torch_rank(rank: int, n: int, port: int, op: str, scale: float, queue) -> N
     dist.destroy_process_group()
 
 
-def bench_torch(n: int, op: str, scale: float) -> dict:
+def bench_torch(n: int, op: str, scale: float, sizes: list[int]) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError as exc:
@@ -196,18 +174,18 @@ def bench_torch(n: int, op: str, scale: float) -> dict:
         port = probe.getsockname()[1]
     context = mp.get_context("spawn")
     queue = context.Queue()
-    procs = [context.Process(target=_torch_rank, args=(r, n, port, op, scale, queue))
+    procs = [context.Process(target=_torch_rank, args=(r, n, port, op, scale, sizes, queue))
              for r in range(n)]
     for proc in procs:
         proc.start()
     rows = queue.get(timeout=1800)
     for proc in procs:
         proc.join()
-    return {"gloo": [summarize(nbytes, times) for nbytes, times in zip(SIZES, rows, strict=True)]}
+    return {"gloo": [summarize(nbytes, times) for nbytes, times in zip(sizes, rows, strict=True)]}
 
 
 # -- MPI ----------------------------------------------------------------------------------------
-def mpi_main(op: str, scale: float) -> None:
+def mpi_main(op: str, scale: float, sizes: list[int]) -> None:
     """Run under mpirun: rank 0 prints one JSON line of per-trial times per size."""
     from mpi4py import MPI
 
@@ -215,7 +193,7 @@ def mpi_main(op: str, scale: float) -> None:
     mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD,
               "avg": MPI.SUM}[op]
     rows = []
-    for nbytes in SIZES:
+    for nbytes in sizes:
         array = np.full(nbytes // 4, 0.0, "float32")
         count = trials_for(nbytes, scale)
         for _ in range(min(count, 20)):
@@ -235,7 +213,7 @@ def mpi_main(op: str, scale: float) -> None:
         sys.stdout.write(json.dumps(rows) + "\n")
 
 
-def bench_mpi(n: int, op: str, scale: float) -> dict:
+def bench_mpi(n: int, op: str, scale: float, sizes: list[int]) -> dict:
     try:
         import mpi4py  # noqa: F401
     except ImportError as exc:
@@ -245,12 +223,12 @@ def bench_mpi(n: int, op: str, scale: float) -> dict:
         return {"absent": "mpirun not found on PATH"}
     command = [mpirun, "-n", str(n), "--allow-run-as-root", "--oversubscribe",
                sys.executable, os.path.abspath(__file__), "--mpi-worker",
-               "--op", op, "--scale", str(scale)]
+               "--op", op, "--scale", str(scale), "--sizes", ",".join(map(str, sizes))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         return {"absent": f"mpirun failed ({done.returncode}): {done.stderr[-2000:]}"}
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    pairs = zip(SIZES, rows, strict=True)
+    pairs = zip(sizes, rows, strict=True)
     return {"Allreduce": [summarize(nbytes, times) for nbytes, times in pairs]}
 
 
@@ -269,8 +247,8 @@ def plot(report: dict, path: Path) -> str:
                 label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks(SIZES, ["4 B", "1 KiB", "64 KiB", "1 MiB", "16 MiB", "64 MiB"],
-                  rotation=35)
+    sizes = [r["bytes"] for r in next(iter(report["series"].values()))]
+    ax.set_xticks(sizes, [size_label(b) for b in sizes], rotation=35)
     ax.set_xlabel("array size (bytes, float32)")
     ax.set_ylabel("GB/s (array bytes / median time)")
     ax.set_title(f"all_reduce({report['op']}), {report['n']} processes, "
@@ -280,6 +258,14 @@ def plot(report: dict, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return str(path)
+
+
+def size_label(nbytes: int) -> str:
+    """``4 B``, ``1 KiB``, ``64 MiB``: a byte count as the plot's ticks name it."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
 
 
 def combine(repeats: list[list[dict]]) -> list[dict]:
@@ -317,10 +303,21 @@ def main() -> None:
                         help="synk.fork(spin=...); default: the library's choice, which is "
                              "0 (block at once) when the load average says cores are busy")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated byte counts (multiples of 4); default: "
+                             + ",".join(map(str, SIZES)))
+    parser.add_argument("--peers", default="torch,mpi4py",
+                        help="comma-separated peers beside synkhronos: torch, mpi4py")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = SIZES if args.sizes is None else [int(v) for v in args.sizes.split(",")]
+    if not sizes or any(v < 4 or v % 4 for v in sizes):
+        parser.error(f"--sizes must be positive multiples of 4 bytes; got {args.sizes!r}")
+    peers = set(filter(None, args.peers.split(",")))
+    if peers - {"torch", "mpi4py"}:
+        parser.error(f"--peers knows torch and mpi4py; got {args.peers!r}")
     if args.mpi_worker:
-        mpi_main(args.op, args.scale)
+        mpi_main(args.op, args.scale, sizes)
         return
     load_before = os.getloadavg()
     runs: dict[str, list[list]] = {}
@@ -330,10 +327,11 @@ def main() -> None:
     spins: list[float] = []
     runners = [
         ("synkhronos", lambda: bench_synkhronos(args.n, args.op, args.scale, args.pin,
-                                                args.spin)),
-        ("torch gloo", lambda: bench_torch(args.n, args.op, args.scale)),
-        ("mpi4py", lambda: bench_mpi(args.n, args.op, args.scale)),
+                                                args.spin, sizes)),
+        ("torch gloo", lambda: bench_torch(args.n, args.op, args.scale, sizes)),
+        ("mpi4py", lambda: bench_mpi(args.n, args.op, args.scale, sizes)),
     ]
+    runners = [r for r in runners if r[0] == "synkhronos" or r[0].split()[0] in peers]
     for _ in range(args.repeat):
         for name, runner in runners:
             before = idle_percent()
@@ -370,6 +368,8 @@ def main() -> None:
             "load_average_before": load_before,
             "load_average_after": os.getloadavg(),
         },
+        "sizes": sizes,
+        "peers": sorted(peers),
         "repeat": args.repeat,
         "quiet_repetitions": quiet,
         "repetitions_used": used,

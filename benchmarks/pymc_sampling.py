@@ -21,15 +21,18 @@ load average is recorded next to every figure: on a busy machine, rerun. Prints 
 
     python benchmarks/pymc_sampling.py [--quick] [--out docs/figures]
     python benchmarks/pymc_sampling.py --rows 100000 1000000 --sample-rows 1000000
+    python benchmarks/pymc_sampling.py --models logistic --rows 1000000 --no-sampling \
+        --sizes 1,2,4,8,16
+
+``--sizes`` lists the n_parallel to run (default 1 .. ``--max-n``); ``--no-sampling``
+measures the evaluations only (``benchmarks/device_check.py`` uses both).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +47,9 @@ from threadpoolctl import threadpool_limits
 
 import synkhronos as synk
 import synkhronos.pymc as synk_pymc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
 
 
 # -- the models, as a PyMC user writes them ----------------------------------------------------
@@ -79,23 +85,14 @@ MODELS = {"logistic": logistic, "hierarchical": hierarchical}
 
 
 # -- measuring ------------------------------------------------------------------------------------
-def load() -> list[float]:
-    return [round(v, 2) for v in os.getloadavg()]
+load = _harness.load
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-        "python": platform.python_version(), "numpy": np.__version__,
-        "pytensor": pytensor.__version__, "pymc": pm.__version__,
-        "pytensor_linker": type(pytensor.compile.mode.get_mode(None).linker).__name__,
-    }
+    return _harness.machine(
+        cores=len(os.sched_getaffinity(0)), pytensor=pytensor.__version__,
+        pymc=pm.__version__,
+        pytensor_linker=type(pytensor.compile.mode.get_mode(None).linker).__name__)
 
 
 def per_call(fn, points: list[np.ndarray], repeats: int) -> float:
@@ -329,6 +326,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None,
                         help="interleaved rounds of the per-evaluation figures (3)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated n_parallel to run (default 1 .. --max-n)")
+    parser.add_argument("--no-sampling", action="store_true",
+                        help="per-evaluation figures only, no pm.sample")
     args = parser.parse_args()
     rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
     sample_rows = args.sample_rows or max(rows)
@@ -336,7 +337,10 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 3)
     draws = args.draws or (50 if args.quick else 100)
     tune = args.tune or (50 if args.quick else 100)
-    sizes = list(range(1, args.max_n + 1))
+    sizes = (list(range(1, args.max_n + 1)) if args.sizes is None
+             else sorted({int(v) for v in args.sizes.split(",")}))
+    if sizes[0] < 1:
+        parser.error(f"--sizes must list positive integers; got {args.sizes!r}")
     options = dict(draws=draws, tune=tune, chains=args.chains, random_seed=3,
                    progressbar=False, compute_convergence_checks=False)
 
@@ -352,15 +356,16 @@ def main() -> None:
             model = MODELS[name](n_rows)
             result["evaluations"][str(n_rows)] = evaluations(
                 model, MODELS[name], n_rows, sizes, repeats, args.rounds)
-            if n_rows == sample_rows:
+            if n_rows == sample_rows and not args.no_sampling:
                 result["sampling"] = {"rows": n_rows, **samplings(model, sizes, options)}
             del model
-        if "sampling" not in result:
+        if "sampling" not in result and not args.no_sampling:
             result["sampling"] = {"rows": sample_rows,
                                   **samplings(MODELS[name](sample_rows), sizes, options)}
         report["models"][name] = result
     report["load_at_end"] = load()
-    two = str(min(2, args.max_n))
+    two = str(2 if 2 in sizes else sizes[-1])
+    empty: dict = {}
     top = str(max(rows))
     report["targets"] = {
         name: {
@@ -372,10 +377,10 @@ def main() -> None:
                 "ceiling_speedup_vs_pymc_1_thread"].get(two),
             "per_eval_fraction_of_ceiling": result["evaluations"][top][
                 "fraction_of_ceiling"].get(two),
-            "sampling_loop_speedup_vs_pymc_1_thread": result["sampling"][
-                "speedup_sampling_loop_s_vs_pymc_1_thread"].get(f"synkhronos_n{two}"),
-            "sampling_wall_speedup_vs_pymc_1_thread": result["sampling"][
-                "speedup_wall_s_vs_pymc_1_thread"].get(f"synkhronos_n{two}"),
+            "sampling_loop_speedup_vs_pymc_1_thread": result.get("sampling", empty).get(
+                "speedup_sampling_loop_s_vs_pymc_1_thread", empty).get(f"synkhronos_n{two}"),
+            "sampling_wall_speedup_vs_pymc_1_thread": result.get("sampling", empty).get(
+                "speedup_wall_s_vs_pymc_1_thread", empty).get(f"synkhronos_n{two}"),
             "sampling_target": 1.6,
         }
         for name, result in report["models"].items()

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/scaling.py [--model mlp|cnn] [--max-n N] [--rows 256]
         [--rounds 5] [--seconds 1.0] [--profile] [--wait-quiet 600] [--out DIR]
+        [--sizes 1,2,4,8,16] [--lean] [--no-state]
 
 The workload is one SGD step on synthetic float32 data held in memory: an MLP
 784-1024-1024-10 (ReLU, softmax cross-entropy; 1.86 M parameters), or with
@@ -47,6 +48,13 @@ Configurations (``R`` = ``--rows``, rows per process):
   file store in a private temporary directory, n processes of one thread, ``R`` rows
   per process (only if torch imports; the JSON says so otherwise).
 
+``--sizes`` runs synkhronos at the listed n only (default: every n up to ``--max-n``,
+which it then sets to the largest), with the ceiling of n independent plain programs at
+each listed n > 1; ``"vs_ceiling_per_n"`` in the headline gives the ratio at each.
+``--lean`` leaves out the fixed-batch and unsharded ablations, ``--no-state`` the
+optimizer-state measurement (``benchmarks/device_check.py`` uses all three to fit its
+time).
+
 Shuffled steps take the next block of a fixed random permutation of the rows (the
 gather ``X[idx]`` is part of the timed step, in every framework); contiguous steps the
 next block of rows. Each speed-up is against the baseline with the same access, as in
@@ -68,7 +76,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -76,6 +83,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
 
 LEARNING_RATE = 0.01
 MLP_SIZES = (784, 1024, 1024, 10)
@@ -544,18 +554,6 @@ def wait_for_quiet(limit_s: float, threshold: float) -> dict:
             "quiet_threshold": threshold}
 
 
-def machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cpu": model, "usable_cores": len(os.sched_getaffinity(0)),
-            "platform": platform.platform(), "python": platform.python_version()}
-
-
 def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
     spec = {"model": args.model, "dataset_rows": args.dataset_rows}
     rows = args.rows
@@ -582,17 +580,19 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                 configs.append(Config(f"{name} b{batch} {access}", [remote],
                                       variant(batch, access), framework="pytensor",
                                       threads=threads, n=1, batch=batch, access=access))
-    if args.max_n > 1:  # the hardware's ceiling: n plain programs at once, no exchange
-        n = args.max_n
+    # the hardware's ceiling: n plain programs at once, no exchange (at --max-n; with
+    # --sizes, at each listed n)
+    for n in [m for m in args.sizes if m > 1] if args.sizes_given else (
+            [args.max_n] if args.max_n > 1 else []):
         group = [start(kind="pytensor", threads=1) for _ in range(n)]
         for access in accesses:
             configs.append(Config(f"pytensor-1thread x{n} independent b{rows}x{n} {access}",
                                   group, variant(rows, access), framework="independent",
                                   threads=1, n=n, batch=rows * n, access=access))
-    for n in range(1, args.max_n + 1):
+    for n in args.sizes:
         # the default form: sharded update with several processes, whole with one
         remote = start(kind="synk", n=n, spin=args.spin, sharded=n > 1)
-        for scaling in ("scaled", "fixed") if n > 1 else ("scaled",):
+        for scaling in ("scaled", "fixed") if n > 1 and not args.lean else ("scaled",):
             batch = rows * n if scaling == "scaled" else rows
             for access in accesses:
                 configs.append(Config(
@@ -600,7 +600,7 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     variant(batch, access, True), framework="synkhronos", n=n,
                     batch=batch, scaling=scaling, access=access, allreduce=True,
                     sharded=n > 1))
-        if n > 1:  # the unsharded form beside it, with the ablation of no exchange at all
+        if n > 1 and not args.lean:  # the unsharded form, and no exchange at all
             remote = start(kind="synk", n=n, spin=args.spin, sharded=False)
             for access in accesses:
                 for allreduce in (True, False):
@@ -617,7 +617,7 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                 configs.append(Config(f"{name} b{rows} {access}", [remote],
                                       variant(rows, access), framework="torch",
                                       threads=threads, n=1, batch=rows, access=access))
-        for n in range(2, args.max_n + 1):
+        for n in [m for m in args.sizes if m > 1]:
             store = os.path.join(args.tmp, f"ddp-store-{n}")
             group = [start(kind="torch", threads=1, world=n, rank=r, store=store)
                      for r in range(n)]
@@ -713,13 +713,14 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
         key = f"synk-{n} scaled {access} allreduce-on"
         headline[f"{key} / pytensor-1thread"] = ratio(main, base[access])
         synk1 = find(configs, framework="synkhronos", n=1, access=access)
-        headline[f"{key} / synk-1"] = ratio(main, synk1)
+        if synk1 is not None:  # --sizes may leave n=1 out
+            headline[f"{key} / synk-1"] = ratio(main, synk1)
         threads = find(configs, framework="pytensor", threads="all", batch=rows,
                        access=access)
         if threads is not None:
             headline[f"pytensor-threads b{rows} {access} / pytensor-1thread"] = ratio(
                 threads, base[access])
-        independent = find(configs, framework="independent", access=access)
+        independent = find(configs, framework="independent", n=n, access=access)
         unsharded = find(configs, framework="synkhronos", n=n, scaling="scaled", access=access,
                          allreduce=True, sharded=False) if n > 1 else None
         if independent is not None:
@@ -738,6 +739,15 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
             headline[f"torch-ddp-{n} {access} / torch-1thread"] = ratio(ddp, torch1)
         if torch1 is not None:
             headline[f"torch-1thread {access} / pytensor-1thread"] = ratio(torch1, base[access])
+    per_n = {}
+    for m in args.sizes:
+        synk_m = find(configs, framework="synkhronos", n=m, scaling="scaled",
+                      access="shuffled", allreduce=True)
+        ceiling = find(configs, framework="independent", n=m, access="shuffled")
+        if synk_m is not None and ceiling is not None:
+            per_n[str(m)] = ratio(synk_m, ceiling)
+    if per_n:  # synk-n scaled shuffled allreduce-on over n independent plain programs
+        headline["vs_ceiling_per_n"] = per_n
     if n > 1:
         goal = 0.95 if args.model == "mlp" else 0.97
         targets = {}
@@ -905,11 +915,11 @@ def draw(result: dict, out: Path) -> list[str]:
                      f"all-reduce {'on' if allreduce else 'off'}")
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, style, color=color, label=label)
-    ceiling = [e for e in entries if e["framework"] == "independent"
-               and e["access"] == "shuffled"]
+    ceiling = sorted((e["n"], e["speedup"]["median"]) for e in entries
+                     if e["framework"] == "independent" and e["access"] == "shuffled")
     if ceiling:
-        ax.plot([1, ceiling[0]["n"]], [1.0, ceiling[0]["speedup"]["median"]], "d:",
-                color="gray", label=f"{n} plain programs at once (no exchange): the ceiling")
+        ax.plot([1] + [c[0] for c in ceiling], [1.0] + [c[1] for c in ceiling], "d:",
+                color="gray", label="n plain programs at once (no exchange): the ceiling")
     ddp = sorted((e["n"], e["speedup"]["median"]) for e in entries
                  if e["framework"] == "torch-ddp" and e["access"] == "shuffled")
     torch1 = [e for e in entries if e["framework"] == "torch" and e["threads"] == 1
@@ -989,10 +999,24 @@ def main() -> None:
                              "--quiet-load before starting")
     parser.add_argument("--quiet-load", type=float, default=1.0)
     parser.add_argument("--out", type=Path, help="write scaling.json and PNGs here")
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated n to run (default: 1 .. --max-n)")
+    parser.add_argument("--lean", action="store_true",
+                        help="no fixed-batch and no unsharded ablations")
+    parser.add_argument("--no-state", action="store_true",
+                        help="skip the optimizer-state measurement")
     args = parser.parse_args()
     if args.serve:
         serve(json.loads(args.serve))
         return
+    args.sizes_given = args.sizes is not None
+    if args.sizes_given:
+        args.sizes = sorted({int(v) for v in args.sizes.split(",")})
+        if not args.sizes or args.sizes[0] < 1:
+            parser.error(f"--sizes must list positive integers; got {args.sizes}")
+        args.max_n = args.sizes[-1]
+    else:
+        args.sizes = list(range(1, args.max_n + 1))
     args.dataset_rows = max(args.dataset_rows, 4 * args.rows * args.max_n)
     quiet = wait_for_quiet(args.wait_quiet, args.quiet_load)
     torch_problem = None if not args.no_torch else "--no-torch"
@@ -1020,7 +1044,7 @@ def main() -> None:
         finally:
             for remote in remotes:
                 remote.close()
-        state = optimizer_state(args)
+        state = optimizer_state(args) if not args.no_state else "omitted: --no-state"
     result: dict = {
         "benchmark": "scaling",
         "model": args.model,
@@ -1035,7 +1059,9 @@ def main() -> None:
         "rounds": args.rounds,
         "seconds_per_turn": args.seconds,
         "dataset_rows": args.dataset_rows,
-        "machine": machine(),
+        "machine": _harness.machine(),
+        "sizes": args.sizes,
+        "lean": args.lean,
         "load": dict(quiet, startup_s=round(startup_s, 1),
                      load_at_measurement=[round(v, 2) for v in load_before],
                      load_after_measurement=[round(v, 2) for v in load_after],

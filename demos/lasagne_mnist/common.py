@@ -142,7 +142,14 @@ def parse_args(doc, parallel=True):
                         help="passes over the training set (default 10)")
     if parallel:
         parser.add_argument("--n-parallel", type=int, default=None,
-                            help="processes (default: one per usable core)")
+                            help="processes (default: one per usable core, or GPU)")
+        parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                            help="synk.fork(device=...): gpu compiles with JAX (with "
+                                 "SYNKHRONOS_GPU_PLATFORM=cpu, on JAX's CPU platform)")
+    else:
+        parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                            help="gpu: compile with JAX (the backend of device='gpu'), "
+                                 "for comparison with the parallel programs")
     parser.add_argument("--seed", type=int, default=0,
                         help="numpy.random seed: initial weights, dropout seeds, shuffles")
     parser.add_argument("--learning-rate", type=float, default=0.05,
@@ -156,7 +163,12 @@ def parse_args(doc, parallel=True):
                              "function that holds a random generator)")
     add_data_arguments(parser)
     add_progress_arguments(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.device == "gpu":  # device="gpu" compiles with PyTensor's JAX backend
+        if args.mode == "NUMBA":
+            parser.error("--device gpu compiles with JAX: leave --mode out or pass JAX")
+        args.mode = "JAX"
+    return args
 
 
 def report_epoch(epoch, num_epochs, seconds, train_loss, val_loss, val_acc, curves=None):

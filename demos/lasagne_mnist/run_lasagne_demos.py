@@ -20,7 +20,12 @@ or if a data-parallel result does not match the serial one:
   ``--accuracy-margin`` of the serial one.
 
     python demos/lasagne_mnist/run_lasagne_demos.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--quiet]
+        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
+        [--quiet]
+
+``--device gpu`` runs the data-parallel programs with ``synk.fork(device="gpu")`` and
+all three with PyTensor's JAX backend (``SYNKHRONOS_GPU_PLATFORM=cpu`` in the
+environment: on JAX's CPU platform, without a GPU).
 """
 
 import argparse
@@ -46,6 +51,7 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mnist", default=None)
     parser.add_argument("--mode", choices=["NUMBA", "JAX"], default=None)
+    parser.add_argument("--device", choices=["cpu", "gpu"], default=None)
     parser.add_argument("--min-accuracy", type=float, default=None)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--rtol", type=float, default=1e-3,
@@ -59,7 +65,7 @@ def launch(script, args):
     """Run one program; return its result dict (None if it failed) and wall seconds."""
     command = [sys.executable, str(HERE / f"{script}.py"), args.model, str(args.batch_size),
                str(args.num_epochs), "--seed", str(args.seed)]
-    for flag in ("mnist", "mode", "min_accuracy"):
+    for flag in ("mnist", "mode", "min_accuracy", "device"):
         if getattr(args, flag) is not None:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.quiet:

@@ -29,7 +29,7 @@ parallel validation equals the plain PyTensor function on the same rows; it exit
 with status 1 if not, or if the accuracy stays below ``--min-accuracy``.
 
     python demos/lasagne_mnist/train_mnist_cpu_data.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
         [--quiet] [--plot run.png]
 
 Needs ``pip install -e .[demos]`` (scikit-learn for the digits, tqdm for the progress
@@ -77,7 +77,7 @@ def check_result(params, val_fn, X_val, y_val, val_err, val_acc):
 def main(args):
     X_train, y_train, X_val, y_val, X_test, y_test = load_dataset(args.mnist)
     print(describe(args.mnist, X_train, X_val, X_test))
-    n_parallel = synk.fork(args.n_parallel)  # synk: before building any graph
+    n_parallel = synk.fork(args.n_parallel, device=args.device)  # synk: before any graph
     np.random.seed(args.seed)  # initial weights, dropout seeds and shuffles
 
     input_var = T.tensor4("inputs")

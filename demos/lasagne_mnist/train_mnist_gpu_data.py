@@ -28,7 +28,7 @@ scattered rows equals the plain PyTensor function on the whole validation set; i
 exits with status 1 if not, or if the accuracy stays below ``--min-accuracy``.
 
     python demos/lasagne_mnist/train_mnist_gpu_data.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX]
+        [--n-parallel N] [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
         [--quiet] [--plot run.png]
 
 Needs ``pip install -e .[demos]`` (scikit-learn for the digits).
@@ -80,7 +80,7 @@ def main(args):
     X_train, y_train, X_val, y_val, X_test, y_test = load_dataset(args.mnist)
     print(describe(args.mnist, X_train, X_val, X_test))
     y_train, y_val = y_train.astype("int32"), y_val.astype("int32")  # shared vars: exact type
-    n_parallel = synk.fork(args.n_parallel)  # synk: before building any graph
+    n_parallel = synk.fork(args.n_parallel, device=args.device)  # synk: before any graph
     np.random.seed(args.seed)
 
     input_var = T.tensor4("inputs")

@@ -11,7 +11,8 @@ Validation and test use every row (one call on the whole set), so their numbers
 are the same quantity the data-parallel programs compute.
 
     python demos/lasagne_mnist/train_mnist_pytensor.py [MODEL [BATCH_SIZE [EPOCHS]]]
-        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--quiet] [--plot run.png]
+        [--seed 0] [--mnist PATH/mnist.npz] [--mode JAX] [--device gpu]
+        [--quiet] [--plot run.png]
 
 Needs ``pip install -e .[demos]`` (scikit-learn for the digits, tqdm for the progress
 bar, matplotlib for ``--plot``).

@@ -135,6 +135,10 @@ def parse_args(doc, parallel=True):
                             help="processes (default: one per usable core)")
         parser.add_argument("--batch-size", type=int, default=32,
                             help="rows per process per step (default 32)")
+        parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                            help="synk.fork(device=...): gpu keeps the parameters on the "
+                                 "GPUs (with SYNKHRONOS_GPU_PLATFORM=cpu, on JAX's CPU "
+                                 "platform); it needs --mode JAX")
     else:
         parser.add_argument("--batch-size", type=int, default=64,
                             help="rows per step (default 64)")
@@ -157,6 +161,8 @@ def parse_args(doc, parallel=True):
     add_data_arguments(parser)
     add_progress_arguments(parser)
     args = parser.parse_args()
+    if getattr(args, "device", "cpu") == "gpu" and args.mode != "JAX":
+        parser.error("--device gpu compiles with JAX: leave --mode out or pass JAX")
     preset = RESNET50 if args.resnet50 else SMALL
     args.blocks = (tuple(int(b) for b in args.blocks.split(",")) if args.blocks
                    else preset["blocks"])

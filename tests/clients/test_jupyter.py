@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ..processes import poll, shm_entries, sweep
+from ..processes import leader_alive, poll, shm_entries, sweep
 
 jupyter_client = pytest.importorskip("jupyter_client", reason="needs jupyter_client (test extra)")
 pytest.importorskip("ipykernel", reason="needs ipykernel (test extra)")
@@ -70,15 +70,6 @@ while True:
 AFTER = """
 print(json.dumps({"same": same(), "state": testing.session_state()}))
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 class Kernel:
@@ -161,7 +152,7 @@ def test_a_notebook_session(tmp_path):
         # 3. restart hard: SIGKILL to the kernel's process group, workers included
         start = time.monotonic()
         kernel.manager.restart_kernel(now=True)
-        assert poll(lambda: not any(_alive(pid) for pid in workers), GONE_S)
+        assert poll(lambda: not any(leader_alive(pid) for pid in workers), GONE_S)
         assert poll(lambda: shm_entries(prefixes[0]) == [], GONE_S), shm_entries(prefixes[0])
         assert time.monotonic() - start < 2 * GONE_S
         kernel.client.wait_for_ready(timeout=60)
@@ -175,12 +166,12 @@ def test_a_notebook_session(tmp_path):
         second = info["pids"][1:]
         workers += second
         kernel.manager.shutdown_kernel(now=False)
-        assert poll(lambda: not any(_alive(pid) for pid in second), GONE_S)
+        assert poll(lambda: not any(leader_alive(pid) for pid in second), GONE_S)
         assert poll(lambda: shm_entries(prefixes[1]) == [], GONE_S), shm_entries(prefixes[1])
     finally:
         kernel.close()
         for pid in workers:
-            if _alive(pid):
+            if leader_alive(pid):
                 os.kill(pid, 9)
         for prefix in prefixes:
             sweep(prefix)

@@ -25,21 +25,12 @@ import pytest
 import synkhronos as synk
 from synkhronos.testing import child_pids, program_prefix
 
-from ..processes import poll, shm_entries, sweep
+from ..processes import leader_alive, poll, shm_entries, sweep
 
 pytestmark = pytest.mark.timeout(60)
 
 SCRIPT = Path(__file__).parent / "scripts" / "group_kill.py"
 GONE_S = 5.0  # everything of the killed program must be gone within this
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def processes_naming(text: str) -> list[int]:
@@ -52,7 +43,7 @@ def processes_naming(text: str) -> list[int]:
                 cmdline = f.read().decode(errors="replace")
         except OSError:
             continue
-        if text in cmdline and _alive(int(entry)):
+        if text in cmdline and leader_alive(int(entry)):
             found.append(int(entry))
     return found
 
@@ -86,8 +77,8 @@ def test_group_sigkill_leaves_nothing(tmp_path, n, mode):
         assert poll(lambda: shm_entries(info["prefix"]) == [], GONE_S), \
             shm_entries(info["prefix"])
         gone = time.monotonic() - start
-        assert poll(lambda: not any(_alive(pid) for pid in everyone), GONE_S), \
-            [pid for pid in everyone if _alive(pid)]
+        assert poll(lambda: not any(leader_alive(pid) for pid in everyone), GONE_S), \
+            [pid for pid in everyone if leader_alive(pid)]
         assert gone < GONE_S
     finally:
         if proc.poll() is None:
@@ -113,5 +104,5 @@ def test_the_watcher_is_no_child_and_ends_with_close():
         assert os.getsid(watcher) != os.getsid(0)
     finally:
         synk.close()
-    assert poll(lambda: not _alive(watcher), GONE_S), "the watcher outlived close()"
+    assert poll(lambda: not leader_alive(watcher), GONE_S), "the watcher outlived close()"
     assert shm_entries(prefix) == []

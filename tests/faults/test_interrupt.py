@@ -23,22 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from ..processes import poll, shm_entries, sweep
+from ..processes import leader_alive, poll, shm_entries, sweep
 
 pytestmark = pytest.mark.timeout(120)
 
 SCRIPT = Path(__file__).parent / "scripts" / "interrupt_keeps_session.py"
 BUSY_S = 2.0  # the script's
 LOOP_DELAYS = (0.3, 0.05, 0.17, 0.41)  # one per loop of calls the script runs (LOOPS)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 @pytest.mark.parametrize("target", ["group", "master"])
@@ -82,7 +73,7 @@ def test_ctrl_c_keeps_the_session(tmp_path, target):
         # the first call after a long command waited for the busy worker to finish it
         assert result["waited"]["busy-1"] > BUSY_S - 1.0, result
         assert result["children"] == [] and result["left"] == [], result
-        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), 10)
+        assert poll(lambda: not any(leader_alive(pid) for pid in info["workers"]), 10)
         assert shm_entries(info["prefix"]) == []
     finally:
         if proc.poll() is None:

@@ -1,0 +1,129 @@
+"""Every access to PyMC (and nutpie) beyond their public, documented API.
+
+PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3):
+where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
+chain count ``pm.sample`` derives from the cores, the initial-point function it jitters
+with, the rewrites its compile adds for parameter checks, the imputation it builds for
+masked observations, and nutpie's ``from_pyfunc`` hook. The rest of
+:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
+PyMC is imported only when one of these functions runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = [
+    "import_pymc",
+    "change_dist_size",
+    "value_grad_function",
+    "default_chains",
+    "initial_point_fn",
+    "parameter_check_rewrite",
+    "pymc_mode",
+    "sample_parameters",
+    "minibatch_variables",
+    "nutpie_from_pyfunc",
+    "nutpie_sample_parameters",
+]
+
+
+def import_pymc() -> Any:
+    """The ``pymc`` module, or an ImportError saying how to install it."""
+    try:
+        import pymc
+    except ImportError as exc:
+        raise ImportError(
+            "synkhronos.pymc needs PyMC: pip install 'synkhronos[pymc]' (PyMC 5.28 on "
+            "Python 3.11, PyMC 6 on Python >= 3.12)"
+        ) from exc
+    return pymc
+
+
+def change_dist_size(rv: Any, size: Any) -> Any:
+    """``rv`` rebuilt with batch shape ``size`` (PyMC's ``change_dist_size``)."""
+    from pymc.distributions.shape_utils import change_dist_size as change
+
+    return change(rv, size)
+
+
+def value_grad_function(cost: Any, model: Any, point: dict) -> Any:
+    """PyMC's ``ValueGradFunction`` of ``cost`` over the model's continuous values,
+    called with a raveled point (what ``pm.NUTS(logp_dlogp_func=...)`` takes)."""
+    pm = import_pymc()
+    return pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
+                                      initial_point=point, ravel_inputs=True)
+
+
+def default_chains(cores: int | None) -> int:
+    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+    from pymc.sampling.parallel import _cpu_count
+
+    return max(2, cores if cores is not None else min(4, _cpu_count()))
+
+
+def initial_point_fn(model: Any, initvals: Any) -> Any:
+    """A function of a seed giving a jittered starting point in the transformed space,
+    as ``pm.init_nuts`` makes them."""
+    from pymc.initial_point import make_initial_point_fn
+
+    return make_initial_point_fn(model=model, overrides=initvals,
+                                 jitter_rvs=set(model.free_RVs), return_transformed=True)
+
+
+def parameter_check_rewrite(model: Any) -> str:
+    """The rewrite PyMC's compile adds for parameter checks: ``check_bounds`` models
+    turn a failed check into ``-inf``, others drop the checks."""
+    return ("local_check_parameter_to_ninf_switch" if model.check_bounds
+            else "local_remove_check_parameter")
+
+
+def pymc_mode(model: Any) -> Any:
+    """PyTensor's default mode with PyMC's parameter-check rewrite included."""
+    from pytensor.compile.mode import Mode, get_mode
+
+    base = get_mode(None)
+    return Mode(linker=base.linker,
+                optimizer=base.provided_optimizer.including(parameter_check_rewrite(model)))
+
+
+def sample_parameters() -> dict[str, inspect.Parameter]:
+    """``pm.sample``'s parameters by name."""
+    return dict(inspect.signature(import_pymc().sample).parameters)
+
+
+def minibatch_variables(model: Any) -> list[str]:
+    """The observed variables of ``model`` that read ``pm.Minibatch`` data (a
+    ``MinibatchRandomVariable`` or a ``MinibatchOp`` slice; PyMC 5 and 6 alike)."""
+    from pymc.data import MinibatchOp
+    from pymc.variational.minibatch_rv import MinibatchRandomVariable
+    from pytensor.graph.traversal import ancestors
+
+    found = []
+    for rv in model.observed_RVs:
+        graphs = [rv, model.rvs_to_values[rv]]
+        if any(var.owner is not None
+               and isinstance(var.owner.op, MinibatchOp | MinibatchRandomVariable)
+               for var in ancestors(graphs, blockers=list(model.free_RVs))):
+            found.append(rv.name)
+    return found
+
+
+def nutpie_from_pyfunc() -> tuple[Any, Any]:
+    """``(nutpie, nutpie.compiled_pyfunc.from_pyfunc)``, or an ImportError."""
+    try:
+        import nutpie
+        from nutpie.compiled_pyfunc import from_pyfunc
+    except ImportError as exc:
+        raise ImportError("nuts_sampler='nutpie' needs nutpie: pip install nutpie") from exc
+    return nutpie, from_pyfunc
+
+
+def nutpie_sample_parameters() -> set[str]:
+    """``nutpie.sample``'s keyword names (empty where nutpie is not installed)."""
+    try:
+        import nutpie
+    except ImportError:
+        return set()
+    return set(inspect.signature(nutpie.sample).parameters)

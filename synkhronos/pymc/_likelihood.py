@@ -20,6 +20,7 @@ Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is ``_split``):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import warnings
@@ -33,10 +34,11 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.graph.replace import clone_replace, graph_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.tensor.shape import SpecifyShape
 
 from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
 from . import _pymc_compat as compat
-from ._split import _choose_split, _data_value, _Split
+from ._split import _choose_split, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "RowSum"]
 
@@ -61,34 +63,47 @@ def _session_size() -> int | None:
 
 
 # -- 2. the likelihood on row inputs -----------------------------------------------------
-def _row_likelihood(pm, model, plan: _Split):
-    """Step 2: the divided observations' log-likelihood, as a graph of row inputs.
+def _row_likelihood(pm, model, group: _Group):
+    """Step 2: a group's log-likelihood (its observed variables' log-probability and its
+    potentials), as a graph of row inputs.
 
     Returns the graph and the row input of each divided data variable.
     """
-
     rows = {var: pt.tensor(dtype=var.dtype, shape=(None, *var.type.shape[1:]),
                            name=f"{name}_rows")
-            for var, name in plan.roots.items()}
+            for var, name in group.roots.items()}
     # Cloning stops at these stand-ins for the free variables; at the end they become
     # the model's value variables, through their transforms, as in model.logp().
     stand_ins = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
     terms = []
-    for rv in plan.observed:
+    for rv in group.observed:
         value = model.rvs_to_values[rv]
         # rebuild_strict=False makes every node again from its new inputs, so no static
         # shape of the whole data (a constant's length) survives into the row graphs.
         row_value = rows.get(value)
         if row_value is None:
             row_value = clone_replace(value, rows, rebuild_strict=False)
-        row_rv = clone_replace(rv, {**stand_ins, **rows}, rebuild_strict=False)
+        graph = group.graphs.get(rv, rv)  # (its row selections moved onto the data)
+        row_rv = clone_replace(graph, {**stand_ins, **rows}, rebuild_strict=False)
         batch_ndim = row_value.ndim - rv.owner.op.ndim_supp
         try:
-            row_rv = compat.change_dist_size(row_rv, row_value.shape[:batch_ndim])
+            if _pins_rows(row_rv, rows.values()):
+                inputs = clone_replace(graph.owner.inputs, {**stand_ins, **rows},
+                                       rebuild_strict=False)
+                rebuilt = compat.rebuild_symbolic_rv(graph, inputs,
+                                                     row_value.shape[:batch_ndim])
+                if rebuilt is None:
+                    raise NotImplementedError(f"{rv.owner.op} fixes its inputs' lengths")
+                row_rv = rebuilt
+            else:
+                row_rv = compat.change_dist_size(row_rv, row_value.shape[:batch_ndim])
         except NotImplementedError as exc:
             raise ValueError(f"observed variable {rv.name!r} cannot be divided by rows ({exc});"
                              " pass split=[...] without it") from exc
         terms.append(pm.logp(row_rv, row_value).sum())
+    for potential in group.potentials:
+        terms.append(clone_replace(potential, {**stand_ins, **rows},
+                                   rebuild_strict=False).sum())
     loglik = terms[0] if len(terms) == 1 else pt.add(*terms)
     read = set(ancestors([loglik]))
     rvs = [rv for rv, stand_in in stand_ins.items() if stand_in in read]
@@ -96,6 +111,14 @@ def _row_likelihood(pm, model, plan: _Split):
     loglik = graph_replace(loglik, {stand_ins[rv]: c for rv, c in zip(rvs, constrained,
                                                                        strict=True)})
     return loglik, rows
+
+
+def _pins_rows(graph, row_inputs) -> bool:
+    """Whether ``graph`` fixes a row input's length (``SpecifyShape``): an Op with an
+    inner graph, cloned onto rows, keeps the whole data's static shapes."""
+    row_inputs = set(row_inputs)
+    return any(var.owner is not None and isinstance(var.owner.op, SpecifyShape)
+               and var.owner.inputs[0] in row_inputs for var in ancestors([graph]))
 
 
 # -- 3. the synkhronos function ------------------------------------------------------------
@@ -123,7 +146,7 @@ def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) 
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
-def _check_rows(fn: Function, row_data: list[Data], values: list, model, plan: _Split,
+def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: _Group,
                 n: int, slices: int) -> None:
     """Step 4: the sum over processes must equal the same graph on the whole data.
 
@@ -131,30 +154,45 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, plan: _
     data inside the model) shows. The whole-data value is the master's own compiled
     function (``as_pytensor``): no extra compile.
     """
-    if n == 1 and slices == 1:
+    moved = [rv for rv in group.observed if group.graphs.get(rv, rv) is not rv]
+    if n == 1 and slices == 1 and not moved:
         return
+    # Where rows were selected by a mask, the graph was rewritten (``_move_masks``):
+    # its whole-data value must also equal PyMC's own log-probability of the group.
+    pymc_logp = (model.compile_logp(vars=[*group.observed, *group.potentials], jacobian=False,
+                                    sum=True) if moved else None)
     rng = np.random.default_rng(0)
     start = model.initial_point()
     for _ in range(3):
-        point = [start[v.name] + rng.uniform(-1, 1, size=np.shape(start[v.name]))
-                 for v in values]
-        point = [np.asarray(p, dtype=v.dtype) for p, v in zip(point, values, strict=True)]
+        jittered = {name: np.asarray(value + rng.uniform(-1, 1, size=np.shape(value)),
+                                     dtype=np.asarray(value).dtype)
+                    for name, value in start.items()}
+        point = [jittered[v.name] for v in values]
         whole_loglik, whole_grad = fn.as_pytensor(*[d.data for d in row_data], *point)
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
+        if pymc_logp is not None:
+            want = pymc_logp(jittered)
+            if abs(whole_loglik - want) > _CHECK_RTOL * (abs(want) + 1.0):
+                raise ValueError(
+                    f"observed variables {[rv.name for rv in moved]} select their observed "
+                    "rows (missing values) from a graph that is not row-wise: moved onto "
+                    f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
+                    f"{float(want)!r}; pass split=[...] without them")
         try:
             loglik, grad = fn(*row_data, *point, num_slices=slices)
         except WorkerError as exc:
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
                 "variable that it reads by rows is not divided; name every such pm.Data "
-                f"container in split (divided now: {sorted(plan.roots.values())})"
+                f"container in split (divided now: {sorted(group.roots.values())})"
             ) from exc
         scale = np.linalg.norm(whole_grad) + 1.0
         if (abs(loglik - whole_loglik) > _CHECK_RTOL * (abs(whole_loglik) + 1.0)
                 or np.linalg.norm(grad - whole_grad) > _CHECK_RTOL * scale):
             raise ValueError(
-                f"the log-likelihood is not a sum over the divided rows: on {n} processes "
+                f"the log-likelihood of {group.names} is not a sum over the divided rows: "
+                f"on {n} processes "
                 f"({slices} slices each) it is {float(loglik)!r}, on the whole data "
                 f"{float(whole_loglik)!r}. A term "
                 "mixes rows (e.g. a mean, a standardisation or a lag over data inside the "
@@ -165,23 +203,41 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, plan: _
 
 
 # -- 5. the Op PyMC's function calls ---------------------------------------------------------
-class RowSum(Op):
-    """The divided observed log-likelihood and its gradient (one synk call).
+@dataclasses.dataclass
+class _Part:
+    """One group's compiled likelihood: ``fn(*row_data, *values)`` over its rows, in
+    ``slices`` blocks a process; ``positions`` picks its values among the Op's inputs,
+    ``flat`` the entries of the Op's flat gradient they fill."""
 
-    Value variables -> (log-likelihood, flat gradient), summed over the processes. It
-    holds handles to the session's function and the rows' shared memory: it is never
-    copied or pickled.
+    fn: Function
+    row_data: list[Data]
+    slices: int
+    positions: list[int]
+    flat: np.ndarray
+
+
+class RowSum(Op):
+    """The divided observed log-likelihood and its gradient.
+
+    Value variables -> (log-likelihood, flat gradient), summed over the processes: one
+    parallel call for each group of rows (one, unless two datasets of different lengths
+    are divided). It holds handles to the session's functions and the rows' shared
+    memory: it is never copied or pickled.
     """
 
-    def __init__(self, fn: Function, row_data: list[Data], sources: list,
-                 shapes: list[tuple[int, ...]], dtype: str, slices: int):
-        self.fn = fn
-        self.row_data = row_data
-        self.sources = sources  # (shared variable, the value copied into row_data)
+    def __init__(self, parts: list[_Part], sources: list, shapes: list[tuple[int, ...]],
+                 dtype: str):
+        self.parts = parts
+        self.sources = sources  # (shared variable, the value copied into the rows)
         self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
         self.total = sum(self.sizes)
         self.dtype = dtype
-        self.num_slices = slices  # each process's blocks of rows (grainsize)
+
+    @property
+    def num_slices(self) -> int | tuple[int, ...]:
+        """Each process's blocks of rows (grainsize): one number, or one a group."""
+        slices = tuple(part.slices for part in self.parts)
+        return slices[0] if len(slices) == 1 else slices
 
     def make_node(self, *inputs):
         inputs = [pt.as_tensor_variable(x) for x in inputs]
@@ -197,9 +253,15 @@ class RowSum(Op):
                     f"the model's data {var.name!r} changed (pm.set_data) after "
                     "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
                 )
-        loglik, grad = self.fn(*self.row_data, *inputs, num_slices=self.num_slices)
-        output_storage[0][0] = np.array(loglik, dtype=self.dtype)  # copies: PyMC keeps them
-        output_storage[1][0] = np.array(grad, dtype=self.dtype)
+        total = np.zeros((), dtype=self.dtype)
+        flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
+        for part in self.parts:
+            loglik, grad = part.fn(*part.row_data, *[inputs[i] for i in part.positions],
+                                   num_slices=part.slices)
+            total += loglik
+            flat[part.flat] += grad
+        output_storage[0][0] = total
+        output_storage[1][0] = flat
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
@@ -233,14 +295,37 @@ class RowSum(Op):
 
     def release(self) -> None:
         """Free the rows' shared memory now (otherwise when the Op is collected)."""
-        for item in self.row_data:
-            item.free_memory()
+        for part in self.parts:
+            for item in part.row_data:
+                item.free_memory()
+
+
+def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets: list[int],
+                size: int, grainsize: int | None) -> tuple[_Part, list]:
+    """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
+    and check. Returns the part and the data variables it reads."""
+    used = set(ancestors([loglik]))
+    positions = [i for i, v in enumerate(values) if v in used]
+    mine = [values[i] for i in positions]
+    grads = pytensor.grad(loglik, mine)
+    flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
+    fn = function(inputs=list(rows.values()), bcast_inputs=mine,
+                  outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),
+                  name="pymc_loglik")
+    distribute()
+    row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
+    slices = _num_slices(row_data, group.rows, size, grainsize)
+    _check_rows(fn, row_data, mine, model, group, size, slices)
+    entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
+    read = [*graph_inputs([loglik]), *rows]  # the data it reads whole, and by rows
+    log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
+             group.rows, ", ".join(sorted(group.roots.values())), size, slices)
+    return _Part(fn, row_data, slices, positions, entries), read
 
 
 def _build(pm, model, split, grainsize):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller)."""
-
     size = _session_size()
     if size is None:
         raise RuntimeError("synk.fork() must be called before "
@@ -250,28 +335,32 @@ def _build(pm, model, split, grainsize):
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
                          f"continuous (NUTS alone); {discrete[0]!r} is discrete")
     plan = _choose_split(model, split)
+    parts: list[_Part] = []
     with model:
-        loglik, rows = _row_likelihood(pm, model, plan)
-        used = set(ancestors([loglik]))
+        built = [_row_likelihood(pm, model, group) for group in plan.groups]
+        used = set(ancestors([loglik for loglik, _ in built]))
         values = [v for v in model.value_vars if v in used]
         if not values:
             raise ValueError("the observed log-likelihood depends on no free variable")
         point = model.initial_point()
         shapes = [np.shape(point[v.name]) for v in values]
-        grads = pytensor.grad(loglik, values)
-        flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
-        fn = function(inputs=list(rows.values()), bcast_inputs=values,
-                      outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),
-                      name="pymc_loglik")
-        distribute()
-        row_data = [data(_data_value(var), name=plan.roots[var]) for var in rows]
-        slices = _num_slices(row_data, plan.rows, size, grainsize)
-        _check_rows(fn, row_data, values, model, plan, size, slices)
-        read = [*graph_inputs([loglik]), *rows]  # the data it reads whole, and by rows
-        sources = [(var, var.get_value(borrow=True)) for var in read
+        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
+        read: list = []
+        try:
+            for group, (loglik, rows) in zip(plan.groups, built, strict=True):
+                part, part_read = _build_part(model, group, loglik, rows, values, offsets,
+                                              size, grainsize)
+                parts.append(part)
+                read += part_read
+        except BaseException:
+            for part in parts:
+                for item in part.row_data:
+                    item.free_memory()
+            raise
+        sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
-        op = RowSum(fn, row_data, sources, shapes, loglik.dtype, slices)
-        rest = [*model.free_RVs, *model.potentials, *plan.master_observed]
+        op = RowSum(parts, sources, shapes, built[0][0].dtype)
+        rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
         cost = model.logp(vars=rest, jacobian=True) + op(*values)[0]
         with warnings.catch_warnings():
             # PyTensor's Numba backend runs a Python Op in object mode, as intended here
@@ -279,8 +368,6 @@ def _build(pm, model, split, grainsize):
             warnings.filterwarnings("ignore", message="Numba will use object mode to run "
                                     "RowSum", category=UserWarning)
             vgf = compat.value_grad_function(cost, model, point)
-    log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
-             plan.rows, ", ".join(sorted(plan.roots.values())), size, slices)
     return vgf, op
 
 

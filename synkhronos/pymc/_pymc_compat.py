@@ -127,3 +127,22 @@ def nutpie_sample_parameters() -> set[str]:
     except ImportError:
         return set()
     return set(inspect.signature(nutpie.sample).parameters)
+
+
+def rebuild_symbolic_rv(rv: Any, inputs: list, size: Any) -> Any | None:
+    """``rv`` (a PyMC ``SymbolicRandomVariable``) made again from new ``inputs`` (its
+    node's inputs, replaced) with batch shape ``size``, through the distribution's own
+    ``rv_op``; None for an Op that cannot be rebuilt so.
+
+    Cloning such a node on row inputs keeps its inner graph's static shapes of the whole
+    data (``SpecifyShape(rows, 101)``); rebuilding makes the inner graph from the rows.
+    """
+    from pymc.distributions.distribution import SymbolicRandomVariable
+
+    op = rv.owner.op
+    if not isinstance(op, SymbolicRandomVariable) or not hasattr(op, "rv_op"):
+        return None
+    if op.extended_signature is None or op.size_param(rv.owner) is None:
+        return None
+    positions = [rv.owner.inputs.index(param) for param in op.dist_params(rv.owner)]
+    return op.rebuild_rv(*[inputs[i] for i in positions], size=size)

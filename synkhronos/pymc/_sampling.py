@@ -21,7 +21,8 @@ from ._likelihood import _build, _check_grainsize, _session_size
 __all__ = ["sample"]
 
 
-def sample(model=None, *, split=None, grainsize=None, **pm_sample_kwargs):
+def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_chain=None,
+           **kwargs):
     """``pm.sample`` with the observed log-likelihood evaluated on every process.
 
     The rows of the observed data are divided among the session's processes and the
@@ -32,41 +33,62 @@ def sample(model=None, *, split=None, grainsize=None, **pm_sample_kwargs):
 
     Parameters
     ----------
+    draws : int, default 1000
+        Draws a chain keeps, as in ``pm.sample`` (it may be passed positionally).
     model : pymc.Model, optional
         The model (default: the one of the current ``with`` context). It is not changed.
     split : str or list of str, optional
-        Names of the ``pm.Data`` containers and observed variables divided by rows; see
-        :func:`logp_dlogp_function`.
+        Names of the ``pm.Data`` containers, observed variables and potentials divided
+        by rows; see :func:`logp_dlogp_function`.
     grainsize : int, optional
         Rows a process evaluates at a time; see :func:`logp_dlogp_function`.
-    **pm_sample_kwargs
-        Passed to ``pm.sample`` (``draws``, ``tune``, ``chains``, ``random_seed``,
-        ``target_accept``, ``init``, ``initvals``, ``progressbar``, ...). ``cores`` only
-        sets the default number of chains, as in PyMC: the chains run in the master,
-        whose processes already use the cores. ``nuts_sampler="nutpie"`` samples with
-        nutpie (if installed) over the same function. ``step`` is not accepted: build
-        your own steps over :func:`logp_dlogp_function`.
+    processes_per_chain : int, optional
+        The processes that evaluate each chain's log-likelihood: the size of the session
+        ``sample`` forks when none is open (default: a process per core). With a session
+        already forked it must be None or that session's size. The chains run one after
+        another (running chains in parallel groups is not implemented).
+    **kwargs
+        Every keyword of ``pm.sample`` (``tune``, ``chains``, ``random_seed``,
+        ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``, ``var_names``, ...),
+        except ``step``. ``cores`` only sets the default number of chains, as in PyMC:
+        the chains run in the master, whose processes already use the cores.
+        ``nuts_sampler="nutpie"`` samples with nutpie over the same function: then only
+        the keywords nutpie has an equivalent for are accepted (``draws``, ``tune``,
+        ``chains``, ``cores``, ``random_seed``, ``initvals`` (one dict),
+        ``progressbar``, ``quiet``, ``discard_tuned_samples``, ``target_accept``,
+        ``max_treedepth``, ``nuts``, ``nuts_sampler_kwargs``, ``var_names``,
+        ``compute_convergence_checks``, ``idata_kwargs``, ``return_inferencedata``).
 
     Returns
     -------
     arviz.InferenceData or MultiTrace
-        What ``pm.sample`` returns.
+        What ``pm.sample`` returns (nutpie: what ``nutpie.sample`` returns), with the
+        model's coords and dims.
 
     Raises
     ------
     TypeError
-        ``step`` was passed, or ``split`` is not a name or list of names.
+        ``step`` was passed; a model was passed positionally (pass ``model=``); on the
+        nutpie route, keywords nutpie has no equivalent for; ``split`` is not a name or
+        list of names. All before any process is forked.
     ValueError
-        See :func:`logp_dlogp_function`; or ``nuts_sampler`` is not "pymc" or "nutpie".
+        See :func:`logp_dlogp_function`; ``nuts_sampler`` is not "pymc" or "nutpie";
+        the model reads ``pm.Minibatch`` data; ``processes_per_chain`` is below 1 or
+        differs from the open session's size.
 
     Notes
     -----
-    Without a session it forks one (``synk.fork()``, a process per core) and closes it
+    Without a session it forks one (``synk.fork(processes_per_chain)``) and closes it
     when sampling ends; with a session, it uses that one.
     """
     pm = compat.import_pymc()
+    if isinstance(draws, pm.Model):
+        raise TypeError("synkhronos.pymc.sample() takes draws as its first argument, as "
+                        "pm.sample does; pass the model as model=...")
+    if isinstance(draws, bool) or not isinstance(draws, int | np.integer) or draws < 0:
+        raise TypeError(f"draws must be a whole number of draws; got {draws!r}")
     model = pm.modelcontext(model)
-    kwargs = dict(pm_sample_kwargs)
+    kwargs = dict(kwargs, draws=int(draws))
     if "step" in kwargs:
         raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for other steps "
                         "pass synkhronos.pymc.logp_dlogp_function() to them and call pm.sample")
@@ -74,11 +96,27 @@ def sample(model=None, *, split=None, grainsize=None, **pm_sample_kwargs):
     if sampler not in ("pymc", "nutpie"):
         raise ValueError(f"nuts_sampler must be 'pymc' or 'nutpie' with synkhronos.pymc; "
                          f"got {sampler!r}")
+    if sampler == "nutpie":
+        unknown = sorted(set(kwargs) - _NUTPIE_KEYWORDS)
+        if unknown:
+            raise TypeError(f"nuts_sampler='nutpie' has no equivalent for "
+                            f"{', '.join(unknown)}; use nuts_sampler='pymc' for them")
+        if not isinstance(kwargs.get("initvals") or {}, dict):
+            raise TypeError("nuts_sampler='nutpie' takes one dict of initvals for every "
+                            "chain, not one a chain; use nuts_sampler='pymc' for those")
+    minibatch = compat.minibatch_variables(model)
+    if minibatch:
+        raise ValueError(f"observed variable {minibatch[0]!r} reads pm.Minibatch data: "
+                         "sampling needs every row, which synkhronos.pymc divides among "
+                         "the processes; sample the full data (pm.Data), or fit "
+                         "minibatches with ADVI (pm.fit)")
     cores = kwargs.pop("cores", None)
     grainsize = _check_grainsize(grainsize)  # before a session is forked for nothing
-    own_session = _session_size() is None
+    size = _session_size()
+    processes = _check_processes(processes_per_chain, size)
+    own_session = size is None
     if own_session:
-        fork()
+        fork(processes)
     try:
         vgf, op = _build(pm, model, split, grainsize)
         try:
@@ -90,6 +128,30 @@ def sample(model=None, *, split=None, grainsize=None, **pm_sample_kwargs):
     finally:
         if own_session:
             close()
+
+
+# The pm.sample keywords with an equivalent on the nutpie route.
+_NUTPIE_KEYWORDS = {
+    "draws", "tune", "chains", "cores", "random_seed", "initvals", "progressbar", "quiet",
+    "discard_tuned_samples", "target_accept", "max_treedepth", "nuts", "nuts_sampler_kwargs",
+    "var_names", "compute_convergence_checks", "idata_kwargs", "return_inferencedata",
+}
+
+
+def _check_processes(processes_per_chain, size: int | None) -> int | None:
+    """``processes_per_chain`` checked: a whole number >= 1, the open session's size."""
+    if processes_per_chain is None:
+        return None
+    if isinstance(processes_per_chain, bool) or not isinstance(processes_per_chain,
+                                                               int | np.integer):
+        raise TypeError(f"processes_per_chain must be a whole number of processes or None; "
+                        f"got {processes_per_chain!r}")
+    if processes_per_chain < 1:
+        raise ValueError(f"processes_per_chain must be at least 1; got {processes_per_chain}")
+    if size is not None and processes_per_chain != size:
+        raise ValueError(f"processes_per_chain={processes_per_chain}, but the open session "
+                         f"has {size} processes; close it or pass processes_per_chain=None")
+    return int(processes_per_chain)
 
 
 def _chains_and_seeds(random_seed, chains: int | None, cores: int | None):
@@ -162,9 +224,17 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
     progress = bool(kwargs.pop("progressbar", True)) and not kwargs.pop("quiet", False)
     save_warmup = not kwargs.pop("discard_tuned_samples", True)
     initvals = kwargs.pop("initvals", None)
-    if kwargs:
-        raise TypeError(f"unexpected keyword arguments for nuts_sampler='nutpie': "
-                        f"{', '.join(sorted(kwargs))}")
+    options.update(kwargs.pop("nuts_sampler_kwargs", None) or {})
+    var_names = kwargs.pop("var_names", None)
+    idata_kwargs = dict(kwargs.pop("idata_kwargs", None) or {})
+    idata_kwargs.pop("include_transformed", None)  # (nutpie: never stored)
+    if idata_kwargs:
+        warnings.warn(f"idata_kwargs keys {sorted(idata_kwargs)} are ignored by the nutpie "
+                      "sampler, as in pm.sample", UserWarning, stacklevel=4)
+    # nutpie computes no convergence checks; pm.sample's nutpie route returns
+    # InferenceData always: both keywords are accepted as it accepts them.
+    kwargs.pop("compute_convergence_checks", None)
+    kwargs.pop("return_inferencedata", None)
     if chains is None:
         chains, _ = _chains_and_seeds(0, None, cores)
     seed = int(np.random.default_rng(random_seed).integers(2**30))
@@ -175,6 +245,8 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
     sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
     n_dim = sum(sizes)
     traced = [*model.free_RVs, *model.deterministics]
+    if var_names is not None:
+        traced = [var for var in traced if var.name in set(var_names)]
     expand_fn = model.compile_fn(model.replace_rvs_by_values(traced), inputs=values,
                                  on_unused_input="ignore", point_fn=False)
     vgf.set_extra_values({})
@@ -211,6 +283,10 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
         n_dim, make_logp_fn, make_expand_fn, [np.dtype("float64")] * len(traced),
         [out.shape for out in expanded], [var.name for var in traced],
         make_initial_point_fn=initial_point,
+        coords={name: list(labels) for name, labels in model.coords.items()
+                if labels is not None},
+        dims={var.name: tuple(model.named_vars_to_dims[var.name]) for var in traced
+              if var.name in model.named_vars_to_dims},
     )
     return nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=1, seed=seed,
                          save_warmup=save_warmup, progress_bar=progress, **options)

@@ -12,29 +12,52 @@ import dataclasses
 from collections.abc import Iterable
 
 import numpy as np
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.replace import clone_replace, graph_replace
+from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.tensor.subtensor import AdvancedSubtensor
+from pytensor.tensor.variable import TensorConstant
+
+
+@dataclasses.dataclass
+class _Group:
+    """Terms divided on the same rows: one ``synk.function`` per group.
+
+    ``observed``: observed variables whose log-probability is summed by rows;
+    ``potentials``: ``pm.Potential`` terms named in ``split`` (sums over these rows);
+    ``roots``: the data variables divided by rows, with a label for messages;
+    ``rows``: their common length; ``graphs``: each observed variable's graph with its
+    row selections moved onto the data (see ``_move_masks``).
+    """
+
+    observed: list
+    potentials: list
+    roots: dict
+    rows: int
+    graphs: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [var.name for var in [*self.observed, *self.potentials]]
 
 
 @dataclasses.dataclass
 class _Split:
     """What the model's log-likelihood divides into.
 
-    ``observed``: observed variables summed on every process; ``master_observed``: the
-    other observed variables (their log-probability stays in the master); ``roots``:
-    the data variables divided by rows, with a label for messages; ``rows``: their
-    common length.
+    ``groups``: the divided terms, one group per number of rows (two datasets in one
+    model are two groups); ``master_observed`` and ``master_potentials``: the terms
+    left to the master.
     """
 
-    observed: list
+    groups: list[_Group]
     master_observed: list
-    roots: dict
-    rows: int
+    master_potentials: list
 
 
 def _data_value(var) -> np.ndarray | None:
     """The array a data variable holds (a shared variable's value or a constant)."""
-    from pytensor.compile.sharedvalue import SharedVariable
-    from pytensor.tensor.variable import TensorConstant
-
     if isinstance(var, SharedVariable):
         value = var.get_value(borrow=True)
         return value if isinstance(value, np.ndarray) else None
@@ -51,8 +74,6 @@ def _rows_of(var) -> int | None:
 
 def _data_roots(graphs: list, model) -> list:
     """The data variables that ``graphs`` read, not looking into free variables."""
-    from pytensor.graph.traversal import graph_inputs
-
     blockers = list(model.free_RVs)
     return [var for var in graph_inputs(graphs, blockers=blockers)
             if var not in blockers and _rows_of(var) is not None]
@@ -72,80 +93,151 @@ def _label(var) -> str:
     return repr(var.name) if var.name else f"an unnamed {var.type} constant"
 
 
-def _choose_split(model, split) -> _Split:
-    """Step 1: the observed variables and data variables that are divided by rows."""
-    from pytensor.compile.sharedvalue import SharedVariable
+def _move_masks(model, rv):
+    """``rv`` with each selection of rows by a boolean constant moved onto the data.
 
+    PyMC's automatic imputation (``observed=np.ma.masked_invalid(y)``) makes the observed
+    part a variable whose parameters are ``expr[mask]``: ``expr`` over every row of the
+    data, ``mask`` its observed rows. Divided as it is, each process would compute
+    ``expr`` on every row. Here ``expr`` is rebuilt on the data's observed rows
+    (``x[mask]`` for each data variable of the mask's length), which equals
+    ``expr[mask]`` for a row-wise ``expr``; the check at a jittered point (against
+    PyMC's own log-probability) refuses the rest. Returns ``rv`` itself when it holds no
+    such selection.
+    """
+    # Cloning stops at stand-ins for the free variables, put back at the end.
+    stand_ins = {free: free.type(name=free.name) for free in model.free_RVs}
+    replace = {}
+    for var in ancestors([rv], blockers=list(model.free_RVs)):
+        node = var.owner
+        if node is None or not isinstance(node.op, AdvancedSubtensor) or len(node.inputs) != 2:
+            continue
+        expr, mask = node.inputs
+        if not (isinstance(mask, TensorConstant) and mask.dtype == "bool" and mask.ndim == 1):
+            continue
+        selector = np.asarray(mask.data)
+        length = selector.shape[0]
+        rows = {root: pt.constant(_data_value(root)[selector], name=root.name and
+                                  f"{root.name}[observed]")
+                for root in _data_roots([expr], model) if _rows_of(root) == length}
+        if not rows:
+            raise ValueError(f"observed variable {rv.name!r} selects its observed rows "
+                             f"from a graph that reads no data of {length} rows: it cannot "
+                             "be divided by rows; pass split=[...] without it")
+        replace[var] = clone_replace(expr, {**stand_ins, **rows}, rebuild_strict=False)
+    if not replace:
+        return rv
+    moved = clone_replace(rv, {**stand_ins, **replace}, rebuild_strict=False)
+    return graph_replace(moved, {new: free for free, new in stand_ins.items()}, strict=False)
+
+
+def _names(split) -> list[str]:
+    names = [split] if isinstance(split, str) else split
+    if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"split must be a name or a list of names of pm.Data containers, "
+                        f"observed variables and potentials; got {split!r}")
+    names = list(names)
+    if not names:
+        raise ValueError("split must name at least one pm.Data container, observed variable "
+                         "or potential")
+    return names
+
+
+def _potential_rows(model, potential, named: list) -> int:
+    """The rows a named Potential sums over: the length of the named containers it
+    reads (all alike)."""
+    lengths = {_rows_of(root) for root in _data_roots([potential], model) if root in named}
+    if not lengths:
+        raise ValueError(f"split names potential {potential.name!r}, which reads none of the "
+                         "pm.Data containers split names; name the containers whose rows it "
+                         "sums over")
+    if len(lengths) > 1:
+        raise ValueError(f"split names potential {potential.name!r}, which reads named "
+                         f"containers of different lengths ({sorted(lengths)})")
+    return lengths.pop()
+
+
+def _choose_split(model, split) -> _Split:
+    """Step 1: the observed variables, potentials and data variables divided by rows."""
     observed = list(model.observed_RVs)
-    if not observed:
+    if not observed and split is None:
         raise ValueError("the model has no observed variables: there is no likelihood to "
                          "divide by rows")
     lengths = {rv: _observed_rows(model, rv) for rv in observed}
+    graphs = {rv: _move_masks(model, rv) if lengths[rv] is not None else rv
+              for rv in observed}
     named: list = []
+    potentials: list = []
     if split is None:
         chosen = [rv for rv in observed if lengths[rv] is not None]
         if not chosen:
             raise ValueError("no observed variable of the model has rows of data to divide "
                              "(every observed value is a scalar)")
+        counts = {lengths[rv] for rv in chosen}
+        if len(counts) > 1:
+            listed = ", ".join(f"{rv.name!r}: {lengths[rv]}" for rv in chosen)
+            every = [rv.name for rv in chosen]
+            raise ValueError(
+                f"the observed variables have different numbers of rows ({listed}); by "
+                f"default one length is divided. Name them to divide each on its own rows, "
+                f"with the pm.Data containers each reads by rows: split={every!r} + "
+                "[containers]; or name one of them to divide it alone")
     else:
-        names = [split] if isinstance(split, str) else split
-        if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
-            raise TypeError(f"split must be a name or a list of names of pm.Data containers "
-                            f"and observed variables; got {split!r}")
-        names = list(names)
-        if not names:
-            raise ValueError("split must name at least one pm.Data container or observed "
-                             "variable")
         chosen = []
-        for name in names:
+        for name in _names(split):
             var = model.named_vars.get(name)
             if var is None:
                 raise ValueError(f"split names {name!r}, which is not a variable of the model")
             if var in observed:
                 chosen.append(var)
+            elif var in model.potentials:
+                potentials.append(var)
             elif isinstance(var, SharedVariable) and _rows_of(var) is not None:
                 named.append(var)
             else:
                 raise ValueError(f"split names {name!r}, which is neither a pm.Data container "
-                                 "with rows nor an observed variable")
+                                 "with rows, an observed variable nor a potential")
         for rv in observed:  # an observed variable that reads a divided container is divided
             if rv not in chosen and any(
-                root in named for root in _data_roots([rv, model.rvs_to_values[rv]], model)
+                root in named for root in _data_roots([graphs[rv], model.rvs_to_values[rv]],
+                                                      model)
             ):
                 chosen.append(rv)
         for var in named:
-            if not any(var in _data_roots([rv, model.rvs_to_values[rv]], model)
-                       for rv in chosen):
+            if not any(var in _data_roots([graphs[rv], model.rvs_to_values[rv]], model)
+                       for rv in chosen) and not any(
+                    var in _data_roots([p], model) for p in potentials):
                 raise ValueError(f"split names {var.name!r}, which no observed variable's "
-                                 "likelihood reads")
+                                 "likelihood or named potential reads")
         unsplittable = [rv.name for rv in chosen if lengths[rv] is None]
         if unsplittable:
             raise ValueError(f"split names observed variable {unsplittable[0]!r}, whose data "
                              "have no rows to divide")
-    counts = {n for n in (lengths[rv] for rv in chosen) if n is not None}
-    if len(counts) > 1:
-        listed = ", ".join(f"{rv.name!r}: {lengths[rv]}" for rv in chosen)
-        raise ValueError(f"the observed variables have different numbers of rows ({listed});"
-                         " pass split=[...] naming the ones to divide")
-    rows = counts.pop()
-    roots: dict = {}
+    by_rows: dict[int, _Group] = {}
     for rv in chosen:
-        value = model.rvs_to_values[rv]
-        value_roots = _data_roots([value], model)
-        for root in _data_roots([rv, value], model):
-            if root in roots:
-                continue
+        by_rows.setdefault(lengths[rv], _Group([], [], {}, lengths[rv])).observed.append(rv)
+    for pot in potentials:
+        rows = _potential_rows(model, pot, named)
+        by_rows.setdefault(rows, _Group([], [], {}, rows)).potentials.append(pot)
+    for group in by_rows.values():
+        group.graphs = {rv: graphs[rv] for rv in group.observed}
+        read = [*group.graphs.values(), *[model.rvs_to_values[rv] for rv in group.observed],
+                *group.potentials]
+        value_roots = _data_roots([model.rvs_to_values[rv] for rv in group.observed], model)
+        for root in _data_roots(read, model):
             length = _rows_of(root)
             required = root in named or root in value_roots
-            if required and length != rows:
+            if required and length != group.rows:
                 raise ValueError(f"split divides {_label(root)} by rows, but it has {length} "
-                                 f"rows and the observed data {rows}")
+                                 f"rows and the observed data of {group.names} have "
+                                 f"{group.rows}")
             # Named containers and observed values are always divided; the default also
             # divides every container of the observations' length; anonymous constants
             # of that length are divided either way (they cannot be named).
-            if required or (length == rows and (
+            if required or (length == group.rows and (
                 split is None or not isinstance(root, SharedVariable)
             )):
-                roots[root] = root.name or f"rows{len(roots)}"
+                group.roots[root] = root.name or f"rows{len(group.roots)}"
     master_observed = [rv for rv in observed if rv not in chosen]
-    return _Split(chosen, master_observed, roots, rows)
+    master_potentials = [p for p in model.potentials if p not in potentials]
+    return _Split(list(by_rows.values()), master_observed, master_potentials)

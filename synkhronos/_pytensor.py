@@ -117,9 +117,9 @@ def reduce_for_pickle(obj: Any) -> Any:
         bare._lop_op_cache, bare._rop_op_cache = {}, None
         return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     if isinstance(obj, Scratchpad) and any(_local_function(v) for v in vars(obj).values()):
-        bare = type(obj).__new__(type(obj))  # (Scratchpad's __setattr__ is its own)
-        vars(bare).update((k, v) for k, v in vars(obj).items() if not _local_function(v))
-        return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        pad = type(obj).__new__(type(obj))  # (Scratchpad's __setattr__ is its own)
+        vars(pad).update((k, v) for k, v in vars(obj).items() if not _local_function(v))
+        return pad.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     return NotImplemented
 
 

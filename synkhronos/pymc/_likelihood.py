@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import pickle
 import warnings
+from typing import Any
 
 import numpy as np
 import pytensor
@@ -307,7 +308,7 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     used = set(ancestors([loglik]))
     positions = [i for i, v in enumerate(values) if v in used]
     mine = [values[i] for i in positions]
-    grads = pytensor.grad(loglik, mine)
+    grads: Any = pytensor.grad(loglik, mine)
     flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
     fn = function(inputs=list(rows.values()), bcast_inputs=mine,
                   outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),

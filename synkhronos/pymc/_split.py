@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
@@ -146,7 +147,8 @@ def _names(split) -> list[str]:
 def _potential_rows(model, potential, named: list) -> int:
     """The rows a named Potential sums over: the length of the named containers it
     reads (all alike)."""
-    lengths = {_rows_of(root) for root in _data_roots([potential], model) if root in named}
+    lengths: set[int] = {_rows_of(root) for root in _data_roots([potential], model)  # type: ignore[misc]
+                         if root in named}
     if not lengths:
         raise ValueError(f"split names potential {potential.name!r}, which reads none of the "
                          "pm.Data containers split names; name the containers whose rows it "
@@ -163,7 +165,7 @@ def _choose_split(model, split) -> _Split:
     if not observed and split is None:
         raise ValueError("the model has no observed variables: there is no likelihood to "
                          "divide by rows")
-    lengths = {rv: _observed_rows(model, rv) for rv in observed}
+    lengths: dict[Any, Any] = {rv: _observed_rows(model, rv) for rv in observed}
     graphs = {rv: _move_masks(model, rv) if lengths[rv] is not None else rv
               for rv in observed}
     named: list = []

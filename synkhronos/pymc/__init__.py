@@ -22,6 +22,8 @@ The modules, each one concern:
 - ``_likelihood``: the row graphs, the ``synk.function``, the one-time check and the
   :class:`RowSum` Op; ``logp_dlogp_function`` (steps 2-5);
 - ``_sampling``: ``sample``, with PyMC's NUTS or nutpie;
+- ``_loglik``: ``compute_log_likelihood`` (pointwise, for LOO and WAIC);
+- ``_map``: ``find_MAP`` over the divided log-density;
 - ``_pymc_compat``: every access to PyMC's (and nutpie's) internals.
 
 PyMC is imported only when these functions are called.
@@ -30,6 +32,8 @@ PyMC is imported only when these functions are called.
 from __future__ import annotations
 
 from ._likelihood import logp_dlogp_function
+from ._loglik import compute_log_likelihood
+from ._map import find_MAP
 from ._sampling import sample
 
-__all__ = ["sample", "logp_dlogp_function"]
+__all__ = ["sample", "logp_dlogp_function", "compute_log_likelihood", "find_MAP"]

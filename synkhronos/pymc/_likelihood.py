@@ -64,11 +64,13 @@ def _session_size() -> int | None:
 
 
 # -- 2. the likelihood on row inputs -----------------------------------------------------
-def _row_likelihood(pm, model, group: _Group):
-    """Step 2: a group's log-likelihood (its observed variables' log-probability and its
-    potentials), as a graph of row inputs.
+def _row_terms(pm, model, group: _Group):
+    """Each observed variable's elementwise log-probability on row inputs (and each
+    potential's value), in terms of stand-ins for the free variables.
 
-    Returns the graph and the row input of each divided data variable.
+    Returns ``(terms, rows, stand_ins)``: the graphs (observed variables first, in
+    order), the row input of each divided data variable, and the stand-in of each free
+    variable.
     """
     rows = {var: pt.tensor(dtype=var.dtype, shape=(None, *var.type.shape[1:]),
                            name=f"{name}_rows")
@@ -101,10 +103,20 @@ def _row_likelihood(pm, model, group: _Group):
         except NotImplementedError as exc:
             raise ValueError(f"observed variable {rv.name!r} cannot be divided by rows ({exc});"
                              " pass split=[...] without it") from exc
-        terms.append(pm.logp(row_rv, row_value).sum())
+        terms.append(pm.logp(row_rv, row_value))
     for potential in group.potentials:
-        terms.append(clone_replace(potential, {**stand_ins, **rows},
-                                   rebuild_strict=False).sum())
+        terms.append(clone_replace(potential, {**stand_ins, **rows}, rebuild_strict=False))
+    return terms, rows, stand_ins
+
+
+def _row_likelihood(pm, model, group: _Group):
+    """Step 2: a group's log-likelihood (its observed variables' log-probability and its
+    potentials), as a graph of row inputs.
+
+    Returns the graph and the row input of each divided data variable.
+    """
+    terms, rows, stand_ins = _row_terms(pm, model, group)
+    terms = [term.sum() for term in terms]
     loglik = terms[0] if len(terms) == 1 else pt.add(*terms)
     read = set(ancestors([loglik]))
     rvs = [rv for rv, stand_in in stand_ins.items() if stand_in in read]
@@ -324,9 +336,10 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     return _Part(fn, row_data, slices, positions, entries), read
 
 
-def _build(pm, model, split, grainsize):
+def _build(pm, model, split, grainsize, jacobian: bool = True):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
-    (``grainsize`` checked by the caller)."""
+    (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
+    Jacobians, as ``pm.find_MAP`` optimises)."""
     size = _session_size()
     if size is None:
         raise RuntimeError("synk.fork() must be called before "
@@ -362,7 +375,8 @@ def _build(pm, model, split, grainsize):
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
         op = RowSum(parts, sources, shapes, built[0][0].dtype)
         rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
-        cost = model.logp(vars=rest, jacobian=True) + op(*values)[0]
+        divided: Any = op(*values)  # (log-likelihood, flat gradient)
+        cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
         with warnings.catch_warnings():
             # PyTensor's Numba backend runs a Python Op in object mode, as intended here
             # (one call per evaluation); it says so in a warning at every compile.

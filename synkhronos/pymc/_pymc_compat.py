@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "import_pymc",
     "change_dist_size",
@@ -146,3 +148,61 @@ def rebuild_symbolic_rv(rv: Any, inputs: list, size: Any) -> Any | None:
         return None
     positions = [rv.owner.inputs.index(param) for param in op.dist_params(rv.owner)]
     return op.rebuild_rv(*[inputs[i] for i in positions], size=size)
+
+
+def untransformed(model: Any) -> Any:
+    """A copy of ``model`` without value transforms (its values are the draws an
+    InferenceData keeps), as ``pm.compute_log_likelihood`` makes it."""
+    from pymc.model.transform.conditioning import remove_value_transforms
+
+    return remove_value_transforms(model)
+
+
+def log_likelihood_dataset(fn: Any, idata: Any, model: Any, var_names: list[str],
+                           progressbar: bool) -> Any:
+    """``fn`` (a posterior point -> one array each of ``var_names``) applied to every
+    draw of ``idata``'s posterior, as the dataset ``pm.compute_log_likelihood`` makes
+    (its dims, coords and sample dims). ``fn`` needs an attribute ``f`` that PyMC sets
+    ``trust_input`` on."""
+    from pymc.backends.arviz import (
+        apply_function_over_dataset,
+        coords_and_dims_for_inferencedata,
+    )
+
+    coords, dims = coords_and_dims_for_inferencedata(untransformed(model))
+    posterior = idata["posterior"]
+    dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
+    dataset = dataset[[rv.name for rv in model.free_RVs]]
+    return apply_function_over_dataset(fn, dataset, output_var_names=var_names,
+                                       sample_dims=("chain", "draw"), dims=dims,
+                                       coords=coords, progressbar=progressbar)
+
+
+def add_group(idata: Any, name: str, dataset: Any) -> Any:
+    """``idata`` with ``dataset`` as its group ``name`` (ArviZ 0.x InferenceData or
+    ArviZ 1 DataTree), as ``pm.compute_log_likelihood`` extends it."""
+    if hasattr(idata, "add_groups"):
+        idata.add_groups({name: dataset})
+    else:
+        idata[name] = dataset
+    return idata
+
+
+def start_point_fn(model: Any, start: Any) -> Any:
+    """A function of a seed giving ``pm.find_MAP``'s starting point (no jitter), in
+    the transformed space."""
+    from pymc.initial_point import make_initial_point_fn
+
+    return make_initial_point_fn(model=model, jitter_rvs=set(), return_transformed=True,
+                                 overrides=start)
+
+
+def map_point(model: Any, point: dict, include_transformed: bool) -> dict:
+    """The values ``pm.find_MAP`` returns for a point of the value variables: every
+    free variable (and, with ``include_transformed``, its transformed value) and
+    deterministic."""
+    from pymc.util import get_default_varnames
+
+    names = get_default_varnames(model.unobserved_value_vars, include_transformed)
+    outputs = model.compile_fn(names)(point)
+    return {var.name: np.asarray(value) for var, value in zip(names, outputs, strict=True)}

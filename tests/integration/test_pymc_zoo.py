@@ -68,3 +68,63 @@ def _row_groups(fn) -> int:
 def test_two_datasets_are_divided_each_on_its_own_rows(built):
     assert _row_groups(built.parallel["two_datasets"]) == 2
     assert _row_groups(built.parallel["glm_data"]) == 1
+
+
+def _posterior(model, draws=4):
+    """An InferenceData whose posterior is a few prior draws (what matters is that it
+    holds values of every free variable)."""
+    with model:
+        prior = pm.sample_prior_predictive(draws=draws, random_seed=1)
+    dataset = prior["prior"]
+    dataset = dataset.to_dataset() if hasattr(dataset, "to_dataset") else dataset
+    dataset = dataset[[rv.name for rv in model.free_RVs]]
+    import arviz
+
+    if hasattr(arviz, "InferenceData"):  # ArviZ 0.x (PyMC 5)
+        return arviz.InferenceData(posterior=dataset)
+    from xarray import DataTree  # ArviZ 1 (PyMC 6)
+
+    return DataTree.from_dict({"posterior": dataset})
+
+
+LOG_LIKELIHOOD = ["glm_data", "dims_coords", "mv_normal", "two_datasets", "missing_values"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", LOG_LIKELIHOOD)
+def test_compute_log_likelihood_equals_pymc(built, name):
+    model = built.models[name]
+    split = ZOO[name]()[1]
+    idata = _posterior(model)
+    want = pm.compute_log_likelihood(idata, model=model, extend_inferencedata=False,
+                                     progressbar=False)
+    got = synk_pymc.compute_log_likelihood(idata, model=model, split=split,
+                                           extend_inferencedata=False)
+    assert set(got.data_vars) == set(want.data_vars)
+    for var in want.data_vars:
+        assert got[var].dims == want[var].dims
+        np.testing.assert_allclose(got[var].values, want[var].values, rtol=1e-9)
+    extended = synk_pymc.compute_log_likelihood(idata, model=model, split=split,
+                                                var_names=[next(iter(want.data_vars))])
+    assert extended is idata
+    assert list(idata["log_likelihood"].data_vars) == [next(iter(want.data_vars))]
+
+
+def test_compute_log_likelihood_checks_var_names(built):
+    model = built.models["glm_data"]
+    idata = _posterior(model)
+    with pytest.raises(ValueError, match="'beta' is not one"):
+        synk_pymc.compute_log_likelihood(idata, model=model, var_names=["beta"])
+    with pytest.raises(TypeError, match="var_names must be a list"):
+        synk_pymc.compute_log_likelihood(idata, model=model, var_names="y")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["glm_numpy", "hierarchical", "two_datasets"])
+def test_find_map_equals_pymc(built, name):
+    model = built.models[name]
+    got = synk_pymc.find_MAP(model=model, split=ZOO[name]()[1])
+    want = pm.find_MAP(model=model, progressbar=False)
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)

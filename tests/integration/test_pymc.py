@@ -5,6 +5,9 @@
   and dlogp against PyMC's at n_parallel 1, 2 and 3, and -inf out of support);
 - ``sample`` gives posterior means within 3 MCSE of ``pm.sample`` (same seed, and another
   seed), and the same draws up to rounding for the same seed;
+- ``sample`` takes ``pm.sample``'s signature (draws first), keeps coords and dims, and
+  refuses before forking: a model passed first, nutpie keywords without an equivalent,
+  per-chain initvals on nutpie, ``pm.Minibatch`` data, a bad ``processes_per_chain``;
 - a process forked from the master (a PyMC chain process) gets a clear RuntimeError;
 - ``split`` and ``grainsize`` are validated, and a likelihood that mixes rows is refused;
 - nutpie (where installed) samples the same posterior, calling from its own threads;

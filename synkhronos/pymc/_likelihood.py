@@ -39,7 +39,7 @@ from pytensor.tensor.shape import SpecifyShape
 
 from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
 from . import _pymc_compat as compat
-from ._split import _choose_split, _data_value, _Group
+from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "RowSum"]
 
@@ -330,7 +330,11 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     slices = _num_slices(row_data, group.rows, size, grainsize)
     _check_rows(fn, row_data, mine, model, group, size, slices)
     entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
-    read = [*graph_inputs([loglik]), *rows]  # the data it reads whole, and by rows
+    # The data it reads whole and by rows, and the model's own (a container whose rows a
+    # mask selected was copied: pm.set_data on it must still be caught).
+    read = [*graph_inputs([loglik]), *rows, *_data_roots(
+        [*group.observed, *[model.rvs_to_values[rv] for rv in group.observed],
+         *group.potentials], model)]
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
     return _Part(fn, row_data, slices, positions, entries), read

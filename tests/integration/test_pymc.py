@@ -354,6 +354,31 @@ def test_likelihood_that_mixes_rows_is_refused(two):
     synk_pymc.logp_dlogp_function(model)  # one block: the whole rows, as PyMC
 
 
+@pytest.mark.timeout(900)
+def test_missing_values_with_a_container_are_divided_and_watched(two):
+    # the observed part's rows of the container are copied (mask moved onto the data):
+    # the function still equals PyMC's, and pm.set_data on the container is caught
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=61)
+    y = 0.5 * x + rng.normal(size=61)
+    y[[3, 10, 11, 40]] = np.nan
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1)
+        pm.Normal("y", b * xd, 1, observed=np.ma.masked_invalid(y))
+    fn = synk_pymc.logp_dlogp_function(model)
+    fn.set_extra_values({})
+    point = np.linspace(-0.5, 0.5, 5)  # b and the four imputed values
+    want = reference(model)(point)
+    got = fn(point)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-9, atol=1e-12)
+    with model:
+        pm.set_data({"x": x + 1.0})
+    with pytest.raises(RuntimeError, match="'x' changed .pm.set_data."):
+        fn(point)
+
+
 # -- nutpie ----------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_nutpie_posterior_matches_pm_sample(two):

@@ -87,19 +87,19 @@ def _row_terms(pm, model, group: _Group):
         if row_value is None:
             row_value = clone_replace(value, rows, rebuild_strict=False)
         graph = group.graphs.get(rv, rv)  # (its row selections moved onto the data)
-        row_rv = clone_replace(graph, {**stand_ins, **rows}, rebuild_strict=False)
         batch_ndim = row_value.ndim - rv.owner.op.ndim_supp
+        size = row_value.shape[:batch_ndim]
         try:
-            if _pins_rows(row_rv, rows.values()):
-                inputs = clone_replace(graph.owner.inputs, {**stand_ins, **rows},
-                                       rebuild_strict=False)
-                rebuilt = compat.rebuild_symbolic_rv(graph, inputs,
-                                                     row_value.shape[:batch_ndim])
-                if rebuilt is None:
+            # Made again from its inputs on the rows where PyMC allows it; otherwise
+            # cloned onto the rows and resized (PyMC's change_dist_size).
+            inputs = clone_replace(graph.owner.inputs, {**stand_ins, **rows},
+                                   rebuild_strict=False)
+            row_rv = compat.rebuild_rv(graph, inputs, size)
+            if row_rv is None:
+                row_rv = clone_replace(graph, {**stand_ins, **rows}, rebuild_strict=False)
+                if _pins_rows(row_rv, rows.values()):
                     raise NotImplementedError(f"{rv.owner.op} fixes its inputs' lengths")
-                row_rv = rebuilt
-            else:
-                row_rv = compat.change_dist_size(row_rv, row_value.shape[:batch_ndim])
+                row_rv = compat.change_dist_size(row_rv, size)
         except NotImplementedError as exc:
             raise ValueError(f"observed variable {rv.name!r} cannot be divided by rows ({exc});"
                              " pass split=[...] without it") from exc

@@ -206,3 +206,22 @@ def map_point(model: Any, point: dict, include_transformed: bool) -> dict:
     names = get_default_varnames(model.unobserved_value_vars, include_transformed)
     outputs = model.compile_fn(names)(point)
     return {var.name: np.asarray(value) for var, value in zip(names, outputs, strict=True)}
+
+
+def rebuild_rv(rv: Any, inputs: list, size: Any) -> Any | None:
+    """``rv`` made again from new ``inputs`` (its node's inputs, replaced) with batch
+    shape ``size``; None for an Op rebuilt only by ``change_dist_size``.
+
+    Cloning the node itself would keep what its ``make_node`` derived from the whole
+    data's size: PyTensor 3 fixes a random variable's parameters to a constant size
+    (``SpecifyShape(p, 101, 3)``), and an inner graph keeps its inputs' lengths.
+    """
+    from pytensor.tensor.random.op import RandomVariable
+
+    op = rv.owner.op
+    if isinstance(op, RandomVariable) and type(op).make_node is RandomVariable.make_node:
+        node = rv.owner
+        rng = inputs[node.inputs.index(op.rng_param(node))]
+        params = [inputs[node.inputs.index(p)] for p in op.dist_params(node)]
+        return op.make_node(rng, size, *params).outputs[node.outputs.index(rv)]
+    return rebuild_symbolic_rv(rv, inputs, size)

@@ -225,3 +225,26 @@ def rebuild_rv(rv: Any, inputs: list, size: Any) -> Any | None:
         params = [inputs[node.inputs.index(p)] for p in op.dist_params(node)]
         return op.make_node(rng, size, *params).outputs[node.outputs.index(rv)]
     return rebuild_symbolic_rv(rv, inputs, size)
+
+
+def inline_inner_graph(node: Any) -> list:
+    """The outputs of an ``OpFromGraph`` node written out as its inner graph over the
+    node's inputs. (PyTensor's, not PyMC's: PyTensor 3 keeps inner graphs frozen and
+    binds them with ``inline_ofg_node``; 2.x's can be cloned. Here because the layering
+    keeps :mod:`synkhronos.pymc` off the package's private ``_pytensor``.)"""
+    try:
+        from pytensor.compile.rewriting import inline_ofg_node
+    except ImportError:  # PyTensor 2.x
+        from pytensor.graph.replace import clone_replace
+
+        op = node.op
+        return list(clone_replace(op.inner_outputs,
+                                  dict(zip(op.inner_inputs, node.inputs, strict=True))))
+    return list(inline_ofg_node(node))
+
+
+def is_symbolic_rv(op: Any) -> bool:
+    """Whether ``op`` is a PyMC random variable built as an inner graph."""
+    from pymc.distributions.distribution import SymbolicRandomVariable
+
+    return isinstance(op, SymbolicRandomVariable)

@@ -14,11 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytensor.tensor as pt
+from pytensor.compile.builders import OpFromGraph
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.replace import clone_replace, graph_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
 from pytensor.tensor.subtensor import AdvancedSubtensor
 from pytensor.tensor.variable import TensorConstant
+
+from . import _pymc_compat as compat
 
 
 @dataclasses.dataclass
@@ -132,6 +135,34 @@ def _move_masks(model, rv):
     return graph_replace(moved, {new: free for free, new in stand_ins.items()}, strict=False)
 
 
+def _inline_graphs(model, rv):
+    """``rv`` with the inner graph of each ``OpFromGraph`` in its parameters written out.
+
+    Such an Op (PyTensor 3's ``Softmax``, a user's ``OpFromGraph``) keeps its inner
+    graph's static shapes, here the whole data's: rebuilt on a process's rows it would
+    fix them (``SpecifyShape(x, 101, 3)``). Written out, its nodes are made again from
+    the rows like any other. Random variables built as inner graphs are rebuilt from
+    their own constructor instead (``_likelihood``). Returns ``rv`` itself when it
+    holds no such Op.
+    """
+    def written_out(node):
+        return dict(zip(node.outputs, compat.inline_inner_graph(node), strict=True))
+
+    graph = rv
+    for _ in range(16):  # an inner graph may hold another such Op
+        replace = {}
+        for var in ancestors(graph.owner.inputs, blockers=list(model.free_RVs)):
+            node = var.owner
+            if (node is not None and isinstance(node.op, OpFromGraph)
+                    and not compat.is_symbolic_rv(node.op)
+                    and var not in replace):
+                replace.update(written_out(node))
+        if not replace:
+            return graph
+        graph = graph_replace(graph, replace, strict=False)
+    return graph
+
+
 def _names(split) -> list[str]:
     names = [split] if isinstance(split, str) else split
     if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
@@ -166,8 +197,8 @@ def _choose_split(model, split) -> _Split:
         raise ValueError("the model has no observed variables: there is no likelihood to "
                          "divide by rows")
     lengths: dict[Any, Any] = {rv: _observed_rows(model, rv) for rv in observed}
-    graphs = {rv: _move_masks(model, rv) if lengths[rv] is not None else rv
-              for rv in observed}
+    graphs = {rv: _inline_graphs(model, _move_masks(model, rv)) if lengths[rv] is not None
+              else rv for rv in observed}
     named: list = []
     potentials: list = []
     if split is None:

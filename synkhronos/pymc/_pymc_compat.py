@@ -248,3 +248,16 @@ def is_symbolic_rv(op: Any) -> bool:
     from pymc.distributions.distribution import SymbolicRandomVariable
 
     return isinstance(op, SymbolicRandomVariable)
+
+
+def nutpie_coords(model: Any) -> dict:
+    """The model's coords as nutpie's ``from_pyfunc`` takes them: a pandas ``Index``
+    each (nutpie refuses plain lists of numbers), a range for a dim without labels."""
+    import pandas as pd
+
+    coords = {}
+    for name, labels in model.coords.items():
+        if labels is None:
+            labels = pd.RangeIndex(int(model.dim_lengths[name].eval()))
+        coords[name] = pd.Index(labels)
+    return coords

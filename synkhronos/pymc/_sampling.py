@@ -283,8 +283,7 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
         n_dim, make_logp_fn, make_expand_fn, [np.dtype("float64")] * len(traced),
         [out.shape for out in expanded], [var.name for var in traced],
         make_initial_point_fn=initial_point,
-        coords={name: list(labels) for name, labels in model.coords.items()
-                if labels is not None},
+        coords=compat.nutpie_coords(model),
         dims={var.name: tuple(model.named_vars_to_dims[var.name]) for var in traced
               if var.name in model.named_vars_to_dims},
     )

@@ -78,13 +78,11 @@ def _posterior(model, draws=4):
     dataset = prior["prior"]
     dataset = dataset.to_dataset() if hasattr(dataset, "to_dataset") else dataset
     dataset = dataset[[rv.name for rv in model.free_RVs]]
-    import arviz
+    if hasattr(prior, "add_groups"):  # ArviZ 0.x InferenceData (PyMC 5)
+        import arviz
 
-    if hasattr(arviz, "InferenceData"):  # ArviZ 0.x (PyMC 5)
         return arviz.InferenceData(posterior=dataset)
-    from xarray import DataTree  # ArviZ 1 (PyMC 6)
-
-    return DataTree.from_dict({"posterior": dataset})
+    return type(prior).from_dict({"posterior": dataset})  # xarray DataTree (PyMC 6)
 
 
 LOG_LIKELIHOOD = ["glm_data", "dims_coords", "mv_normal", "two_datasets", "missing_values"]

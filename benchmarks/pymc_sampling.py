@@ -246,7 +246,7 @@ def samplings(model: pm.Model, sizes: list[int], options: dict) -> dict:
     for n in sizes:
         synk.fork(n)
         try:
-            got = run(f"synkhronos_n{n}", lambda: synk_pymc.sample(model, **options))
+            got = run(f"synkhronos_n{n}", lambda: synk_pymc.sample(model=model, **options))
         finally:
             synk.close()
         record["mcse_gap_vs_pymc_1_thread"][f"synkhronos_n{n}"] = mcse_gap(got, peer, model)

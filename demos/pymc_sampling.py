@@ -62,7 +62,7 @@ def main() -> None:
                    random_seed=args.seed, progressbar=False, compute_convergence_checks=False)
 
     start = time.perf_counter()
-    parallel = synk_pymc.sample(model, **options)
+    parallel = synk_pymc.sample(model=model, **options)
     parallel_seconds = time.perf_counter() - start
     start = time.perf_counter()
     serial = pm.sample(model=model, nuts_sampler="pymc", cores=1, **options)

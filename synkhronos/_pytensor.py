@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import pickle
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ except ImportError:  # pragma: no cover - PyTensor 2.x
     from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.utils import Scratchpad
 from pytensor.tensor.random.type import RandomType
 
 __all__ = [
@@ -95,19 +97,33 @@ def shared_inputs(fn: Any) -> list[Any]:
     return [inp.variable for inp in fn.maker.inputs if getattr(inp, "shared", False)]
 
 
+def _local_function(obj: Any) -> bool:
+    """Whether ``obj`` is a function defined inside another one (pickle refuses it)."""
+    return isinstance(obj, types.FunctionType) and "<locals>" in obj.__qualname__
+
+
 def reduce_for_pickle(obj: Any) -> Any:
     """A pickler's ``reducer_override``: a reduction for the objects PyTensor cannot
     pickle itself, ``NotImplemented`` for every other.
 
-    An ``OpFromGraph`` that was differentiated caches its gradient as a local closure,
-    which pickle refuses (PyTensor 3.3 keeps e.g. ``LogSumExp`` reachable from a
-    compiled function). Workers never differentiate, and the cache is rebuilt on
-    demand: the Op travels without it.
+    PyTensor caches closures it rebuilds on demand; they travel without them:
+
+    - an ``OpFromGraph`` that was differentiated caches its gradient as a local
+      closure (PyTensor 3.3 keeps e.g. ``LogSumExp`` reachable from a compiled
+      function); workers never differentiate;
+    - a node's ``tag`` (a ``Scratchpad``) caches functions made for it: on PyTensor
+      2.38 a ``Blockwise`` node (batched linear algebra, ``pt.vectorize``) keeps its
+      ``np.vectorize``'d perform as ``tag.gufunc``, which its ``prepare_node`` and
+      ``perform`` make again when it is missing.
     """
     if isinstance(obj, OpFromGraph) and (obj._lop_op_cache or obj._rop_op_cache):
         bare = copy.copy(obj)
         bare._lop_op_cache, bare._rop_op_cache = {}, None
         return bare.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    if isinstance(obj, Scratchpad) and any(_local_function(v) for v in vars(obj).values()):
+        pad = type(obj).__new__(type(obj))  # (Scratchpad's __setattr__ is its own)
+        vars(pad).update((k, v) for k, v in vars(obj).items() if not _local_function(v))
+        return pad.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     return NotImplemented
 
 

@@ -29,7 +29,7 @@ with pm.Model() as model:  # an ordinary PyMC model
 
 synk.fork(2)  # optional: without a session, sample() forks one and closes it
 options = dict(draws=300, tune=300, chains=2, random_seed=7, progressbar=False)
-idata = synkhronos.pymc.sample(model, **options)  # same arguments as pm.sample
+idata = synkhronos.pymc.sample(model=model, **options)  # same arguments as pm.sample
 reference = pm.sample(model=model, nuts_sampler="pymc", cores=1, **options)
 synk.close()
 

@@ -5,6 +5,9 @@
   and dlogp against PyMC's at n_parallel 1, 2 and 3, and -inf out of support);
 - ``sample`` gives posterior means within 3 MCSE of ``pm.sample`` (same seed, and another
   seed), and the same draws up to rounding for the same seed;
+- ``sample`` takes ``pm.sample``'s signature (draws first), keeps coords and dims, and
+  refuses before forking: a model passed first, nutpie keywords without an equivalent,
+  per-chain initvals on nutpie, ``pm.Minibatch`` data, a bad ``processes_per_chain``;
 - a process forked from the master (a PyMC chain process) gets a clear RuntimeError;
 - ``split`` and ``grainsize`` are validated, and a likelihood that mixes rows is refused;
 - nutpie (where installed) samples the same posterior, calling from its own threads;
@@ -119,7 +122,7 @@ def assert_within_mcse(got, want, names, limit=3.0):
 def test_sample_matches_pm_sample(two, build):
     model = build()
     names = [rv.name for rv in model.free_RVs]
-    got = synk_pymc.sample(model, random_seed=5, **SAMPLE)
+    got = synk_pymc.sample(model=model, random_seed=5, **SAMPLE)
     want = pm.sample(model=model, random_seed=5, nuts_sampler="pymc", cores=1, **SAMPLE)
     assert_within_mcse(got, want, names)
     # Another seed: independent chains. With ten components (the hierarchical model) a
@@ -140,7 +143,7 @@ def test_sample_matches_pm_sample(two, build):
 def test_sample_forks_and_closes_its_own_session():
     assert not session_open()
     model = logistic_model(rows=301)
-    result = synk_pymc.sample(model, random_seed=1, draws=50, tune=50, chains=1,
+    result = synk_pymc.sample(model=model, random_seed=1, draws=50, tune=50, chains=1,
                               progressbar=False, compute_convergence_checks=False)
     assert result.posterior["b"].shape == (1, 50, 3)
     assert not session_open()
@@ -149,9 +152,53 @@ def test_sample_forks_and_closes_its_own_session():
 @pytest.mark.timeout(900)
 def test_sample_refuses_a_step(two):
     with pytest.raises(TypeError, match="builds its own NUTS step"):
-        synk_pymc.sample(logistic_model(rows=11), step=object())
+        synk_pymc.sample(model=logistic_model(rows=11), step=object())
     with pytest.raises(ValueError, match="nuts_sampler must be 'pymc' or 'nutpie'"):
-        synk_pymc.sample(logistic_model(rows=11), nuts_sampler="numpyro")
+        synk_pymc.sample(model=logistic_model(rows=11), nuts_sampler="numpyro")
+
+
+@pytest.mark.timeout(900)
+def test_sample_refuses_misuse_before_forking():
+    assert not session_open()
+    model = logistic_model(rows=11)
+    with pytest.raises(TypeError, match="takes draws as its first argument.*model=..."):
+        synk_pymc.sample(model)
+    with pytest.raises(TypeError, match="nuts_sampler='nutpie' has no equivalent for "
+                                        "callback, mp_ctx"):
+        synk_pymc.sample(10, model=model, nuts_sampler="nutpie", mp_ctx="fork",
+                         callback=print)
+    with pytest.raises(TypeError, match="one dict of initvals"):
+        synk_pymc.sample(10, model=model, nuts_sampler="nutpie", initvals=[{}, {}])
+    for bad, error in ((0, ValueError), (1.5, TypeError)):
+        with pytest.raises(error, match="processes_per_chain must be"):
+            synk_pymc.sample(10, model=model, processes_per_chain=bad)
+    x = np.arange(100.0)
+    with pm.Model() as minibatched:
+        mu = pm.Normal("mu")
+        pm.Normal("y", mu, 1, observed=pm.Minibatch(x, batch_size=10), total_size=100)
+    with pytest.raises(ValueError, match="'y' reads pm.Minibatch data.*ADVI"):
+        synk_pymc.sample(10, model=minibatched)
+    assert not session_open()
+
+
+@pytest.mark.timeout(900)
+def test_sample_takes_draws_positionally_and_keeps_coords():
+    # its own session of processes_per_chain processes; pm.sample's keywords pass through
+    model = hierarchical_model(rows=101)
+    idata = synk_pymc.sample(40, model=model, tune=40, chains=1, random_seed=2,
+                             processes_per_chain=2, progressbar=False,
+                             compute_convergence_checks=False, var_names=["a", "b"],
+                             idata_kwargs={"log_likelihood": False})
+    assert idata.posterior["a"].dims == ("chain", "draw", "group")
+    assert list(idata.posterior["a"].coords["group"].values) == list(range(6))
+    assert idata.posterior.sizes["draw"] == 40
+    assert set(idata.posterior.data_vars) == {"a", "b"}
+    assert not session_open()
+
+
+def test_sample_checks_processes_against_an_open_session(two):
+    with pytest.raises(ValueError, match="processes_per_chain=3, but the open session has 2"):
+        synk_pymc.sample(10, model=logistic_model(rows=11), processes_per_chain=3)
 
 
 # -- processes forked from the master --------------------------------------------------------
@@ -238,7 +285,8 @@ def test_split_is_validated(one):
         synk_pymc.logp_dlogp_function(model, split=3)
     with pytest.raises(TypeError, match="split must be a name or a list of names"):
         synk_pymc.logp_dlogp_function(model, split=["y", 1])
-    with pytest.raises(ValueError, match="different numbers of rows .'y': 50, 'w': 51"):
+    with pytest.raises(ValueError, match=r"different numbers of rows .'y': 50, 'w': 51.*"
+                                         r"each on its own rows.*split=\['y', 'w'\]"):
         synk_pymc.logp_dlogp_function(model)
     with pytest.raises(ValueError, match="'nope', which is not a variable of the model"):
         synk_pymc.logp_dlogp_function(model, split=["y", "nope"])
@@ -258,7 +306,7 @@ def test_split_is_validated(one):
         synk_pymc.logp_dlogp_function(model, split="y")
     # sample() checks the grain before it forks a session of its own
     with pytest.raises(ValueError, match="grainsize must be at least 1 row; got -3"):
-        synk_pymc.sample(model, split="y", grainsize=-3)
+        synk_pymc.sample(model=model, split="y", grainsize=-3)
     assert not session_open()
 
 
@@ -305,16 +353,49 @@ def test_likelihood_that_mixes_rows_is_refused(two):
     synk_pymc.logp_dlogp_function(model)  # one block: the whole rows, as PyMC
 
 
+@pytest.mark.timeout(900)
+def test_missing_values_with_a_container_are_divided_and_watched(two):
+    # the observed part's rows of the container are copied (mask moved onto the data):
+    # the function still equals PyMC's, and pm.set_data on the container is caught
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=61)
+    y = 0.5 * x + rng.normal(size=61)
+    y[[3, 10, 11, 40]] = np.nan
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1)
+        pm.Normal("y", b * xd, 1, observed=np.ma.masked_invalid(y))
+    fn = synk_pymc.logp_dlogp_function(model)
+    fn.set_extra_values({})
+    point = np.linspace(-0.5, 0.5, 5)  # b and the four imputed values
+    want = reference(model)(point)
+    got = fn(point)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-9, atol=1e-12)
+    with model:
+        pm.set_data({"x": x + 1.0})
+    with pytest.raises(RuntimeError, match="'x' changed .pm.set_data."):
+        fn(point)
+
+
 # -- nutpie ----------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_nutpie_posterior_matches_pm_sample(two):
     pytest.importorskip("nutpie", reason="nutpie is not installed here (optional; CI's "
                         "Python 3.12 environment has it)")
     model = logistic_model()
-    got = synk_pymc.sample(model, nuts_sampler="nutpie", random_seed=5, draws=300, tune=300,
+    got = synk_pymc.sample(model=model, nuts_sampler="nutpie", random_seed=5, draws=300, tune=300,
                            chains=2, progressbar=False)
     want = pm.sample(model=model, random_seed=6, nuts_sampler="pymc", cores=1, **SAMPLE)
     assert_within_mcse(got, want, [rv.name for rv in model.free_RVs], limit=4.0)
+    # pm.sample's keywords with a nutpie equivalent, and the model's coords and dims
+    model = hierarchical_model(rows=101)
+    idata = synk_pymc.sample(30, model=model, nuts_sampler="nutpie", tune=30, chains=1,
+                             random_seed=1, progressbar=False, target_accept=0.9,
+                             max_treedepth=8, compute_convergence_checks=False,
+                             nuts_sampler_kwargs={"store_unconstrained": False})
+    assert idata.posterior["a"].dims == ("chain", "draw", "group")
+    assert idata.posterior.sizes["draw"] == 30
 
 
 # -- the demo --------------------------------------------------------------------------------

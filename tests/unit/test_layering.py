@@ -122,16 +122,16 @@ def test_core_imports_only_runtime_and_errors(path):
                 f"_core/{path.name} imports {name}")
 
 
-ADD_ONS = sorted((PACKAGE / "extensions").glob("*.py")) + [
-    p for p in [PACKAGE / "pymc.py"] if p.exists()]
+ADD_ONS = sorted((PACKAGE / "extensions").glob("*.py")) + sorted((PACKAGE / "pymc").glob("*.py"))
 
 
-@pytest.mark.parametrize("path", ADD_ONS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", ADD_ONS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_add_ons_use_public_names_only(path):
+    own = f"synkhronos.{path.parent.name}"  # an add-on's own modules, private or not
     for name in _imports(path, top_level_only=False):
         if name.startswith("synkhronos"):
-            assert name in PUBLIC or name.startswith("synkhronos.extensions"), (
-                f"{path.name} imports the private {name}")
+            assert name in PUBLIC or name == own or name.startswith(own + "."), (
+                f"{path.parent.name}/{path.name} imports the private {name}")
 
 
 def test_no_import_cycles():

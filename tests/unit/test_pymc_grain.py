@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from synkhronos.pymc import _check_grainsize, _num_slices
+from synkhronos.pymc._likelihood import _check_grainsize, _num_slices
 
 
 def _rows(*widths: int) -> list:

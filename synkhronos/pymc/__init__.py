@@ -1,0 +1,39 @@
+"""synkhronos.pymc: sample an unmodified PyMC model with its likelihood on every process.
+
+Stan's ``reduce_sum``, for PyMC. A model's observed log-likelihood is a sum over data
+rows; this package divides those rows among the session's processes and leaves the rest
+of the log-density (priors with their Jacobians, potentials, observations that are not
+divided) to the master. PyMC's own sampler drives it all, in the master.
+
+One evaluation of the log-density, as NUTS asks for it at every leapfrog step::
+
+    PyMC's NUTS (master)
+      -> PyMC's ValueGradFunction over (log-prior + RowSum(values))
+           |  log-prior, Jacobians, potentials and their gradient: the master
+           +-> RowSum.perform(values)                one call per evaluation: PyTensor
+                 -> synk Function(rows, values)      merges the Op's value and gradient
+                      every process: its rows' log-likelihood and gradient, op "sum"
+                 <- (log-likelihood, flat gradient)
+      <- (logp, dlogp)
+
+The modules, each one concern:
+
+- ``_split``: which observed variables and data rows are divided (step 1);
+- ``_likelihood``: the row graphs, the ``synk.function``, the one-time check and the
+  ``RowSum`` Op; ``logp_dlogp_function`` (steps 2-5);
+- ``_sampling``: ``sample``, with PyMC's NUTS or nutpie;
+- ``_loglik``: ``compute_log_likelihood`` (pointwise, for LOO and WAIC);
+- ``_map``: ``find_MAP`` over the divided log-density;
+- ``_pymc_compat``: every access to PyMC's (and nutpie's) internals.
+
+PyMC is imported only when these functions are called.
+"""
+
+from __future__ import annotations
+
+from ._likelihood import logp_dlogp_function
+from ._loglik import compute_log_likelihood
+from ._map import find_MAP
+from ._sampling import sample
+
+__all__ = ["sample", "logp_dlogp_function", "compute_log_likelihood", "find_MAP"]

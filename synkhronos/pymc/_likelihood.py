@@ -1,0 +1,446 @@
+"""The divided log-likelihood: PyMC's ``ValueGradFunction`` with the rows on every process.
+
+Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is ``_split``):
+
+2. rebuild each divided observed variable on row inputs (data replaced, size resized
+   with ``change_dist_size``) and take ``pm.logp`` of it; free variables become the
+   model's value variables;
+3. compile that log-likelihood and its gradient as a ``synk.function`` in PyMC's mode
+   (parameter checks give ``-inf``, as in PyMC), copy the rows into ``synk.data``, and
+   choose the slices: each process runs its rows in blocks of about ``grainsize`` rows
+   (``num_slices``), small enough that a block's data and temporaries stay in the
+   core's cache between the log-likelihood and its gradient (Stan's ``grainsize``; by
+   default only when a process's rows outgrow the shared cache);
+4. check once, at a jittered point, that the sum over processes equals the same graph
+   on the whole data: a term that mixes rows (a mean over the data inside the model)
+   is refused instead of sampled wrongly;
+5. wrap it in an Op (:class:`RowSum`) whose gradient is the reduced gradient, and hand
+   PyMC its own ``ValueGradFunction`` of log-prior + Op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+import warnings
+from typing import Any
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.gradient import DisconnectedType, grad_not_implemented
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+from pytensor.graph.replace import clone_replace, graph_replace
+from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.tensor.shape import SpecifyShape
+
+from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
+from . import _pymc_compat as compat
+from ._split import _choose_split, _data_roots, _data_value, _Group
+
+__all__ = ["logp_dlogp_function", "RowSum"]
+
+log = logging.getLogger("synkhronos")
+
+_CHECK_RTOL = 1e-7  # split sum vs whole data: far above rounding, far below a wrong split
+# The default grain: slices of about 1 MiB of row data (a core's L2 cache here), once a
+# process's rows pass 16 MiB (half this machine's shared 32 MiB L3). At 10^6 rows on 2
+# cores (32-44 MiB a process) slicing made an evaluation 1.2-1.6x faster than one block;
+# at 10^5 rows (3-4 MiB a process) the rows stay in cache anyway and each slice's call
+# (30-90 us) made it up to 1.5x slower (benchmarks/pymc_sampling.py).
+_GRAIN_BYTES = 1 << 20
+_SLICE_FROM_BYTES = 16 << 20
+
+
+def _session_size() -> int | None:
+    """The session's number of processes, or None before ``synk.fork()``."""
+    try:
+        return n_parallel()
+    except RuntimeError:
+        return None
+
+
+# -- 2. the likelihood on row inputs -----------------------------------------------------
+def _row_terms(pm, model, group: _Group):
+    """Each observed variable's elementwise log-probability on row inputs (and each
+    potential's value), in terms of stand-ins for the free variables.
+
+    Returns ``(terms, rows, stand_ins)``: the graphs (observed variables first, in
+    order), the row input of each divided data variable, and the stand-in of each free
+    variable.
+    """
+    rows = {var: pt.tensor(dtype=var.dtype, shape=(None, *var.type.shape[1:]),
+                           name=f"{name}_rows")
+            for var, name in group.roots.items()}
+    # Cloning stops at these stand-ins for the free variables; at the end they become
+    # the model's value variables, through their transforms, as in model.logp().
+    stand_ins = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
+    terms = []
+    for rv in group.observed:
+        value = model.rvs_to_values[rv]
+        # rebuild_strict=False makes every node again from its new inputs, so no static
+        # shape of the whole data (a constant's length) survives into the row graphs.
+        row_value = rows.get(value)
+        if row_value is None:
+            row_value = clone_replace(value, rows, rebuild_strict=False)
+        graph = group.graphs.get(rv, rv)  # (its row selections moved onto the data)
+        batch_ndim = row_value.ndim - rv.owner.op.ndim_supp
+        size = row_value.shape[:batch_ndim]
+        try:
+            # Made again from its inputs on the rows where PyMC allows it; otherwise
+            # cloned onto the rows and resized (PyMC's change_dist_size).
+            inputs = clone_replace(graph.owner.inputs, {**stand_ins, **rows},
+                                   rebuild_strict=False)
+            row_rv = compat.rebuild_rv(graph, inputs, size)
+            if row_rv is None:
+                row_rv = clone_replace(graph, {**stand_ins, **rows}, rebuild_strict=False)
+                if _pins_rows(row_rv, rows.values()):
+                    raise NotImplementedError(f"{rv.owner.op} fixes its inputs' lengths")
+                row_rv = compat.change_dist_size(row_rv, size)
+        except NotImplementedError as exc:
+            raise ValueError(f"observed variable {rv.name!r} cannot be divided by rows ({exc});"
+                             " pass split=[...] without it") from exc
+        terms.append(pm.logp(row_rv, row_value))
+    for potential in group.potentials:
+        terms.append(clone_replace(potential, {**stand_ins, **rows}, rebuild_strict=False))
+    return terms, rows, stand_ins
+
+
+def _row_likelihood(pm, model, group: _Group):
+    """Step 2: a group's log-likelihood (its observed variables' log-probability and its
+    potentials), as a graph of row inputs.
+
+    Returns the graph and the row input of each divided data variable.
+    """
+    terms, rows, stand_ins = _row_terms(pm, model, group)
+    terms = [term.sum() for term in terms]
+    loglik = terms[0] if len(terms) == 1 else pt.add(*terms)
+    read = set(ancestors([loglik]))
+    rvs = [rv for rv, stand_in in stand_ins.items() if stand_in in read]
+    constrained = model.replace_rvs_by_values(rvs)
+    loglik = graph_replace(loglik, {stand_ins[rv]: c for rv, c in zip(rvs, constrained,
+                                                                       strict=True)})
+    return loglik, rows
+
+
+def _pins_rows(graph, row_inputs) -> bool:
+    """Whether ``graph`` fixes a row input's length (``SpecifyShape``): an Op with an
+    inner graph, cloned onto rows, keeps the whole data's static shapes."""
+    row_inputs = set(row_inputs)
+    return any(var.owner is not None and isinstance(var.owner.op, SpecifyShape)
+               and var.owner.inputs[0] in row_inputs for var in ancestors([graph]))
+
+
+# -- 3. the synkhronos function ------------------------------------------------------------
+def _check_grainsize(grainsize) -> int | None:
+    if grainsize is None:
+        return None
+    if isinstance(grainsize, bool) or not isinstance(grainsize, (int, np.integer)):
+        raise TypeError(f"grainsize must be a whole number of rows or None; got {grainsize!r}")
+    if grainsize < 1:
+        raise ValueError(f"grainsize must be at least 1 row; got {grainsize}")
+    return int(grainsize)
+
+
+def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) -> int:
+    """Slices per process: its rows (the most any process has) in blocks of
+    ``grainsize`` rows; by default one block up to ``_SLICE_FROM_BYTES`` of row data a
+    process, else blocks of about ``_GRAIN_BYTES``."""
+    per_process = -(-rows // n)
+    if grainsize is None:
+        row_bytes = sum(d.data[:1].nbytes for d in row_data) or 1
+        if per_process * row_bytes <= _SLICE_FROM_BYTES:
+            return 1
+        grainsize = max(1, _GRAIN_BYTES // row_bytes)
+    return max(1, -(-per_process // grainsize))
+
+
+# -- 4. the one-time check -----------------------------------------------------------------
+def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: _Group,
+                n: int, slices: int) -> None:
+    """Step 4: the sum over processes must equal the same graph on the whole data.
+
+    Compared at jittered points, where a term that mixes rows (a mean or a lag over the
+    data inside the model) shows. The whole-data value is the master's own compiled
+    function (``as_pytensor``): no extra compile.
+    """
+    moved = [rv for rv in group.observed if group.graphs.get(rv, rv) is not rv]
+    if n == 1 and slices == 1 and not moved:
+        return
+    # Where rows were selected by a mask, the graph was rewritten (``_move_masks``):
+    # its whole-data value must also equal PyMC's own log-probability of the group.
+    pymc_logp = (model.compile_logp(vars=[*group.observed, *group.potentials], jacobian=False,
+                                    sum=True) if moved else None)
+    rng = np.random.default_rng(0)
+    start = model.initial_point()
+    for _ in range(3):
+        jittered = {name: np.asarray(value + rng.uniform(-1, 1, size=np.shape(value)),
+                                     dtype=np.asarray(value).dtype)
+                    for name, value in start.items()}
+        point = [jittered[v.name] for v in values]
+        whole_loglik, whole_grad = fn.as_pytensor(*[d.data for d in row_data], *point)
+        if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
+            continue  # out of support there: another point
+        if pymc_logp is not None:
+            want = pymc_logp(jittered)
+            if abs(whole_loglik - want) > _CHECK_RTOL * (abs(want) + 1.0):
+                raise ValueError(
+                    f"observed variables {[rv.name for rv in moved]} select their observed "
+                    "rows (missing values) from a graph that is not row-wise: moved onto "
+                    f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
+                    f"{float(want)!r}; pass split=[...] without them")
+        try:
+            loglik, grad = fn(*row_data, *point, num_slices=slices)
+        except WorkerError as exc:
+            raise ValueError(
+                "the observed variables' log-likelihood fails on one process's rows: a data "
+                "variable that it reads by rows is not divided; name every such pm.Data "
+                f"container in split (divided now: {sorted(group.roots.values())})"
+            ) from exc
+        scale = np.linalg.norm(whole_grad) + 1.0
+        if (abs(loglik - whole_loglik) > _CHECK_RTOL * (abs(whole_loglik) + 1.0)
+                or np.linalg.norm(grad - whole_grad) > _CHECK_RTOL * scale):
+            raise ValueError(
+                f"the log-likelihood of {group.names} is not a sum over the divided rows: "
+                f"on {n} processes "
+                f"({slices} slices each) it is {float(loglik)!r}, on the whole data "
+                f"{float(whole_loglik)!r}. A term "
+                "mixes rows (e.g. a mean, a standardisation or a lag over data inside the "
+                "model); compute it before pm.Data, or leave that data out of split"
+            )
+        return
+    log.info("synkhronos.pymc: no finite point found to check the row split; not checked")
+
+
+# -- 5. the Op PyMC's function calls ---------------------------------------------------------
+@dataclasses.dataclass
+class _Part:
+    """One group's compiled likelihood: ``fn(*row_data, *values)`` over its rows, in
+    ``slices`` blocks a process; ``positions`` picks its values among the Op's inputs,
+    ``flat`` the entries of the Op's flat gradient they fill."""
+
+    fn: Function
+    row_data: list[Data]
+    slices: int
+    positions: list[int]
+    flat: np.ndarray
+
+
+class RowSum(Op):
+    """The divided observed log-likelihood and its gradient.
+
+    Value variables -> (log-likelihood, flat gradient), summed over the processes: one
+    parallel call for each group of rows (one, unless two datasets of different lengths
+    are divided). It holds handles to the session's functions and the rows' shared
+    memory: it is never copied or pickled.
+    """
+
+    def __init__(self, parts: list[_Part], sources: list, shapes: list[tuple[int, ...]],
+                 dtype: str):
+        self.parts = parts
+        self.sources = sources  # (shared variable, the value copied into the rows)
+        self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
+        self.total = sum(self.sizes)
+        self.dtype = dtype
+
+    @property
+    def num_slices(self) -> int | tuple[int, ...]:
+        """Each process's blocks of rows (grainsize): one number, or one a group."""
+        slices = tuple(part.slices for part in self.parts)
+        return slices[0] if len(slices) == 1 else slices
+
+    def make_node(self, *inputs):
+        inputs = [pt.as_tensor_variable(x) for x in inputs]
+        outputs = [pt.scalar(dtype=self.dtype), pt.vector(dtype=self.dtype, shape=(self.total,))]
+        return Apply(self, inputs, outputs)
+
+    def perform(self, node, inputs, output_storage):
+        # (A process forked from the master, such as a PyMC chain process with
+        # cores > 1, gets the session's RuntimeError from this call.)
+        for var, value in self.sources:
+            if var.get_value(borrow=True) is not value:
+                raise RuntimeError(
+                    f"the model's data {var.name!r} changed (pm.set_data) after "
+                    "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
+                )
+        total = np.zeros((), dtype=self.dtype)
+        flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
+        for part in self.parts:
+            loglik, grad = part.fn(*part.row_data, *[inputs[i] for i in part.positions],
+                                   num_slices=part.slices)
+            total += loglik
+            flat[part.flat] += grad
+        output_storage[0][0] = total
+        output_storage[1][0] = flat
+
+    def pullback(self, inputs, outputs, cotangents):
+        """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
+        g_loglik, g_flat = cotangents
+        if not isinstance(g_flat.type, DisconnectedType) or isinstance(
+            g_loglik.type, DisconnectedType
+        ):
+            return [grad_not_implemented(self, i, x, "second derivatives of a "
+                                         "synkhronos likelihood are not available")
+                    for i, x in enumerate(inputs)]
+        flat = outputs[1]  # the same node as the value: one call computes both
+        pieces, begin = [], 0
+        for x, size in zip(inputs, self.sizes, strict=True):
+            pieces.append(g_loglik * flat[begin:begin + size].reshape(x.shape))
+            begin += size
+        return pieces
+
+    L_op = pullback  # PyTensor < 3.3 asks for the same thing under this name
+
+    def infer_shape(self, *args):  # (fgraph, node, shapes) before PyTensor 3.3
+        return [(), (self.total,)]
+
+    def __deepcopy__(self, memo):
+        return self  # holds handles to processes and shared memory, never copies
+
+    def __reduce__(self):
+        # PyMC catches this and samples its chains in the master instead of spawned
+        # processes (which could not reach the session).
+        raise pickle.PicklingError("a synkhronos likelihood cannot be pickled: it is "
+                                   "evaluated by the session of this master process")
+
+    def release(self) -> None:
+        """Free the rows' shared memory now (otherwise when the Op is collected)."""
+        for part in self.parts:
+            for item in part.row_data:
+                item.free_memory()
+
+
+def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets: list[int],
+                size: int, grainsize: int | None) -> tuple[_Part, list]:
+    """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
+    and check. Returns the part and the data variables it reads."""
+    used = set(ancestors([loglik]))
+    positions = [i for i, v in enumerate(values) if v in used]
+    mine = [values[i] for i in positions]
+    grads: Any = pytensor.grad(loglik, mine)
+    flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
+    fn = function(inputs=list(rows.values()), bcast_inputs=mine,
+                  outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),
+                  name="pymc_loglik")
+    distribute()
+    row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
+    slices = _num_slices(row_data, group.rows, size, grainsize)
+    _check_rows(fn, row_data, mine, model, group, size, slices)
+    entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
+    # The data it reads whole and by rows, and the model's own (a container whose rows a
+    # mask selected was copied: pm.set_data on it must still be caught).
+    read = [*graph_inputs([loglik]), *rows, *_data_roots(
+        [*group.observed, *[model.rvs_to_values[rv] for rv in group.observed],
+         *group.potentials], model)]
+    log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
+             group.rows, ", ".join(sorted(group.roots.values())), size, slices)
+    return _Part(fn, row_data, slices, positions, entries), read
+
+
+def _build(pm, model, split, grainsize, jacobian: bool = True):
+    """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
+    (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
+    Jacobians, as ``pm.find_MAP`` optimises)."""
+    size = _session_size()
+    if size is None:
+        raise RuntimeError("synk.fork() must be called before "
+                           "synkhronos.pymc.logp_dlogp_function()")
+    discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
+    if discrete:
+        raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
+                         f"continuous (NUTS alone); {discrete[0]!r} is discrete")
+    plan = _choose_split(model, split)
+    parts: list[_Part] = []
+    with model:
+        built = [_row_likelihood(pm, model, group) for group in plan.groups]
+        used = set(ancestors([loglik for loglik, _ in built]))
+        values = [v for v in model.value_vars if v in used]
+        if not values:
+            raise ValueError("the observed log-likelihood depends on no free variable")
+        point = model.initial_point()
+        shapes = [np.shape(point[v.name]) for v in values]
+        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
+        read: list = []
+        try:
+            for group, (loglik, rows) in zip(plan.groups, built, strict=True):
+                part, part_read = _build_part(model, group, loglik, rows, values, offsets,
+                                              size, grainsize)
+                parts.append(part)
+                read += part_read
+        except BaseException:
+            for part in parts:
+                for item in part.row_data:
+                    item.free_memory()
+            raise
+        sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
+                   if isinstance(var, SharedVariable) and _data_value(var) is not None]
+        op = RowSum(parts, sources, shapes, built[0][0].dtype)
+        rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
+        divided: Any = op(*values)  # (log-likelihood, flat gradient)
+        cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
+        with warnings.catch_warnings():
+            # PyTensor's Numba backend runs a Python Op in object mode, as intended here
+            # (one call per evaluation); it says so in a warning at every compile.
+            warnings.filterwarnings("ignore", message="Numba will use object mode to run "
+                                    "RowSum", category=UserWarning)
+            vgf = compat.value_grad_function(cost, model, point)
+    return vgf, op
+
+
+def logp_dlogp_function(model=None, *, split=None, grainsize=None):
+    """PyMC's ``ValueGradFunction`` for ``model``, with the likelihood on every process.
+
+    The observed log-likelihood and its gradient are summed over the session's
+    processes, each over its own block of rows; the log-prior, Jacobians, potentials and
+    any observed variable not divided are evaluated in the master. Pass it to PyMC's
+    NUTS: ``pm.NUTS(logp_dlogp_func=f)``; sample with ``cores=1`` (chains in the master).
+
+    Parameters
+    ----------
+    model : pymc.Model, optional
+        The model (default: the one of the current ``with`` context). It is not changed.
+    split : str or list of str, optional
+        Names of the ``pm.Data`` containers and observed variables divided by rows.
+        Default: every observed variable with rows of data and every container whose
+        first axis has their length. Observed variables not divided are evaluated in
+        the master; unnamed array constants of the rows' length are always divided.
+    grainsize : int, optional
+        Rows a process evaluates at a time (Stan's ``reduce_sum`` grain): each process
+        runs its rows in consecutive slices of about this many and sums them, so that
+        a slice's data and temporaries stay in cache between the log-likelihood and its
+        gradient. Default: one block while a process's rows hold at most 16 MiB,
+        beyond that slices of about 1 MiB of row data. Pass a number at least the rows
+        per process for one block.
+
+    Returns
+    -------
+    pymc.model.ValueGradFunction
+        Called with a raveled point, returns ``(logp, dlogp)`` equal to PyMC's
+        ``model.logp_dlogp_function(ravel_inputs=True)`` up to rounding.
+
+    Raises
+    ------
+    RuntimeError
+        Before ``synk.fork()``.
+    TypeError
+        ``split`` is not a name or a list of names; ``grainsize`` is not a whole number.
+    ValueError
+        ``grainsize`` is below 1; ``split`` names something that is not a container or
+        observed variable, or
+        whose rows do not match; the model has discrete free variables; or the
+        log-likelihood is not a sum over the divided rows (checked once, at a jittered
+        point).
+
+    Notes
+    -----
+    Collective: every process takes part in each evaluation. The rows are copied into
+    shared memory once; after ``pm.set_data`` build a new function.
+    """
+    grainsize = _check_grainsize(grainsize)
+    pm = compat.import_pymc()
+    model = pm.modelcontext(model)
+    vgf, _ = _build(pm, model, split, grainsize)
+    return vgf

@@ -1,0 +1,263 @@
+"""Every access to PyMC (and nutpie) beyond their public, documented API.
+
+PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3):
+where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
+chain count ``pm.sample`` derives from the cores, the initial-point function it jitters
+with, the rewrites its compile adds for parameter checks, the imputation it builds for
+masked observations, and nutpie's ``from_pyfunc`` hook. The rest of
+:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
+PyMC is imported only when one of these functions runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "import_pymc",
+    "change_dist_size",
+    "value_grad_function",
+    "default_chains",
+    "initial_point_fn",
+    "parameter_check_rewrite",
+    "pymc_mode",
+    "sample_parameters",
+    "minibatch_variables",
+    "nutpie_from_pyfunc",
+    "nutpie_sample_parameters",
+]
+
+
+def import_pymc() -> Any:
+    """The ``pymc`` module, or an ImportError saying how to install it."""
+    try:
+        import pymc
+    except ImportError as exc:
+        raise ImportError(
+            "synkhronos.pymc needs PyMC: pip install 'synkhronos[pymc]' (PyMC 5.28 on "
+            "Python 3.11, PyMC 6 on Python >= 3.12)"
+        ) from exc
+    return pymc
+
+
+def change_dist_size(rv: Any, size: Any) -> Any:
+    """``rv`` rebuilt with batch shape ``size`` (PyMC's ``change_dist_size``)."""
+    from pymc.distributions.shape_utils import change_dist_size as change
+
+    return change(rv, size)
+
+
+def value_grad_function(cost: Any, model: Any, point: dict) -> Any:
+    """PyMC's ``ValueGradFunction`` of ``cost`` over the model's continuous values,
+    called with a raveled point (what ``pm.NUTS(logp_dlogp_func=...)`` takes)."""
+    pm = import_pymc()
+    return pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
+                                      initial_point=point, ravel_inputs=True)
+
+
+def default_chains(cores: int | None) -> int:
+    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+    from pymc.sampling.parallel import _cpu_count
+
+    return max(2, cores if cores is not None else min(4, _cpu_count()))
+
+
+def initial_point_fn(model: Any, initvals: Any) -> Any:
+    """A function of a seed giving a jittered starting point in the transformed space,
+    as ``pm.init_nuts`` makes them."""
+    from pymc.initial_point import make_initial_point_fn
+
+    return make_initial_point_fn(model=model, overrides=initvals,
+                                 jitter_rvs=set(model.free_RVs), return_transformed=True)
+
+
+def parameter_check_rewrite(model: Any) -> str:
+    """The rewrite PyMC's compile adds for parameter checks: ``check_bounds`` models
+    turn a failed check into ``-inf``, others drop the checks."""
+    return ("local_check_parameter_to_ninf_switch" if model.check_bounds
+            else "local_remove_check_parameter")
+
+
+def pymc_mode(model: Any) -> Any:
+    """PyTensor's default mode with PyMC's parameter-check rewrite included."""
+    from pytensor.compile.mode import Mode, get_mode
+
+    base = get_mode(None)
+    return Mode(linker=base.linker,
+                optimizer=base.provided_optimizer.including(parameter_check_rewrite(model)))
+
+
+def sample_parameters() -> dict[str, inspect.Parameter]:
+    """``pm.sample``'s parameters by name."""
+    return dict(inspect.signature(import_pymc().sample).parameters)
+
+
+def minibatch_variables(model: Any) -> list[str]:
+    """The observed variables of ``model`` that read ``pm.Minibatch`` data (a
+    ``MinibatchRandomVariable`` or a ``MinibatchOp`` slice; PyMC 5 and 6 alike)."""
+    from pymc.data import MinibatchOp
+    from pymc.variational.minibatch_rv import MinibatchRandomVariable
+    from pytensor.graph.traversal import ancestors
+
+    found = []
+    for rv in model.observed_RVs:
+        graphs = [rv, model.rvs_to_values[rv]]
+        if any(var.owner is not None
+               and isinstance(var.owner.op, MinibatchOp | MinibatchRandomVariable)
+               for var in ancestors(graphs, blockers=list(model.free_RVs))):
+            found.append(rv.name)
+    return found
+
+
+def nutpie_from_pyfunc() -> tuple[Any, Any]:
+    """``(nutpie, nutpie.compiled_pyfunc.from_pyfunc)``, or an ImportError."""
+    try:
+        import nutpie
+        from nutpie.compiled_pyfunc import from_pyfunc
+    except ImportError as exc:
+        raise ImportError("nuts_sampler='nutpie' needs nutpie: pip install nutpie") from exc
+    return nutpie, from_pyfunc
+
+
+def nutpie_sample_parameters() -> set[str]:
+    """``nutpie.sample``'s keyword names (empty where nutpie is not installed)."""
+    try:
+        import nutpie
+    except ImportError:
+        return set()
+    return set(inspect.signature(nutpie.sample).parameters)
+
+
+def rebuild_symbolic_rv(rv: Any, inputs: list, size: Any) -> Any | None:
+    """``rv`` (a PyMC ``SymbolicRandomVariable``) made again from new ``inputs`` (its
+    node's inputs, replaced) with batch shape ``size``, through the distribution's own
+    ``rv_op``; None for an Op that cannot be rebuilt so.
+
+    Cloning such a node on row inputs keeps its inner graph's static shapes of the whole
+    data (``SpecifyShape(rows, 101)``); rebuilding makes the inner graph from the rows.
+    """
+    from pymc.distributions.distribution import SymbolicRandomVariable
+
+    op = rv.owner.op
+    if not isinstance(op, SymbolicRandomVariable) or not hasattr(op, "rv_op"):
+        return None
+    if op.extended_signature is None or op.size_param(rv.owner) is None:
+        return None
+    positions = [rv.owner.inputs.index(param) for param in op.dist_params(rv.owner)]
+    return op.rebuild_rv(*[inputs[i] for i in positions], size=size)
+
+
+def untransformed(model: Any) -> Any:
+    """A copy of ``model`` without value transforms (its values are the draws an
+    InferenceData keeps), as ``pm.compute_log_likelihood`` makes it."""
+    from pymc.model.transform.conditioning import remove_value_transforms
+
+    return remove_value_transforms(model)
+
+
+def log_likelihood_dataset(fn: Any, idata: Any, model: Any, var_names: list[str],
+                           progressbar: bool) -> Any:
+    """``fn`` (a posterior point -> one array each of ``var_names``) applied to every
+    draw of ``idata``'s posterior, as the dataset ``pm.compute_log_likelihood`` makes
+    (its dims, coords and sample dims). ``fn`` needs an attribute ``f`` that PyMC sets
+    ``trust_input`` on."""
+    from pymc.backends.arviz import (
+        apply_function_over_dataset,
+        coords_and_dims_for_inferencedata,
+    )
+
+    coords, dims = coords_and_dims_for_inferencedata(untransformed(model))
+    posterior = idata["posterior"]
+    dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
+    dataset = dataset[[rv.name for rv in model.free_RVs]]
+    return apply_function_over_dataset(fn, dataset, output_var_names=var_names,
+                                       sample_dims=("chain", "draw"), dims=dims,
+                                       coords=coords, progressbar=progressbar)
+
+
+def add_group(idata: Any, name: str, dataset: Any) -> Any:
+    """``idata`` with ``dataset`` as its group ``name`` (ArviZ 0.x InferenceData or
+    ArviZ 1 DataTree), as ``pm.compute_log_likelihood`` extends it."""
+    if hasattr(idata, "add_groups"):
+        idata.add_groups({name: dataset})
+    else:
+        idata[name] = dataset
+    return idata
+
+
+def start_point_fn(model: Any, start: Any) -> Any:
+    """A function of a seed giving ``pm.find_MAP``'s starting point (no jitter), in
+    the transformed space."""
+    from pymc.initial_point import make_initial_point_fn
+
+    return make_initial_point_fn(model=model, jitter_rvs=set(), return_transformed=True,
+                                 overrides=start)
+
+
+def map_point(model: Any, point: dict, include_transformed: bool) -> dict:
+    """The values ``pm.find_MAP`` returns for a point of the value variables: every
+    free variable (and, with ``include_transformed``, its transformed value) and
+    deterministic."""
+    from pymc.util import get_default_varnames
+
+    names = get_default_varnames(model.unobserved_value_vars, include_transformed)
+    outputs = model.compile_fn(names)(point)
+    return {var.name: np.asarray(value) for var, value in zip(names, outputs, strict=True)}
+
+
+def rebuild_rv(rv: Any, inputs: list, size: Any) -> Any | None:
+    """``rv`` made again from new ``inputs`` (its node's inputs, replaced) with batch
+    shape ``size``; None for an Op rebuilt only by ``change_dist_size``.
+
+    Cloning the node itself would keep what its ``make_node`` derived from the whole
+    data's size: PyTensor 3 fixes a random variable's parameters to a constant size
+    (``SpecifyShape(p, 101, 3)``), and an inner graph keeps its inputs' lengths.
+    """
+    from pytensor.tensor.random.op import RandomVariable
+
+    op = rv.owner.op
+    if isinstance(op, RandomVariable) and type(op).make_node is RandomVariable.make_node:
+        node = rv.owner
+        rng = inputs[node.inputs.index(op.rng_param(node))]
+        params = [inputs[node.inputs.index(p)] for p in op.dist_params(node)]
+        return op.make_node(rng, size, *params).outputs[node.outputs.index(rv)]
+    return rebuild_symbolic_rv(rv, inputs, size)
+
+
+def inline_inner_graph(node: Any) -> list:
+    """The outputs of an ``OpFromGraph`` node written out as its inner graph over the
+    node's inputs. (PyTensor's, not PyMC's: PyTensor 3 keeps inner graphs frozen and
+    binds them with ``inline_ofg_node``; 2.x's can be cloned. Here because the layering
+    keeps :mod:`synkhronos.pymc` off the package's private ``_pytensor``.)"""
+    try:
+        from pytensor.compile.rewriting import inline_ofg_node
+    except ImportError:  # PyTensor 2.x
+        from pytensor.graph.replace import clone_replace
+
+        op = node.op
+        return list(clone_replace(op.inner_outputs,
+                                  dict(zip(op.inner_inputs, node.inputs, strict=True))))
+    return list(inline_ofg_node(node))
+
+
+def is_symbolic_rv(op: Any) -> bool:
+    """Whether ``op`` is a PyMC random variable built as an inner graph."""
+    from pymc.distributions.distribution import SymbolicRandomVariable
+
+    return isinstance(op, SymbolicRandomVariable)
+
+
+def nutpie_coords(model: Any) -> dict:
+    """The model's coords as nutpie's ``from_pyfunc`` takes them: a pandas ``Index``
+    each (nutpie refuses plain lists of numbers), a range for a dim without labels."""
+    import pandas as pd
+
+    coords = {}
+    for name, labels in model.coords.items():
+        if labels is None:
+            labels = pd.RangeIndex(int(model.dim_lengths[name].eval()))
+        coords[name] = pd.Index(labels)
+    return coords

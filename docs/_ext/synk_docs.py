@@ -200,11 +200,6 @@ def _used_files(env) -> set[Path]:
     return used
 
 
-# Outputs checked in and compared by the test, but not shown yet: migrating.rst is being
-# rewritten in parallel (its worked port); it should include them, and then leave this.
-NOT_SHOWN_YET = {"migrate_serial.out", "migrate_parallel.out"}
-
-
 def check_figures_and_examples(app, env):
     srcdir = Path(env.srcdir)
     shown = {(srcdir / str(image)).resolve() for image in env.images}
@@ -213,8 +208,6 @@ def check_figures_and_examples(app, env):
             log.warning("figures/%s is not shown on any page", png.name)
     used = _used_files(env)
     for out in sorted((srcdir / "examples").glob("*.out")):
-        if out.name in NOT_SHOWN_YET:
-            continue
         for path in (out, out.with_suffix(".py")):
             if path.resolve() not in used:
                 log.warning("examples/%s is not included on any page", path.name)

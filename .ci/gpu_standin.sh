@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI for device="gpu" without a GPU: the function, collective, training and steps suites on the
+# CI for device="gpu" without a GPU: the function, data, collective, steps, training and
+# checkpoint suites (SPEC sections 3-7) on the
 # stand-in (SYNKHRONOS_GPU_PLATFORM=cpu: JAX's CPU platform in every process, collectives
 # staged through shared memory), at n_parallel 1, 2 and 3.
 #
@@ -22,8 +23,10 @@ export SYNKHRONOS_TEST_DEVICE=gpu SYNKHRONOS_GPU_PLATFORM=cpu PYTENSOR_FLAGS=mod
 export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
-modules=(tests/integration/test_function.py tests/integration/test_collectives.py
-         tests/integration/test_train.py tests/integration/test_steps.py)
+modules=(tests/integration/test_function.py tests/integration/test_function_errors.py
+         tests/integration/test_data.py tests/integration/test_collectives.py
+         tests/integration/test_steps.py tests/integration/test_train.py
+         tests/integration/test_checkpoint.py)
 failed=()
 timings=()
 start_all=$SECONDS

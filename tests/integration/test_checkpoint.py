@@ -16,7 +16,15 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.extensions import make_train_function, updates
-from tests.integration.test_train import MINIBATCHES, Trainers, X, Y, new_params
+from tests.conftest import DEVICE, sizes_to_run
+from tests.integration.test_train import (
+    MINIBATCHES,
+    Trainers,
+    X,
+    Y,
+    new_params,
+    skip_sharded_on_device,
+)
 from tests.unit.test_updates_unit import RULE_NAMES, NumpyRule, initial_params, symbolic_model
 
 pytestmark = pytest.mark.timeout(240)
@@ -51,9 +59,9 @@ def assert_state(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"n{n}")
+@pytest.fixture(scope="module", params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
 def trainers(request):
-    synk.fork(request.param)
+    synk.fork(request.param, device=DEVICE)
     try:
         yield Trainers(request.param)
     finally:
@@ -70,6 +78,7 @@ def train_steps(trainers, train, reference, minibatches) -> None:
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("name", RULE_NAMES)
 def test_state_dict_equals_the_serial_rule(trainers, name, sharded):
+    skip_sharded_on_device(sharded)
     train, reference = trainers.reset(name, sharded)
     train_steps(trainers, train, reference, MINIBATCHES[:3])
     state = train.state_dict()
@@ -89,6 +98,7 @@ def test_resuming_equals_training_without_the_break(trainers, name, saved_sharde
     reference trained on every minibatch without a break, in every process."""
     if trainers.n == 1 and (saved_sharded or loaded_sharded):
         pytest.skip("one process has one form (unsharded): the u-to-u case covers it")
+    skip_sharded_on_device(saved_sharded or loaded_sharded)
     train, reference = trainers.reset(name, saved_sharded)
     train_steps(trainers, train, reference, MINIBATCHES[:3])
     state = train.state_dict()

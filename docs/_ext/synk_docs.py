@@ -165,6 +165,31 @@ class ExtrasTable(SphinxDirective):
         return self.parse_text_to_nodes("\n".join(rows))
 
 
+class ReadmeStatus(SphinxDirective):
+    """The README's status table (its ``## Status`` section), so the two cannot differ."""
+
+    def run(self):
+        readme = ROOT / "README.md"
+        self.env.note_dependency(str(readme))
+        text = readme.read_text()
+        section = text.split("\n## Status\n", 1)[1].split("\n## ", 1)[0]
+        lines = [line for line in section.splitlines() if line.startswith("|")]
+        if len(lines) < 3:
+            log.warning("README.md has no status table under '## Status'",
+                        location=self.get_location())
+            return []
+        rows = [".. list-table::", "   :header-rows: 1", "   :widths: 55 45", ""]
+        for line in [lines[0], *lines[2:]]:  # the header, then the rows (not the rule)
+            cells = [_markdown_cell(cell) for cell in line.strip().strip("|").split(" | ")]
+            rows += [f"   * - {cells[0]}"] + [f"     - {cell}" for cell in cells[1:]]
+        return self.parse_text_to_nodes("\n".join(rows))
+
+
+def _markdown_cell(cell: str) -> str:
+    """A markdown table cell as reStructuredText: `code` -> ``code``."""
+    return re.sub(r"`([^`]+)`", r"``\1``", cell.strip())
+
+
 def _public_names() -> list[str]:
     import synkhronos
 
@@ -216,6 +241,7 @@ def check_figures_and_examples(app, env):
 def setup(app):
     app.add_directive("benchmark-figure", BenchmarkFigure)
     app.add_directive("extras-table", ExtrasTable)
+    app.add_directive("readme-status", ReadmeStatus)
     app.connect("env-check-consistency", check_api_coverage)
     app.connect("env-check-consistency", check_figures_and_examples)
     return {"version": "2", "parallel_read_safe": True, "parallel_write_safe": True}

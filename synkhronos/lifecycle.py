@@ -38,7 +38,7 @@ from ._core import session as core_session
 from ._core.execute import Executor
 from ._core.group import LocalGroup
 from ._core.leader import Leader
-from ._core.machines import Machines
+from ._core.machines import Machines, Several
 from ._core.protocol import Join
 from ._core.session import Session
 from ._runtime import devices, mpi, shmem
@@ -349,15 +349,12 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
                 machines.offsets[leaders.rank] + local, master_prefix, exact)
     ctx.leaders = machines
     if on_master:
-        session.run(join)  # this machine's processes only: no machines in the session yet
-        session.machines = machines
-        group.host = machines.host
-        group.also = leaders.check_alarms  # another machine's report, while waiting here
+        session.run(join)  # this machine's processes only: the transport is still local
+        session.use(Several(group, machines))
         ctx.arena.start_journal()
         # a little over the workers' limit: the leader of a machine whose worker is late
         # reports which one first (WorkerTimeoutError naming it)
         leaders.timeout = None if timeout is None else timeout + 0.5
-        leaders.liveness = group.watch
         log.info("synkhronos forked %d processes on %d machines (%s)", ctx.size,
                  leaders.size, device)
         return ctx.size

@@ -11,10 +11,10 @@ master (``Machines.receive``) the leader
    next envelope -- the local workers are not woken;
 3. for a command: prepares what must come before the workers see it (``prepare``: the
    functions of ``distribute()`` are unpickled and compiled here first, so this
-   machine compiles once), posts it on the machine's control block, runs its own
-   share through the same ``Executor`` as every process, waits for its workers,
-   meets the other leaders at the end of the command (``Machines.finish``) and sends
-   the replies of its processes, by global rank, to the master;
+   machine compiles once), then runs the same command round as the master on its
+   machine (``LocalGroup.round``: post, own share, wait, collect), meets the other
+   leaders at the end of the command (``Machines.finish``) and sends the replies of
+   its processes, by global rank, to the master;
 4. at the end (the master closed): stops its workers, removes its segments, leaves
    MPI, and ends the process (``os._exit``: nothing of the script after ``fork()`` runs
    on this machine).
@@ -80,8 +80,8 @@ class Leader:
         self._leaders_only = leaders_only
         self._prepare = prepare
         group.host = self.machines.host
-        group.also = self.machines.mpi.check_alarms  # the master ended the job?
-        self.machines.mpi.liveness = group.watch
+        group.also = self.machines.check_alarms  # the master ended the job?
+        self.machines.set_liveness(group.watch)
 
     # -- the loop --------------------------------------------------------------------------
     def join(self, message: Message) -> None:
@@ -126,23 +126,22 @@ class Leader:
                 prepare(ctx, message)
             except (Exception, SystemExit) as exc:
                 prepared = Outcome(None, RemoteFailure.from_exception(exc), exc)
-        broken = self.machines.mpi
+        machines = self.machines
         done = self.group.round(
             message,
             lambda: at_reply(prepared or self.executor.run(ctx, message, keep_exception=True)),
             ident or None,
-            fatal=lambda own: fatal(own.exception) or broken.broken is not None)
+            fatal=lambda own: fatal(own.exception) or machines.broken is not None)
         own = done.own
         failed = own.failure is not None
         offset = ctx.offsets[ctx.node]
         part = [(ctx.rank, failed, own.failure if failed else own.reply)]
-        part += [(offset + rank, failed, reply) for rank, failed, reply in done.parts]
+        part += [(offset + rank, bad, reply) for rank, bad, reply in done.parts]
         self.machines.finish(_pickled(part))
 
     # -- the end -----------------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> NoReturn:
         """Report, clean up, end the job (never returns)."""
-        leaders = self.machines.mpi
         master_lost = isinstance(exc, mpi.PeerLostError) and 0 in exc.ranks
         told = isinstance(exc, mpi.JobAbortedError) or master_lost
         if not told:
@@ -158,8 +157,8 @@ class Leader:
             sys.stdout.flush()
             sys.stderr.flush()
             try:
-                leaders.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
-                              grace=2.0 if told else FAILURE_GRACE)
+                self.machines.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
+                                    grace=2.0 if told else FAILURE_GRACE)
             finally:  # a signal during the wait (the launcher ending the job): go now
                 os._exit(1)
 
@@ -167,8 +166,8 @@ class Leader:
         """The master closed: stop the workers, clean up, leave MPI, end the process."""
         try:
             self.group.teardown(_STOP_GRACE)
-            self.machines.mpi.liveness = None  # the workers are gone, as they should be
-            self.machines.mpi.close(timeout=30.0)
+            self.machines.set_liveness(None)  # the workers are gone, as they should be
+            self.machines.close(timeout=30.0)
         except BaseException as exc:
             self._fail(exc)
         sys.stdout.flush()

@@ -39,14 +39,12 @@ number, so nothing of the abandoned command is mistaken for the next one.
 An observer (``synk.profile()``) may watch commands; without one, a command costs one
 attribute check for it.
 
-Over several machines (``machines`` set, ``_run_nodes``) the same steps frame the
-other machines' part: the message goes to their leaders first (``Machines.send``,
-with the arena's journal), the master's machine runs as above, the leaders meet at
-the end of the command (``Machines.finish``), and the other machines' replies come
-back by global rank (``Machines.gather``); failures are chosen by the same rule. A
-failure between machines (a machine lost, a worker dead there) breaks the session as
-a local death does, and ``close()`` then ends the whole MPI job. Without machines,
-that branch costs one attribute check.
+Steps 2-5 are the transport's (``_core/transport.py``), chosen once at ``fork`` and
+held: one machine's runs the local group's round (``_core/group.py``); the one over
+several machines wraps it (``_core/machines.py``). The session's run path is the same
+for both; what differs is declared by the transport: what a failure means
+(``error``), whether Ctrl-C breaks the session (a command half done on other machines
+cannot be kept), and whether a failure closes it at once or at ``close()``.
 """
 
 from __future__ import annotations
@@ -54,20 +52,19 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from .._runtime import processes, signals
-from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
+from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .execute import Executor, Outcome
-from .group import LocalGroup, Round
-from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
+from .group import LocalGroup
 from .protocol import Message
+from .transport import First, Transport
 
 __all__ = ["Session", "State", "Observer", "current", "require", "install"]
 
@@ -100,6 +97,12 @@ class Session:
         (``_core/group.py``).
     executor
         Runs each message's handler (the master's own share).
+
+    Attributes
+    ----------
+    transport
+        How commands reach every process: this machine's group alone until ``fork``
+        chooses another (``use``).
     """
 
     def __init__(self, group: LocalGroup, executor: Executor):
@@ -111,7 +114,7 @@ class Session:
         self.state = State.READY
         self.broken: BaseException | None = None
         self.observer: Observer | None = None
-        self.machines: Machines | None = None  # the link to the other machines' leaders
+        self.transport = Transport(group)
         # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
         # so ``enter`` must be able to tell whether the interrupted acquire() got it.
         self._command_lock = threading.RLock()
@@ -127,6 +130,15 @@ class Session:
     @property
     def workers(self) -> list[processes.Worker]:
         return self.group.workers
+
+    def use(self, transport: Transport) -> None:
+        """The transport ``fork`` chose (before the session is handed out)."""
+        self.transport = transport
+
+    @property
+    def replica_groups(self) -> tuple[tuple[int, int], ...] | None:
+        """Per copy of the session's memory, (first rank, ranks); None: one copy."""
+        return self.transport.replica_groups
 
     @property
     def last_timing(self) -> tuple[float, float]:
@@ -237,18 +249,13 @@ class Session:
                 self._settle()
             if self.observer is not None:
                 return self._observed(message, repeats)
-            if self.machines is not None:
-                return self._run_nodes(message, repeats)
-            return self._run_all(message, repeats)
+            return self._run(message, repeats)
         finally:
             self._running = False
 
     def _observed(self, message: Message, repeats: bool) -> list[Any]:
         start = time.perf_counter()
-        if self.machines is not None:
-            replies = self._run_nodes(message, repeats, timed=True)
-        else:
-            replies = self._run_all(message, repeats, timed=True)
+        replies = self._run(message, repeats, timed=True)
         own, wait = self.last_timing
         observer = self.observer
         if observer is not None:
@@ -258,46 +265,19 @@ class Session:
     def _own_share(self, message: Message) -> Callable[[], Outcome]:
         return lambda: self.executor.run(self.ctx, message, keep_exception=False)
 
-    def _run_all(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
+    def _run(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
         signals.forget()  # only a signal that arrives during this command is ours
+        transport = self.transport
         try:
-            done = self.group.round(message, self._own_share(message),
-                                    message if repeats else None, timed=timed)
-        except KeyboardInterrupt:
-            raise  # the group left the command pending: the session stays
+            replies, own, first = transport.run(message, self._own_share(message),
+                                                message if repeats else None, timed)
+        except KeyboardInterrupt as exc:
+            if not transport.interrupt_breaks:
+                raise  # the group left the command pending: the session stays
+            self._fail_raise(exc)
         except BaseException as exc:
-            self._fail(exc)
-            raise
-        replies: list[Any] = [None] * self.ctx.size
-        first = _merge(replies, done, None, 0)
-        _raise_root_failure(self.ctx.master_rank, done.own, first)
-        return replies
-
-    def _run_nodes(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
-        """``_run_all`` over several machines (see the module docstring)."""
-        machines = self.machines
-        assert machines is not None
-        signals.forget()
-        try:
-            machines.send(COMMAND, message, self.ctx.arena.take_journal(),
-                          message if repeats else None)
-            done = self.group.round(
-                message, self._own_share(message), message if repeats else None,
-                fatal=lambda own: fatal(own.exception) or machines.mpi.broken is not None,
-                timed=timed)
-            replies: list[Any] = [None] * self.ctx.size
-            first = _merge(replies, done, None, 0)  # on machine 0, local ranks are global
-            parts = machines.finish()
-            assert parts is not None
-            for part in parts[1:]:
-                for rank, failed, value in pickle.loads(part):
-                    if failed:
-                        first = _root_failure(first, rank, value)
-                    else:
-                        replies[rank] = value
-        except BaseException as exc:
-            self._fail_over_machines(machines, exc)
-        _raise_root_failure(self.ctx.master_rank, done.own, first)
+            self._fail_raise(exc)
+        _raise_root_failure(self.ctx.master_rank, own, first)
         return replies
 
     def _settle(self) -> None:
@@ -313,31 +293,24 @@ class Session:
             self._fail(exc)
             raise
 
-    def _fail_over_machines(self, machines: Any, exc: BaseException) -> NoReturn:
-        """Break the session over ``exc`` and raise what it means across machines (a
-        lost machine, an abort), or ``exc`` itself."""
-        error = machines.error(exc)
+    def _fail_raise(self, exc: BaseException) -> NoReturn:
+        """Break the session over ``exc`` and raise what it means (the transport's
+        word: a lost machine, an abort), or ``exc`` itself."""
+        error = self.transport.error(exc)
         self._fail(error)
         if error is exc:
             raise exc
         raise error from exc
 
-    def replicate(self, message: Message, buffer: Any = None, scatter: Any = None) -> None:
-        """Over several machines: ``message`` to the other machines' leaders alone (their
-        workers are not woken), then ``buffer``'s bytes broadcast to them, or each its
-        part of ``scatter`` (one array per machine): a ``Data`` write. With the arena's
-        journal, as every command."""
-        machines = self.machines
-        assert machines is not None
+    def replicate(self, publish: Callable[[Transport], None]) -> None:
+        """``publish(transport)``: a ``Data`` write to the other copies of the session's
+        memory (``replica_groups``), under the command lock, a failure breaking the
+        session as a command's does."""
         took = self.enter()
         try:
-            machines.send(LEADERS_ONLY, message, self.ctx.arena.take_journal())
-            if buffer is not None:
-                machines.mpi.broadcast(buffer)
-            if scatter is not None:
-                machines.mpi.scatter(scatter, root=0)
+            publish(self.transport)
         except BaseException as exc:
-            self._fail_over_machines(machines, exc)
+            self._fail_raise(exc)
         finally:
             self.leave(took)
 
@@ -350,10 +323,10 @@ class Session:
         self.group.abort()
         if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
             log.error("synkhronos session broken: %s", exc)
-        elif self.machines is None:  # SIGTERM: leave nothing behind
+        elif self.transport.close_on_failure:  # SIGTERM: leave nothing behind
             self.close()
-        # Over several machines the exception goes up first (Python prints it), and
-        # close() at exit ends the job: closing here would end the process now.
+        # Otherwise (several machines) the exception goes up first (Python prints it),
+        # and close() at exit ends the job: closing here would end the process now.
 
     # -- stop --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -370,17 +343,8 @@ class Session:
         # another thread's) is not waited for: the workers are stopped under it, and
         # its wait then fails on its own.
         owned = self._holder is None and self._command_lock.acquire(timeout=5.0)
-        machines = self.machines
-        healthy = (machines is not None and was_ready and owned
-                   and machines.mpi.broken is None)
         try:
-            if healthy:
-                assert machines is not None
-                try:
-                    machines.send(END, None, ())
-                except BaseException as exc:  # the others cannot be reached: abort below
-                    healthy = False
-                    self.broken = exc
+            self.transport.begin_close(was_ready and owned)
             group = self.group
             if was_ready and owned:  # busy: with a command nobody waits for any more
                 group.stop(0.0 if group.busy() else 5.0)
@@ -400,51 +364,10 @@ class Session:
                     self._command_lock.release()
                 if _current is self:
                     install(None)
-                if machines is not None:
-                    self._leave_machines(machines, healthy)
-
-    def _leave_machines(self, machines: Machines, healthy: bool) -> None:
-        """After this machine is clean: leave MPI with the others, or end the job."""
-        if healthy:
-            machines.mpi.liveness = None  # the workers are gone, as they should be
-            try:
-                machines.mpi.close(timeout=30.0)
-                return
-            except BaseException as exc:
-                self.broken = exc
-        reason = (f"{type(self.broken).__name__}: {self.broken}" if self.broken is not None
-                  else "the master closed the session during a command")
-        machines.mpi.abort(reason)  # never returns: ends every machine's processes
+                self.transport.end_close(self.broken)
 
 
-def _merge(replies: list[Any], done: Round, first: tuple[int, Outcome] | None,
-           offset: int) -> tuple[int, Outcome] | None:
-    """One machine's round into ``replies`` (by global rank, its first at ``offset``);
-    returns the root-cause failure among its workers so far (``first`` is earlier)."""
-    replies[offset + done.rank] = done.own.reply
-    for rank, failed, value in done.parts:
-        if failed:
-            assert isinstance(value, RemoteFailure)
-            first = _root_failure(first, offset + rank, value)
-        else:
-            replies[offset + rank] = value
-    return first
-
-
-def _secondary(outcome: Outcome) -> bool:
-    return outcome.failure is not None and outcome.failure.secondary
-
-
-def _root_failure(first: tuple[int, Outcome] | None, rank: int,
-                  failure: RemoteFailure) -> tuple[int, Outcome]:
-    """The failure to report of ``first`` and ``rank``'s: the one seen first, unless it
-    is secondary (a rank that gave up because another failed) and this one is not."""
-    if first is None or (_secondary(first[1]) and not failure.secondary):
-        return (rank, Outcome(None, failure))
-    return first
-
-
-def _raise_root_failure(master: int, own: Outcome, first: tuple[int, Outcome] | None) -> None:
+def _raise_root_failure(master: int, own: Outcome, first: First) -> None:
     """Raise the command's root cause, if any rank failed: the master's own failure
     unless it is secondary, else the first root failure of another rank."""
     if own.failure is not None and not own.failure.secondary:

@@ -41,7 +41,7 @@ from .._runtime.remote import RemoteFailure
 from . import faults
 from .execute import Executor, Outcome, at_reply
 from .group import LocalGroup
-from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
+from .machines import COMMAND, END, LEADERS_ONLY, Machines
 from .protocol import Message
 
 __all__ = ["Leader", "FAILURE_GRACE"]
@@ -126,12 +126,10 @@ class Leader:
                 prepare(ctx, message)
             except (Exception, SystemExit) as exc:
                 prepared = Outcome(None, RemoteFailure.from_exception(exc), exc)
-        machines = self.machines
         done = self.group.round(
             message,
             lambda: at_reply(prepared or self.executor.run(ctx, message, keep_exception=True)),
-            ident or None,
-            fatal=lambda own: fatal(own.exception) or machines.broken is not None)
+            ident or None, fatal=self.machines.ends_command)
         own = done.own
         failed = own.failure is not None
         offset = ctx.offsets[ctx.node]

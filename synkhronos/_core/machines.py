@@ -123,6 +123,11 @@ class Machines:
         """Raise if another machine reported a failure, or the job is ending."""
         self._comm.check_alarms()
 
+    def ends_command(self, own: Outcome) -> bool:
+        """Whether this leader's failed share ends the command at once (a machine or a
+        process lost, or the link broken), rather than after its workers."""
+        return fatal(own.exception) or self._comm.broken is not None
+
     @property
     def broken(self) -> str | None:
         """What broke the link between machines so far, or None."""
@@ -296,8 +301,7 @@ class Several(Transport):
         machines, group = self._machines, self.group
         machines.send(COMMAND, message, group.ctx.arena.take_journal(), key)
         done = group.round(
-            message, own_share, key, timed=timed,
-            fatal=lambda own: fatal(own.exception) or machines.broken is not None)
+            message, own_share, key, timed=timed, fatal=machines.ends_command)
         replies: list[Any] = [None] * group.ctx.size
         first = merge(replies, done, None, 0)  # on machine 0, local ranks are global
         parts = machines.finish()

@@ -11,7 +11,7 @@ which owns everything that running it needs in the master:
 - its ``Staging``: shared-memory buffers for numpy inputs and ``batch`` indices,
   reused call after call (grown only when too small); over several machines each
   buffer has a replica per machine, and a scattered input selected by a range of rows
-  sends each machine only the rows its processes take (``machine_rows``), the other
+  sends each machine only the rows its processes take (``replica_rows``), the other
   inputs whole;
 - its repeats: the ``Call`` of a plain call whose inputs look like an earlier one's
   (the same ``Data``, or arrays of the same dtype and shape), reused with the arrays
@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from ._core.context import RankContext
 from ._core.protocol import Message
 from ._dataref import DataRef
 from ._reducers import ReduceOp, reduce_values
@@ -75,16 +74,20 @@ class Call(Message):
     # of each sliceable shared variable's rows (instead of batch_s)
 
 
-def machine_rows(ctx: RankContext) -> Callable[[int, int], list[tuple[int, int]]]:
-    """Over several machines: ``split(start, stop)``, the rows of ``[start, stop)`` that
-    each machine's processes take (by the rule that splits rows over ranks)."""
-    machines = list(zip(ctx.offsets, ctx.local_sizes, strict=True))
+def replica_rows(groups: tuple[tuple[int, int], ...] | None, size: int,
+                 ) -> Callable[[int, int], list[tuple[int, int]]] | None:
+    """``split(start, stop)``: the rows of ``[start, stop)`` that the processes of each
+    copy of the session's memory take (``groups``: per copy, its first rank and its
+    number of ranks; the rule that splits rows over ranks); None with one copy."""
+    if groups is None:
+        return None
+    copies = list(groups)
 
     def split(start: int, stop: int) -> list[tuple[int, int]]:
-        length, size = stop - start, ctx.size
+        length = stop - start
         return [(start + block(length, size, first)[0],
                  start + block(length, size, first + count - 1)[1])
-                for first, count in machines]
+                for first, count in copies]
 
     return split
 
@@ -97,7 +100,7 @@ class Staging:
     each gets its own buffers (``epoch`` tells which command is being prepared), so no
     call overwrites the arrays of another still waiting to run.
 
-    ``split``: over several machines, the rows each machine takes (``machine_rows``).
+    ``split``: over several machines, the rows each machine takes (``replica_rows``).
     """
 
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data

@@ -37,8 +37,11 @@ under the master's segment id in its own prefix (``_runtime/arena.py``): allocat
 the copy that carries values over to a new allocation, and release travel in the
 arena's journal with the next message; the values the library writes (``set_value``,
 ``x[i] = v``, and ``sync()`` after writes through ``x.data``) travel at once, to the
-other machines' leaders alone (``DataWrite``: the bytes, broadcast between leaders
-straight into each replica; ``DataSetItem``: the assignment, replayed). A machine's
+other machines' leaders alone, through the session's transport (``Session.replicate``;
+the messages and their handlers live beside the several-machines transport,
+``_core/machines.py``: the bytes, broadcast between leaders straight into each
+replica, or the assignment, replayed). On one machine there is no other copy
+(``Session.replica_groups`` is None) and nothing is sent. A machine's
 workers read its replica, and a ``DataRef`` naming the master's segment finds it there.
 
 Pickling a ``Data`` gives a small handle (segment name, dtype, shape, allocation);
@@ -54,82 +57,20 @@ import mmap
 import numbers
 import operator
 import os
-import pickle
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ._core import context
-from ._core.context import RankContext
-from ._core.protocol import Message
 from ._core.session import Session, State, require
 from ._dataref import DataRef, mapping, release_segment
 from ._runtime import shmem
 from ._runtime.arena import Segment
 
-__all__ = ["Data", "DataRef", "data", "DataWrite", "DataSetItem", "DataRows",
-           "LEADER_HANDLERS"]
+__all__ = ["Data", "DataRef", "data"]
 
-
-@dataclass(frozen=True)
-class DataWrite(Message):
-    """To the other machines' leaders: the first ``nbytes`` of the master's ``segment``
-    follow, broadcast straight into each machine's replica."""
-
-    segment: str
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class DataSetItem(Message):
-    """To the other machines' leaders: ``replica[key] = value`` (``x[key] = value``)."""
-
-    segment: str
-    dtype: str
-    shape: tuple[int, ...]
-    key: Any
-    value: Any
-
-
-def _apply_write(ctx: RankContext, message: DataWrite) -> None:
-    buffer = ctx.arena.map(message.segment)
-    assert ctx.leaders is not None
-    ctx.leaders.mpi.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
-
-
-@dataclass(frozen=True)
-class DataRows(Message):
-    """To the other machines' leaders: each machine's rows (``bounds[machine]``) of the
-    master's ``segment`` follow, scattered between leaders (a function's staged input,
-    of which each machine takes only its own rows)."""
-
-    segment: str
-    dtype: str
-    shape: tuple[int, ...]
-    bounds: tuple[tuple[int, int], ...]
-
-
-def _apply_rows(ctx: RankContext, message: DataRows) -> None:
-    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
-    lo, hi = message.bounds[ctx.node]
-    assert ctx.leaders is not None
-    received = ctx.leaders.mpi.scatter(None, root=0)
-    view[lo:hi] = received.view(view.dtype).reshape((hi - lo,) + view.shape[1:])
-
-
-def _apply_set_item(ctx: RankContext, message: DataSetItem) -> None:
-    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
-    view[message.key] = message.value
-
-
-LEADER_HANDLERS: dict[type[Message], Any] = {
-    DataWrite: _apply_write,
-    DataSetItem: _apply_set_item,
-    DataRows: _apply_rows,
-}
 
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
@@ -308,7 +249,7 @@ class Data:
     def __setitem__(self, key: Any, value: Any) -> None:
         self._view[key] = value
         session = self._session
-        if session is not None and session.machines is not None and session.usable():
+        if session is not None and session.replica_groups and session.usable():
             self._replicate_item(session, key, value)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -368,7 +309,7 @@ class Data:
             The owner's session was closed.
         """
         session = self._session
-        if session is not None and session.machines is not None:
+        if session is not None and session.replica_groups:
             self._check_session("sync()")
             self._replicate_values(session)
 
@@ -376,9 +317,9 @@ class Data:
         """The visible values to the other machines' replicas, as bytes."""
         if self._map is None:
             return
-        nbytes = self._view.nbytes
-        session.replicate(DataWrite(self._segment, nbytes),
-                          np.frombuffer(self._map, np.uint8, nbytes))
+        values = np.frombuffer(self._map, np.uint8, self._view.nbytes)
+        segment = self._segment
+        session.replicate(lambda transport: transport.publish_values(segment, values))
 
     def _stage_rows(self, array: np.ndarray, oversize: float,
                     bounds: list[tuple[int, int]]) -> None:
@@ -389,27 +330,24 @@ class Data:
 
     def _replicate_rows(self, bounds: list[tuple[int, int]]) -> None:
         session = self._session
-        if (session is None or session.machines is None or not session.usable()
+        if (session is None or not session.replica_groups or not session.usable()
                 or self._map is None):
             return
-        view, empty = self._view, np.empty(0, np.uint8)
-        parts = [view[lo:hi].reshape(-1).view(np.uint8) if machine else empty
-                 for machine, (lo, hi) in enumerate(bounds)]
-        session.replicate(DataRows(self._segment, self._dtype.str, self._shape,
-                                   tuple(bounds)), scatter=parts)
+        view, segment = self._view, self._segment
+        session.replicate(lambda transport: transport.publish_rows(segment, view, bounds))
 
     def _replicate_item(self, session: Session, key: Any, value: Any) -> None:
         """Replay ``x[key] = value`` on the other machines' replicas."""
         if self._map is None:
             return
-        message = DataSetItem(self._segment, self._dtype.str, self._shape, key,
-                              np.asarray(value))
-        try:
-            pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # a key that does not pickle: send the values instead
+        view, segment, sent = self._view, self._segment, [True]
+
+        def publish(transport: Any) -> None:
+            sent[0] = transport.publish_item(segment, view, key, value)
+
+        session.replicate(publish)
+        if not sent[0]:  # a key that does not travel: send the values instead
             self._replicate_values(session)
-            return
-        session.replicate(message)
 
     # -- writing and resizing ----------------------------------------------------------------
     def set_value(self, value: Any, force_cast: bool = False, oversize: float = 1) -> None:
@@ -525,7 +463,7 @@ class Data:
         self._show(array.shape)
         np.copyto(self._view, array, casting="unsafe")
         session = self._session
-        if (session is not None and session.machines is not None and replicate
+        if (session is not None and session.replica_groups and replicate
                 and session.usable()):
             self._replicate_values(session)
 

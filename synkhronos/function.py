@@ -38,7 +38,7 @@ import pytensor
 from pytensor.graph.basic import Variable
 
 from . import _givens, _pytensor, _validate
-from ._call import Call, Prepared, PreparedCall, combine, machine_rows, repeat_key
+from ._call import Call, Prepared, PreparedCall, combine, repeat_key, replica_rows
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
 from .distribute import REGISTRY, distribute
@@ -260,7 +260,7 @@ class Function:
         )
         prepared = self._prepared[fn_id] = PreparedCall(
             fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix,
-            None if self._session.machines is None else machine_rows(self._session.ctx),
+            replica_rows(self._session.replica_groups, self._session.ctx.size),
         )
         if key == (None, False):
             self._plain = prepared

@@ -11,12 +11,13 @@ message                handler                        owner
 ``Call``               ``_shard.run_call``            function calls
 ``Distribute``         ``distribute.receive``         shipping compiled functions
 collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather, ...
+``Join``               ``_core.machines.join``         several machines
 =====================  =============================  ==============================
 
 Over several machines, two more tables serve the leaders of the other machines
-(``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write to
-each machine's replica: ``data.LEADER_HANDLERS``), and ``PREPARE``, what a leader does
-with a command before its workers see it (``distribute.prepare``: this machine
+(``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
+to each machine's replica: ``_core.machines.LEADERS_ONLY_HANDLERS``), and ``PREPARE``,
+what a leader does with a command before its workers see it (``distribute.prepare``: this machine
 unpickles and compiles the functions once, before its workers load them).
 """
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 from ._call import Call
 from ._core.execute import Handler
+from ._core.machines import HANDLERS as MACHINE_HANDLERS
+from ._core.machines import LEADERS_ONLY_HANDLERS
 from ._core.protocol import Message
 from ._shard import run_call
 from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
-from .data import LEADER_HANDLERS
 from .distribute import Distribute, prepare, receive
 
 __all__ = ["TABLE", "LEADERS_ONLY", "PREPARE"]
@@ -36,9 +38,10 @@ TABLE: dict[type[Message], Handler] = {
     Call: run_call,
     Distribute: receive,
     **COLLECTIVE_HANDLERS,
+    **MACHINE_HANDLERS,
 }
 
-LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADER_HANDLERS)
+LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADERS_ONLY_HANDLERS)
 
 PREPARE: dict[type[Message], Handler] = {
     Distribute: prepare,

@@ -35,18 +35,14 @@ import numpy as np
 from . import handlers, worker
 from ._core import context as core_context
 from ._core import session as core_session
-from ._core.context import RankContext
 from ._core.execute import Executor
+from ._core.group import LocalGroup
 from ._core.leader import Leader
-from ._core.machines import Machines
+from ._core.machines import Machines, Several
 from ._core.protocol import Join
 from ._core.session import Session
-from ._runtime import devices, mpi, processes, shmem, signals, watcher
-from ._runtime.arena import Arena
-from ._runtime.control import ControlBlock
-from ._runtime.placement import placement_for
+from ._runtime import devices, mpi, shmem
 from ._threads import limit_threads
-from .errors import WorkerDiedError
 
 __all__ = ["fork", "close", "n_parallel", "device", "master_rank", "get_n_gpu"]
 
@@ -219,14 +215,11 @@ def fork(
     shmem.sweep_dead_programs()
     if several:
         return _fork_machines(launch, n_parallel, device, master_rank, spin, timeout,
-                              cores if pin else None, exact)
+                              _cores_of(cores, n_parallel, pin), exact)
     gpu_ids = devices.prepare_gpu(n_parallel) if device == "gpu" else []
-    session = _build(n_parallel, device, master_rank, spin, timeout, gpu_ids)
-    try:
-        _start(session, [cores[r % len(cores)] for r in range(n_parallel)] if pin else None)
-    except BaseException:
-        session.close()
-        raise
+    group = LocalGroup.create(n_parallel, device, master_rank, master_rank, spin, timeout,
+                              gpu_ids=gpu_ids)
+    _build(group, _cores_of(cores, n_parallel, pin), mpi_job=False)
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
@@ -234,38 +227,29 @@ def fork(
     return n_parallel
 
 
-def _machine(n: int, device: str, rank: int, master_rank: int, spin: float,
-             owner: bool = True, gpu_ids: list[str] | None = None,
-             ) -> tuple[RankContext, shmem.ProgramLock]:
-    """Steps 2-3 for one machine: its prefix, lock, control block and context.
-
-    ``owner``: this process numbers the segments every process maps (the master);
-    another machine's leader holds replicas under the master's ids, so its own
-    segments (a command too large for the control block) take ids of their own."""
-    prefix = shmem.new_session_prefix()
-    lock = shmem.ProgramLock(prefix)  # inherited by the workers
-    try:
-        watcher.start(prefix)  # sweeps the prefix once the lock is free: after a group kill
-        control = ControlBlock(prefix, n, spin) if n > 1 else None
-    except BaseException:  # e.g. a squatted name: what it made is unlinked already
-        lock.close()
-        raise
-    log_ = control.release_log if control is not None else None
-    ctx = RankContext(
-        rank=rank, size=n, master_rank=master_rank, prefix=prefix,
-        arena=Arena(prefix, rank, owner, log_), control=control,
-        master_pid=os.getpid(), device=device, placement=placement_for(device, gpu_ids or ()),
-    )
-    return ctx, lock
+def _cores_of(cores: list[int], n: int, pin: bool) -> list[int] | None:
+    """The core of each local rank when pinning, else None."""
+    return [cores[r % len(cores)] for r in range(n)] if pin else None
 
 
-def _build(n: int, device: str, master_rank: int, spin: float,
-           timeout: float | None, gpu_ids: list[str] | None = None) -> Session:
-    """Steps 2-3: the program's prefix, lock, control block, context and session."""
-    ctx, lock = _machine(n, device, master_rank, master_rank, spin, gpu_ids=gpu_ids)
-    session = Session(ctx, Executor(handlers.TABLE), timeout, lock)
+def _build(group: LocalGroup, cores: list[int] | None, mpi_job: bool) -> Session:
+    """Steps 3-4 on the master's machine: its session, installed, and its workers
+    forked (the session closed again if that fails)."""
+    session = Session(group, Executor(handlers.TABLE))
     core_session.install(session)
+    try:
+        _fork(group, session.executor, cores, mpi_job)
+    except BaseException:
+        session.close()
+        raise
     return session
+
+
+def _fork(group: LocalGroup, executor: Executor, cores: list[int] | None,
+          mpi_job: bool) -> None:
+    """Step 4: fork the group's workers, limit threads, take over the signals."""
+    group.fork(lambda ctx, rank, seq: worker.main(ctx, executor, rank, seq), cores,
+               setup=_own_group if mpi_job else limit_threads, limits=limit_threads)
 
 
 def _own_group() -> object:
@@ -274,25 +258,6 @@ def _own_group() -> object:
     worker before it sees its leader die (it then removes the machine's segments)."""
     os.setpgid(0, 0)
     return limit_threads()
-
-
-def _start(session: Session, cores: list[int] | None, mpi_job: bool = False) -> None:
-    """Step 4: fork the workers, limit threads, take over the signals."""
-    ctx = session.ctx
-    if ctx.control is not None:
-        forked_seq = ctx.control.seq
-        executor = session.executor
-        ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
-        session.workers = processes.fork_workers(
-            ranks, ctx.prefix, lambda rank: worker.main(ctx, executor, rank, forked_seq), cores,
-            setup=_own_group if mpi_job else limit_threads,
-        )
-    if cores is not None:
-        os.sched_setaffinity(0, {cores[ctx.master_rank]})
-    ctx.placement.bind(ctx.master_rank)  # the workers bound theirs as they started
-    session.on_close(limit_threads().restore)
-    old_handlers = signals.install()
-    session.on_close(lambda: signals.restore(old_handlers))
 
 
 def n_parallel_from_environment(default: int) -> int:
@@ -339,53 +304,28 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
     on_master = launch.is_master
     local = master_rank if on_master else 0  # the leader's local rank
     if on_master:
-        session = _build(n, device, master_rank, spin, timeout)
-        ctx, executor = session.ctx, session.executor
-        try:
-            _start(session, cores, mpi_job=True)
-        except BaseException:
-            session.close()
-            raise
-    else:
-        ctx, lock = _machine(n, device, 0, -1, spin, owner=False)  # not the master
+        group = LocalGroup.create(n, device, master_rank, master_rank, spin, timeout)
+        session = _build(group, cores, mpi_job=True)
+        executor = session.executor
+    else:  # not the master: rank 0 here until Join, and no master rank
+        group = LocalGroup.create(n, device, 0, -1, spin, timeout, owner=False)
         executor = Executor(handlers.TABLE)
-        core_context.install(ctx)
-        workers: list[processes.Worker] = []
+        core_context.install(group.ctx)
         try:
-            if ctx.control is not None:
-                forked_seq = ctx.control.seq
-                workers = processes.fork_workers(
-                    list(range(1, n)), ctx.prefix,
-                    lambda rank: worker.main(ctx, executor, rank, forked_seq),
-                    [cores[r % len(cores)] for r in range(n)] if cores else None,
-                    setup=_own_group)
-            if cores is not None:
-                os.sched_setaffinity(0, {cores[0]})
-            limit_threads()
-            signals.install()
+            _fork(group, executor, cores, mpi_job=True)
         except BaseException:
-            processes.stop_workers(workers, timeout=0.0)
-            shmem.sweep_prefix(ctx.prefix)
-            lock.close()
+            group.teardown(None)
             raise
+    ctx = group.ctx
 
-    def watch_before_start() -> None:
-        signals.reraise_lost()
-        for child in (session.workers if on_master else workers):
-            reason = child.poll()
-            if reason is not None:
-                raise WorkerDiedError(child.rank, child.pid, reason)
-
-    try:
-        leaders = mpi.start(n, liveness=watch_before_start, spin=max(spin, 1e-3),
+    try:  # the group's watch: no timeout outside a round, no other machine yet
+        leaders = mpi.start(n, liveness=group.watch, spin=max(spin, 1e-3),
                             expected_rank=launch.rank)
     except BaseException:
         if on_master:
             session.close()
         else:
-            processes.stop_workers(workers, timeout=0.0)
-            shmem.sweep_prefix(ctx.prefix)
-            lock.close()
+            group.teardown(None)
         raise
     _mpi_started = True
     if on_master:
@@ -409,18 +349,16 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
                 machines.offsets[leaders.rank] + local, master_prefix, exact)
     ctx.leaders = machines
     if on_master:
-        session.run(join)  # this machine's processes only: no machines in the session yet
-        session.machines = machines
+        session.run(join)  # this machine's processes only: the transport is still local
+        session.use(Several(group, machines))
         ctx.arena.start_journal()
         # a little over the workers' limit: the leader of a machine whose worker is late
         # reports which one first (WorkerTimeoutError naming it)
         leaders.timeout = None if timeout is None else timeout + 0.5
-        leaders.liveness = session._watch
         log.info("synkhronos forked %d processes on %d machines (%s)", ctx.size,
                  leaders.size, device)
         return ctx.size
-    leader = Leader(ctx, executor, workers, lock, timeout, handlers.LEADERS_ONLY,
-                    handlers.PREPARE)
+    leader = Leader(group, executor, handlers.LEADERS_ONLY, handlers.PREPARE)
     leader.join(join)
     leader.serve()  # never returns
 

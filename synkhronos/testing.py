@@ -238,7 +238,7 @@ def process_pids() -> list[int]:
     """The pid of every process of the session, by rank (over several machines, each
     on its own machine: a command asks them)."""
     session = require("synkhronos.testing.process_pids()")
-    if session.machines is not None:
+    if session.replica_groups is not None:  # several machines
         return run_on_ranks(os.getpid)
     pids = [0] * session.n
     pids[session.ctx.master_rank] = session.ctx.master_pid
@@ -250,7 +250,7 @@ def process_pids() -> list[int]:
 def rank_hosts() -> list[str]:
     """The host name of the machine of every rank (one machine: this host's name)."""
     session = require("synkhronos.testing.rank_hosts()")
-    machines = session.machines
+    machines = session.ctx.leaders
     if machines is None:
         return [socket.gethostname()] * session.n
     return [machines.host_of(rank) for rank in range(session.n)]

@@ -25,7 +25,7 @@ from .._runtime import signals
 from .._runtime.remote import RemoteFailure
 from . import faults
 from .context import RankContext
-from .protocol import Join, Message, Ping, RunCallable, Sequence
+from .protocol import Message, Ping, RunCallable, Sequence
 
 __all__ = ["Executor", "Handler", "Outcome", "CORE_HANDLERS", "at_reply"]
 
@@ -64,26 +64,9 @@ def _run_callable(ctx: RankContext, message: RunCallable) -> Any:
     return None
 
 
-def join(ctx: RankContext, message: Join) -> None:
-    """Take this process's place among several machines (see ``Join``)."""
-    ctx.node = message.node
-    ctx.n_nodes = len(message.offsets)
-    ctx.offsets = message.offsets
-    ctx.local_sizes = message.local_sizes
-    ctx.local_size = message.local_sizes[message.node]
-    ctx.rank = message.offsets[message.node] + ctx.local_rank
-    ctx.size = sum(message.local_sizes)
-    ctx.master_rank = message.master_rank
-    ctx.leader_rank = message.leader_rank
-    ctx.exact = message.exact
-    if message.node != 0:
-        ctx.arena.set_alias(message.master_prefix)
-
-
 CORE_HANDLERS: dict[type[Message], Handler] = {
     Ping: _ping,
     RunCallable: _run_callable,
-    Join: join,
 }
 
 

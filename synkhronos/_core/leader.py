@@ -11,10 +11,10 @@ master (``Machines.receive``) the leader
    next envelope -- the local workers are not woken;
 3. for a command: prepares what must come before the workers see it (``prepare``: the
    functions of ``distribute()`` are unpickled and compiled here first, so this
-   machine compiles once), posts it on the machine's control block, runs its own
-   share through the same ``Executor`` as every process, waits for its workers,
-   meets the other leaders at the end of the command (``Machines.finish``) and sends
-   the replies of its processes, by global rank, to the master;
+   machine compiles once), then runs the same command round as the master on its
+   machine (``LocalGroup.round``: post, own share, wait, collect), meets the other
+   leaders at the end of the command (``Machines.finish``) and sends the replies of
+   its processes, by global rank, to the master;
 4. at the end (the master closed): stops its workers, removes its segments, leaves
    MPI, and ends the process (``os._exit``: nothing of the script after ``fork()`` runs
    on this machine).
@@ -33,19 +33,16 @@ import logging
 import os
 import pickle
 import sys
-import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any, NoReturn
 
-from .._runtime import mpi, processes, shmem, signals
+from .._runtime import mpi
 from .._runtime.remote import RemoteFailure
-from ..errors import WorkerDiedError, WorkerTimeoutError
 from . import faults
-from .context import RankContext
 from .execute import Executor, Outcome, at_reply
-from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
-from .protocol import Exit, Message
+from .group import LocalGroup
+from .machines import COMMAND, END, LEADERS_ONLY, Machines
+from .protocol import Message
 
 __all__ = ["Leader", "FAILURE_GRACE"]
 
@@ -60,83 +57,45 @@ class Leader:
 
     Parameters
     ----------
-    ctx
-        The leader's context (``leaders`` set).
+    group
+        This machine's processes (``_core/group.py``), forked; its context has
+        ``leaders`` set.
     executor
         The handler table every process runs.
-    workers
-        This machine's forked workers (local ranks).
-    program_lock
-        This machine's program lock (held until the end).
-    timeout
-        Seconds a command may wait for a local worker, or None.
     leaders_only
         Handlers of the messages to the leaders alone (``Data`` writes).
     prepare
         Per message type: what the leader does before posting the command.
     """
 
-    def __init__(self, ctx: RankContext, executor: Executor,
-                 workers: list[processes.Worker], program_lock: shmem.ProgramLock,
-                 timeout: float | None, leaders_only: Mapping[type, Callable[..., Any]],
+    def __init__(self, group: LocalGroup, executor: Executor,
+                 leaders_only: Mapping[type, Callable[..., Any]],
                  prepare: Mapping[type, Callable[..., Any]]):
+        ctx = group.ctx
         assert ctx.leaders is not None
+        self.group = group
         self.ctx = ctx
         self.machines: Machines = ctx.leaders
         self.executor = executor
-        self.workers = workers
-        self.timeout = timeout
-        self._lock = program_lock
         self._leaders_only = leaders_only
         self._prepare = prepare
-        self._local = ctx.local_rank
-        self._ranks = [worker.rank for worker in workers]  # local ranks
-        self._seq = 0
-        self._started: float | None = None  # while a command runs (for the timeout)
-        ctx.watch = self.watch
-        self.machines.mpi.liveness = self.watch
-
-    # -- liveness ------------------------------------------------------------------------
-    def watch(self) -> None:
-        """Raise if a local worker died, or outlived the timeout in a command, or the
-        master ended the job."""
-        signals.reraise_lost()
-        self.machines.mpi.check_alarms()
-        ctx = self.ctx
-        offset = ctx.offsets[ctx.node]
-        for worker in self.workers:
-            reason = worker.poll()
-            if reason is not None:
-                raise WorkerDiedError(offset + worker.rank, worker.pid, reason,
-                                      self.machines.host)
-        started = self._started
-        if (self.timeout is not None and started is not None
-                and time.monotonic() - started > self.timeout):
-            control = ctx.control
-            for worker in self.workers:
-                if control is not None and control.done(worker.rank) != self._seq:
-                    raise WorkerTimeoutError(offset + worker.rank, worker.pid, self.timeout,
-                                             self.machines.host)
+        group.host = self.machines.host
+        group.also = self.machines.check_alarms  # the master ended the job?
+        self.machines.set_liveness(group.watch)
 
     # -- the loop --------------------------------------------------------------------------
     def join(self, message: Message) -> None:
         """Run ``message`` on this machine's processes only (``Join``, at the start)."""
-        ctx, control = self.ctx, self.ctx.control
+        ctx = self.ctx
         try:
-            seq = 0
-            if control is not None:
-                seq = control.post(message, self._local, ctx.arena)
-            own = self.executor.run(ctx, message, keep_exception=True)
-            if own.failure is not None:
-                raise RuntimeError(f"joining the machines failed: {own.failure.message}")
-            if control is not None:
-                ranks = self._ranks
-                control.wait(self._local, partial(control.all_done, seq, ranks), self.watch)
-                for rank in ranks:
-                    reply: Any = control.reply(rank, ctx.arena)
-                    if control.failed(rank):
-                        raise RuntimeError(f"joining the machines failed in local process "
-                                           f"{rank}: {reply.message}")
+            done = self.group.round(
+                message, lambda: self.executor.run(ctx, message, keep_exception=True))
+            if done.own.failure is not None:
+                raise RuntimeError(f"joining the machines failed: {done.own.failure.message}")
+            for rank, failed, reply in done.parts:
+                if failed:
+                    raise RuntimeError(f"joining the machines failed in local process "
+                                       f"{rank}: {reply.message}")
         except BaseException as exc:
             self._fail(exc)
 
@@ -157,7 +116,7 @@ class Leader:
         self._close()
 
     def _command(self, message: Message, ident: int) -> None:
-        ctx, control = self.ctx, self.ctx.control
+        ctx = self.ctx
         if faults.PENDING:
             faults.activate()
         prepared: Outcome | None = None
@@ -167,44 +126,20 @@ class Leader:
                 prepare(ctx, message)
             except (Exception, SystemExit) as exc:
                 prepared = Outcome(None, RemoteFailure.from_exception(exc), exc)
-        seq = 0
-        if control is not None:
-            seq = control.post(message, self._local, ctx.arena, ident or None)
-        self._seq = seq
-        self._started = time.monotonic()
-        try:
-            own = at_reply(prepared or self.executor.run(ctx, message, keep_exception=True))
-            failed = own.failure is not None
-            if failed and control is not None:
-                control.mark_failed(self._local, seq)
-            if failed and (fatal(own.exception) or self.machines.mpi.broken is not None):
-                assert own.exception is not None
-                raise own.exception
-            part = [(ctx.rank, failed, own.failure if failed else own.reply)]
-            if control is not None:
-                ranks = self._ranks
-                control.wait(self._local, partial(control.all_done, seq, ranks), self.watch)
-                offset = ctx.offsets[ctx.node]
-                for rank in ranks:
-                    part.append((offset + rank, control.failed(rank),
-                                 control.reply(rank, ctx.arena)))
-                control.release_external_payload(ctx.arena)
-        finally:
-            self._started = None
+        done = self.group.round(
+            message,
+            lambda: at_reply(prepared or self.executor.run(ctx, message, keep_exception=True)),
+            ident or None, fatal=self.machines.ends_command)
+        own = done.own
+        failed = own.failure is not None
+        offset = ctx.offsets[ctx.node]
+        part = [(ctx.rank, failed, own.failure if failed else own.reply)]
+        part += [(offset + rank, bad, reply) for rank, bad, reply in done.parts]
         self.machines.finish(_pickled(part))
 
     # -- the end -----------------------------------------------------------------------------
-    def _cleanup(self) -> None:
-        """Stop the workers at once and remove this machine's segments."""
-        try:
-            processes.stop_workers(self.workers, timeout=0.0)
-        finally:
-            shmem.sweep_prefix(self.ctx.prefix)
-            self._lock.close()
-
     def _fail(self, exc: BaseException) -> NoReturn:
         """Report, clean up, end the job (never returns)."""
-        leaders = self.machines.mpi
         master_lost = isinstance(exc, mpi.PeerLostError) and 0 in exc.ranks
         told = isinstance(exc, mpi.JobAbortedError) or master_lost
         if not told:
@@ -215,27 +150,22 @@ class Leader:
             log.error("synkhronos on %s: %s: %s; ending the job", self.machines.host,
                       type(exc).__name__, exc)
         try:
-            self._cleanup()
+            self.group.teardown(None)  # the workers killed at once, the segments removed
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             try:
-                leaders.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
-                              grace=2.0 if told else FAILURE_GRACE)
+                self.machines.abort(f"{type(exc).__name__} on {self.machines.host}: {exc}",
+                                    grace=2.0 if told else FAILURE_GRACE)
             finally:  # a signal during the wait (the launcher ending the job): go now
                 os._exit(1)
 
     def _close(self) -> NoReturn:
         """The master closed: stop the workers, clean up, leave MPI, end the process."""
-        ctx, control = self.ctx, self.ctx.control
         try:
-            if control is not None and self.workers:
-                control.post(Exit(), self._local, ctx.arena)
-                processes.stop_workers(self.workers, timeout=_STOP_GRACE)
-            shmem.sweep_prefix(ctx.prefix)
-            self._lock.close()
-            self.machines.mpi.liveness = None  # the workers are gone, as they should be
-            self.machines.mpi.close(timeout=30.0)
+            self.group.teardown(_STOP_GRACE)
+            self.machines.set_liveness(None)  # the workers are gone, as they should be
+            self.machines.close(timeout=30.0)
         except BaseException as exc:
             self._fail(exc)
         sys.stdout.flush()

@@ -1,8 +1,17 @@
-"""Several machines: the core's link between machine leaders, over ``_runtime.mpi``.
+"""Several machines: the transport over them, and the core's link between their leaders.
 
 A session under ``mpiexec`` has one leader per machine (the master on machine 0); only
-leaders talk MPI. This module owns what the core needs of that link, and nothing of
-what a command means:
+leaders talk MPI, and only through ``Machines`` (its communicator is private). This
+module owns everything the core needs of several machines:
+
+- **The transport** (``Several``, chosen at ``fork``): wraps one machine's
+  (``_core/transport.py``): each command goes to the other leaders first, the master's
+  machine runs its local round, and the other machines' replies come back by global
+  rank at the end; a ``Data`` write is published to the other machines' replicas
+  (``DataWrite``, ``DataRows``, ``DataSetItem``, applied by their leaders alone:
+  ``LEADERS_ONLY``); ``Join`` gives every process its global place (``HANDLERS``).
+
+The link between leaders (``Machines``) owns, and knows nothing of what a command means:
 
 - **Commands** (``send``, ``receive``): the master broadcasts each command to the
   other leaders in an *envelope*: the arena's journal since the last one (replicas to
@@ -34,16 +43,25 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import numpy as np
 
-from .._runtime import mpi
+from .._runtime import mpi, shmem
 from .._runtime.memo import Decoded, Memo
 from .._runtime.remote import BarrierAborted
 from ..errors import WorkerDiedError, WorkerTimeoutError
+from .context import RankContext
+from .execute import Handler, Outcome
+from .group import LocalGroup
+from .protocol import Join, Message
+from .transport import First, Transport, merge, root_failure
 
-__all__ = ["Machines", "COMMAND", "LEADERS_ONLY", "END", "fatal"]
+__all__ = ["Machines", "Several", "COMMAND", "LEADERS_ONLY", "END", "fatal", "HANDLERS",
+           "LEADERS_ONLY_HANDLERS", "DataWrite", "DataRows", "DataSetItem", "join"]
 
 COMMAND, LEADERS_ONLY, END = "command", "leaders", "end"
 _HERE_YES, _HERE_NO, _ENDED = 0, 1, 2
@@ -68,7 +86,7 @@ class Machines:
     """
 
     def __init__(self, leaders: mpi.Leaders):
-        self.mpi = leaders
+        self._comm = leaders
         self.node = leaders.rank
         self.n = leaders.size
         self.hosts = leaders.hosts
@@ -85,8 +103,50 @@ class Machines:
     def host(self) -> str:
         return self.hosts[self.node]
 
+    # -- the communicator's own operations, for the core's modules ---------------------
+    def broadcast(self, buffer: Any, root: int = 0) -> Any:
+        return self._comm.broadcast(buffer, root=root)
+
+    def scatter(self, arrays: Any, root: int = 0) -> Any:
+        return self._comm.scatter(arrays, root=root)
+
+    def gather(self, array: Any, root: int = 0) -> Any:
+        return self._comm.gather(array, root=root)
+
+    def all_reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return self._comm.all_reduce(*args, **kwargs)
+
+    def all_reduce_pieces(self, *args: Any, **kwargs: Any) -> Any:
+        return self._comm.all_reduce_pieces(*args, **kwargs)
+
+    def check_alarms(self) -> None:
+        """Raise if another machine reported a failure, or the job is ending."""
+        self._comm.check_alarms()
+
+    def ends_command(self, own: Outcome) -> bool:
+        """Whether this leader's failed share ends the command at once (a machine or a
+        process lost, or the link broken), rather than after its workers."""
+        return fatal(own.exception) or self._comm.broken is not None
+
+    @property
+    def broken(self) -> str | None:
+        """What broke the link between machines so far, or None."""
+        return self._comm.broken
+
+    def set_liveness(self, watch: Callable[[], None] | None) -> None:
+        """What every wait between machines runs while it polls (None: nothing)."""
+        self._comm.liveness = watch
+
+    def close(self, timeout: float) -> None:
+        """Leave the machines together (every leader, collective)."""
+        self._comm.close(timeout=timeout)
+
+    def abort(self, reason: str, grace: float = 2.0) -> NoReturn:
+        """End every machine's processes (does not return)."""
+        self._comm.abort(reason, grace=grace)
+
     def host_of(self, rank: int) -> str:
-        return self.mpi.host_of(rank)
+        return self._comm.host_of(rank)
 
     # -- commands ----------------------------------------------------------------------
     def send(self, kind: str, message: Any, journal: tuple, key: Any = None) -> None:
@@ -98,16 +158,16 @@ class Machines:
             except TypeError:  # not hashable after all
                 entry, key = None, None
             if entry is not None:
-                self.mpi.broadcast_object((journal, kind, entry[0], None, False))
+                self._comm.broadcast_object((journal, kind, entry[0], None, False))
                 return
             if key is not None:
                 ident, reset = self._memo.add(key)
-        self.mpi.broadcast_object((journal, kind, ident, message, reset))
+        self._comm.broadcast_object((journal, kind, ident, message, reset))
 
     def receive(self) -> tuple[tuple, str, int, Any]:
         """Another leader: the next envelope, ``(journal, kind, id, message)``; waits
         without a time limit (the master may be busy with other work)."""
-        journal, kind, ident, message, reset = self.mpi.broadcast_object(
+        journal, kind, ident, message, reset = self._comm.broadcast_object(
             spin=_IDLE_SPIN, timeout=math.inf)
         if reset:
             self._decoded.clear()
@@ -127,7 +187,7 @@ class Machines:
         carried = min(len(payload), _CARRIED)
         if carried:
             record[_HEAD:_HEAD + carried] = np.frombuffer(payload, np.uint8, carried)
-        return self.mpi.all_gather_fixed(record)
+        return self._comm.all_gather_fixed(record)
 
     @staticmethod
     def _codes(records: np.ndarray) -> np.ndarray:
@@ -156,7 +216,7 @@ class Machines:
         lengths = [int(length) for length in heads[:, 1]]
         rest = None
         if max(lengths) > _CARRIED:  # every leader sees it: a gather for the rest
-            rest = self.mpi.gather(np.frombuffer(payload[_CARRIED:], np.uint8), root=0)
+            rest = self._comm.gather(np.frombuffer(payload[_CARRIED:], np.uint8), root=0)
         if self.node != 0:
             return None
         return [records[m, _HEAD:_HEAD + min(length, _CARRIED)].tobytes()
@@ -173,7 +233,7 @@ class Machines:
                     "timeout": exc.timeout}
         else:
             info = {"kind": "leader", "reason": f"{type(exc).__name__}: {exc}"}
-        self.mpi.report_failure(json.dumps(info))
+        self._comm.report_failure(json.dumps(info))
 
     def error(self, exc: BaseException) -> BaseException:
         """The master: what a failure between machines means to the caller.
@@ -205,6 +265,183 @@ class Machines:
         if isinstance(exc, mpi.LeaderTimeoutError):
             others = range(1, self.n)
             return WorkerTimeoutError(self.offsets[1], self.pids[1],
-                                      self.mpi.timeout or 0.0,
+                                      self._comm.timeout or 0.0,
                                       ", ".join(self.hosts[m] for m in others))
         return exc
+
+
+
+# -- the transport over several machines ---------------------------------------------------
+class Several(Transport):
+    """The master's transport over several machines (see the module docstring): one
+    machine's, wrapped.
+
+    Parameters
+    ----------
+    group
+        The master's machine.
+    machines
+        The link to the other machines' leaders.
+    """
+
+    interrupt_breaks = True  # a command half done on other machines cannot be kept
+    close_on_failure = False  # the exception goes up first; close() then ends the job
+
+    def __init__(self, group: LocalGroup, machines: Machines):
+        super().__init__(group)
+        self._machines = machines
+        self._healthy = False
+        self.replica_groups = tuple(zip(machines.offsets, machines.local_sizes, strict=True))
+        group.host = machines.host
+        group.also = machines.check_alarms  # another machine's report, while waiting here
+        machines.set_liveness(group.watch)
+
+    def run(self, message: Message, own_share: Callable[[], Outcome], key: Any,
+            timed: bool) -> tuple[list[Any], Outcome, First]:
+        machines, group = self._machines, self.group
+        machines.send(COMMAND, message, group.ctx.arena.take_journal(), key)
+        done = group.round(
+            message, own_share, key, timed=timed, fatal=machines.ends_command)
+        replies: list[Any] = [None] * group.ctx.size
+        first = merge(replies, done, None, 0)  # on machine 0, local ranks are global
+        parts = machines.finish()
+        assert parts is not None
+        for part in parts[1:]:
+            for rank, failed, value in pickle.loads(part):
+                if failed:
+                    first = root_failure(first, rank, value)
+                else:
+                    replies[rank] = value
+        return replies, done.own, first
+
+    def error(self, exc: BaseException) -> BaseException:
+        return self._machines.error(exc)
+
+    def _to_leaders(self, message: Message) -> None:
+        """``message`` to the other leaders alone (their workers are not woken), with
+        the arena's journal, as every command."""
+        self._machines.send(LEADERS_ONLY, message, self.group.ctx.arena.take_journal())
+
+    def publish_values(self, segment: str, buffer: Any) -> None:
+        nbytes = len(buffer)
+        self._to_leaders(DataWrite(segment, nbytes))
+        self._machines.broadcast(buffer)
+
+    def publish_rows(self, segment: str, view: Any, bounds: list[tuple[int, int]]) -> None:
+        empty = np.empty(0, np.uint8)
+        parts = [view[lo:hi].reshape(-1).view(np.uint8) if copy else empty
+                 for copy, (lo, hi) in enumerate(bounds)]
+        self._to_leaders(DataRows(segment, view.dtype.str, view.shape, tuple(bounds)))
+        self._machines.scatter(parts, root=0)
+
+    def publish_item(self, segment: str, view: Any, key: Any, value: Any) -> bool:
+        message = DataSetItem(segment, view.dtype.str, view.shape, key, np.asarray(value))
+        try:
+            pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # a key that does not pickle: the caller sends the values
+            return False
+        self._to_leaders(message)
+        return True
+
+    def begin_close(self, orderly: bool) -> None:
+        self._healthy = orderly and self._machines.broken is None
+        self._closing: BaseException | None = None
+        if self._healthy:
+            try:
+                self._machines.send(END, None, ())
+            except BaseException as exc:  # the others cannot be reached: abort at the end
+                self._healthy = False
+                self._closing = exc
+
+    def end_close(self, broken: BaseException | None) -> None:
+        """After this machine is clean: leave MPI with the others, or end the job."""
+        machines = self._machines
+        broken = getattr(self, "_closing", None) or broken
+        if self._healthy:
+            machines.set_liveness(None)  # the workers are gone, as they should be
+            try:
+                machines.close(timeout=30.0)
+                return
+            except BaseException as exc:
+                broken = exc
+        reason = (f"{type(broken).__name__}: {broken}" if broken is not None
+                  else "the master closed the session during a command")
+        machines.abort(reason)  # never returns: ends every machine's processes
+
+
+# -- the messages to the leaders alone: a Data write on each machine's replica ---------------
+@dataclass(frozen=True)
+class DataWrite(Message):
+    """To the other machines' leaders: the first ``nbytes`` of the master's ``segment``
+    follow, broadcast straight into each machine's replica."""
+
+    segment: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class DataSetItem(Message):
+    """To the other machines' leaders: ``replica[key] = value`` (``x[key] = value``)."""
+
+    segment: str
+    dtype: str
+    shape: tuple[int, ...]
+    key: Any
+    value: Any
+
+
+@dataclass(frozen=True)
+class DataRows(Message):
+    """To the other machines' leaders: each machine's rows (``bounds[machine]``) of the
+    master's ``segment`` follow, scattered between leaders (a function's staged input,
+    of which each machine takes only its own rows)."""
+
+    segment: str
+    dtype: str
+    shape: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...]
+
+
+def _apply_write(ctx: RankContext, message: DataWrite) -> None:
+    buffer = ctx.arena.map(message.segment)
+    assert ctx.leaders is not None
+    ctx.leaders.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
+
+
+def _apply_rows(ctx: RankContext, message: DataRows) -> None:
+    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
+    lo, hi = message.bounds[ctx.node]
+    assert ctx.leaders is not None
+    received = ctx.leaders.scatter(None, root=0)
+    view[lo:hi] = received.view(view.dtype).reshape((hi - lo,) + view.shape[1:])
+
+
+def _apply_set_item(ctx: RankContext, message: DataSetItem) -> None:
+    view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
+    view[message.key] = message.value
+
+
+LEADERS_ONLY_HANDLERS: dict[type[Message], Handler] = {
+    DataWrite: _apply_write,
+    DataSetItem: _apply_set_item,
+    DataRows: _apply_rows,
+}
+
+
+def join(ctx: RankContext, message: Join) -> None:
+    """Take this process's place among several machines (see ``Join``)."""
+    ctx.node = message.node
+    ctx.n_nodes = len(message.offsets)
+    ctx.offsets = message.offsets
+    ctx.local_sizes = message.local_sizes
+    ctx.local_size = message.local_sizes[message.node]
+    ctx.rank = message.offsets[message.node] + ctx.local_rank
+    ctx.size = sum(message.local_sizes)
+    ctx.master_rank = message.master_rank
+    ctx.leader_rank = message.leader_rank
+    ctx.exact = message.exact
+    if message.node != 0:
+        ctx.arena.set_alias(message.master_prefix)
+
+
+HANDLERS: dict[type[Message], Handler] = {Join: join}  # every process runs these

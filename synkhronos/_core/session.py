@@ -39,14 +39,12 @@ number, so nothing of the abandoned command is mistaken for the next one.
 An observer (``synk.profile()``) may watch commands; without one, a command costs one
 attribute check for it.
 
-Over several machines (``machines`` set, ``_run_nodes``) the same steps frame the
-other machines' part: the message goes to their leaders first (``Machines.send``,
-with the arena's journal), the master's machine runs as above, the leaders meet at
-the end of the command (``Machines.finish``), and the other machines' replies come
-back by global rank (``Machines.gather``); failures are chosen by the same rule. A
-failure between machines (a machine lost, a worker dead there) breaks the session as
-a local death does, and ``close()`` then ends the whole MPI job. Without machines,
-that branch costs one attribute check.
+Steps 2-5 are the transport's (``_core/transport.py``), chosen once at ``fork`` and
+held: one machine's runs the local group's round (``_core/group.py``); the one over
+several machines wraps it (``_core/machines.py``). The session's run path is the same
+for both; what differs is declared by the transport: what a failure means
+(``error``), whether Ctrl-C breaks the session (a command half done on other machines
+cannot be kept), and whether a failure closes it at once or at ``close()``.
 """
 
 from __future__ import annotations
@@ -54,20 +52,19 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from .._runtime import processes, shmem, signals
-from .._runtime.remote import Refusal, RemoteFailure, RemoteTraceback
+from .._runtime import processes, signals
+from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
-from .context import RankContext
 from .execute import Executor, Outcome
-from .machines import COMMAND, END, LEADERS_ONLY, Machines, fatal
-from .protocol import Exit, Message
+from .group import LocalGroup
+from .protocol import Message
+from .transport import First, Transport
 
 __all__ = ["Session", "State", "Observer", "current", "require", "install"]
 
@@ -95,45 +92,58 @@ class Session:
 
     Parameters
     ----------
-    ctx
-        The master's ``RankContext``.
+    group
+        The master's machine: its context, workers, control block, lock and prefix
+        (``_core/group.py``).
     executor
         Runs each message's handler (the master's own share).
-    timeout
-        Seconds a command may wait for a worker, or None.
-    program_lock
-        The ``flock`` the program's processes hold while any lives (sweeps of other
-        programs judge this one alive by it).
+
+    Attributes
+    ----------
+    transport
+        How commands reach every process: this machine's group alone until ``fork``
+        chooses another (``use``).
     """
 
-    def __init__(self, ctx: RankContext, executor: Executor, timeout: float | None,
-                 program_lock: shmem.ProgramLock):
+    def __init__(self, group: LocalGroup, executor: Executor):
+        ctx = group.ctx
+        self.group = group
         self.ctx = ctx
         self.executor = executor
-        self.timeout = timeout
+        self.timeout = group.timeout
         self.state = State.READY
         self.broken: BaseException | None = None
-        self.workers: list[processes.Worker] = []
         self.observer: Observer | None = None
-        self.machines: Machines | None = None  # the link to the other machines' leaders
-        self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of the last command
-        self._program_lock = program_lock
+        self.transport = Transport(group)
         # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
         # so ``enter`` must be able to tell whether the interrupted acquire() got it.
         self._command_lock = threading.RLock()
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
-        self._seq = 0
-        self._pending: int | None = None  # a command abandoned on Ctrl-C, workers maybe in it
         self.commands = 0  # commands run so far (a test counts round trips with it)
-        self._started = 0.0
         self._cleanups: list[Callable[[], None]] = []
-        self._worker_ranks = [r for r in range(ctx.size) if r != ctx.master_rank]
-        ctx.watch = self._watch
 
     @property
     def n(self) -> int:
         return self.ctx.size
+
+    @property
+    def workers(self) -> list[processes.Worker]:
+        return self.group.workers
+
+    def use(self, transport: Transport) -> None:
+        """The transport ``fork`` chose (before the session is handed out)."""
+        self.transport = transport
+
+    @property
+    def replica_groups(self) -> tuple[tuple[int, int], ...] | None:
+        """Per copy of the session's memory, (first rank, ranks); None: one copy."""
+        return self.transport.replica_groups
+
+    @property
+    def last_timing(self) -> tuple[float, float]:
+        """(own share, wait for workers) of the last observed command."""
+        return self.group.last_timing
 
     @property
     def busy(self) -> bool:
@@ -202,7 +212,7 @@ class Session:
         if self.state is not State.READY:  # another thread broke or closed it meanwhile
             self.leave(True)
             self.check_usable()
-        if self._pending is not None:  # before any staging into shared memory
+        if self.group.pending is not None:  # before any staging into shared memory
             try:
                 self._settle()
             except BaseException:
@@ -235,240 +245,74 @@ class Session:
         self._running = True
         self.commands += 1
         try:
-            if self._pending is not None:
+            if self.group.pending is not None:
                 self._settle()
             if self.observer is not None:
                 return self._observed(message, repeats)
-            if self.machines is not None:
-                return self._run_nodes(message, repeats)
-            if self.ctx.control is None:
-                return [self._run_alone(message)]
-            return self._run_all(message, repeats)
+            return self._run(message, repeats)
         finally:
             self._running = False
 
     def _observed(self, message: Message, repeats: bool) -> list[Any]:
         start = time.perf_counter()
-        if self.machines is not None:
-            replies = self._run_nodes(message, repeats, timed=True)
-        elif self.ctx.control is None:
-            replies = [self._run_alone(message, timed=True)]
-        else:
-            replies = self._run_all(message, repeats, timed=True)
+        replies = self._run(message, repeats, timed=True)
         own, wait = self.last_timing
         observer = self.observer
         if observer is not None:
             observer.command(message, time.perf_counter() - start, own, wait)
         return replies
 
-    def _run_alone(self, message: Message, timed: bool = False) -> Any:
-        if timed:
-            start = time.perf_counter()
-        try:
-            outcome = self.executor.run(self.ctx, message, keep_exception=False)
-        except KeyboardInterrupt:
-            raise  # one process: nothing else runs the command, nothing to wait for
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        if timed:
-            self.last_timing = (time.perf_counter() - start, 0.0)
-        if outcome.failure is not None:
-            _raise_failure(self.ctx.rank, outcome)
-        return outcome.reply
+    def _own_share(self, message: Message) -> Callable[[], Outcome]:
+        return lambda: self.executor.run(self.ctx, message, keep_exception=False)
 
-    def _run_all(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
-        ctx, control = self.ctx, self.ctx.control
-        assert control is not None
-        master = ctx.master_rank
+    def _run(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
         signals.forget()  # only a signal that arrives during this command is ours
-        before = control.seq
-        share_done = False
+        transport = self.transport
         try:
-            seq = control.post(message, master, ctx.arena, message if repeats else None)
-        except KeyboardInterrupt:
-            self._interrupted(before, share_done)
-            raise
-        self._seq = seq
-        try:
-            if self.timeout is not None:  # only the timeout reads it
-                self._started = time.monotonic()
-            if timed:
-                start = time.perf_counter()
-            own = self.executor.run(ctx, message, keep_exception=False)
-            share_done = True
-            if own.failure is not None:
-                control.mark_failed(master, seq)
-            workers = self._worker_ranks
-            if timed:
-                shared = time.perf_counter()
-            control.wait(master, lambda: control.all_done(seq, workers), self._watch)
-            if timed:
-                self.last_timing = (shared - start, time.perf_counter() - shared)
-            replies: list[Any] = [None] * ctx.size
-            replies[master] = own.reply
-            first = self._read_replies(control, replies, None)
-        except KeyboardInterrupt:
-            self._interrupted(before, share_done)
-            raise
+            replies, own, first = transport.run(message, self._own_share(message),
+                                                message if repeats else None, timed)
+        except KeyboardInterrupt as exc:
+            if not transport.interrupt_breaks:
+                raise  # the group left the command pending: the session stays
+            self._fail_raise(exc)
         except BaseException as exc:
-            self._fail(exc)
-            raise
-        if first is not None or own.failure is not None:
-            _raise_root_failure(master, own, first)
+            self._fail_raise(exc)
+        _raise_root_failure(self.ctx.master_rank, own, first)
         return replies
-
-    def _run_nodes(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
-        """``_run_all`` over several machines (see the module docstring)."""
-        ctx, control = self.ctx, self.ctx.control
-        machines = self.machines
-        assert machines is not None
-        local = ctx.local_rank
-        signals.forget()
-        try:
-            if self.timeout is not None:
-                self._started = time.monotonic()
-            if timed:
-                start = time.perf_counter()
-            machines.send(COMMAND, message, ctx.arena.take_journal(),
-                          message if repeats else None)
-            seq = 0
-            if control is not None:
-                seq = control.post(message, local, ctx.arena, message if repeats else None)
-                self._seq = seq
-            own = self.executor.run(ctx, message, keep_exception=False)
-            if own.failure is not None:
-                if control is not None:
-                    control.mark_failed(local, seq)
-                if fatal(own.exception) or machines.mpi.broken is not None:
-                    assert own.exception is not None
-                    raise own.exception
-            if timed:
-                shared = time.perf_counter()
-            replies: list[Any] = [None] * ctx.size
-            replies[ctx.rank] = own.reply
-            first: tuple[int, Outcome] | None = None
-            if control is not None:
-                workers = self._worker_ranks
-                control.wait(local, lambda: control.all_done(seq, workers), self._watch)
-                # on machine 0, local ranks are global ranks
-                first = self._read_replies(control, replies, first)
-            parts = machines.finish()
-            assert parts is not None
-            for part in parts[1:]:
-                for rank, failed, value in pickle.loads(part):
-                    if failed:
-                        first = _root_failure(first, rank, value)
-                    else:
-                        replies[rank] = value
-            if timed:
-                self.last_timing = (shared - start, time.perf_counter() - shared)
-        except BaseException as exc:
-            self._fail_over_machines(machines, exc)
-        _raise_root_failure(ctx.master_rank, own, first)
-        return replies
-
-    def _interrupted(self, before: int, share_done: bool) -> None:
-        """Ctrl-C in the master during a command (see the module docstring): leave it
-        pending. ``before``: the sequence number before the post; ``share_done``: the
-        master's own share had finished."""
-        control = self.ctx.control
-        assert control is not None
-        seq = control.seq
-        if seq == before:  # interrupted before the post took effect: nothing to wait for
-            return
-        self._pending = seq
-        if not share_done:  # no rank may wait for the master's unfinished share
-            control.mark_failed(self.ctx.master_rank, seq)
-            control.abort(seq)
 
     def _settle(self) -> None:
         """Wait until every worker is done with the command Ctrl-C left pending, and
         throw its replies away. Ctrl-C here raises again and leaves it pending; a dead
         worker or the timeout breaks the session as in any command."""
-        seq = self._pending
-        control = self.ctx.control
-        assert seq is not None and control is not None
-        workers = self._worker_ranks
         signals.forget()
-        self._seq = seq
-        if self.timeout is not None:
-            self._started = time.monotonic()
         try:
-            control.wait(self.ctx.master_rank, lambda: control.all_done(seq, workers),
-                         self._watch)
+            self.group.settle()
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
             self._fail(exc)
             raise
-        arena = self.ctx.arena
-        for rank in workers:
-            try:
-                control.reply(rank, arena)  # unlinks a one-off reply segment
-            except Exception as exc:  # nobody asked for it any more (or read already)
-                log.debug("synkhronos: the interrupted command's reply of rank %d: %s",
-                          rank, exc)
-        control.release_external_payload(arena)
-        self._pending = None  # last: a Ctrl-C above leaves it to the next command
 
-    def _fail_over_machines(self, machines: Any, exc: BaseException) -> NoReturn:
-        """Break the session over ``exc`` and raise what it means across machines (a
-        lost machine, an abort), or ``exc`` itself."""
-        error = machines.error(exc)
+    def _fail_raise(self, exc: BaseException) -> NoReturn:
+        """Break the session over ``exc`` and raise what it means (the transport's
+        word: a lost machine, an abort), or ``exc`` itself."""
+        error = self.transport.error(exc)
         self._fail(error)
         if error is exc:
             raise exc
         raise error from exc
 
-    def _read_replies(self, control: Any, replies: list[Any],
-                      first: tuple[int, Outcome] | None) -> tuple[int, Outcome] | None:
-        """Every local worker's reply into ``replies`` (by rank), once all are done;
-        returns the root-cause failure so far (``first`` counts as earlier)."""
-        for rank in self._worker_ranks:
-            value = control.reply(rank, self.ctx.arena)
-            if control.failed(rank):
-                assert isinstance(value, RemoteFailure)
-                first = _root_failure(first, rank, value)
-            else:
-                replies[rank] = value
-        control.release_external_payload(self.ctx.arena)
-        return first
-
-    def replicate(self, message: Message, buffer: Any = None, scatter: Any = None) -> None:
-        """Over several machines: ``message`` to the other machines' leaders alone (their
-        workers are not woken), then ``buffer``'s bytes broadcast to them, or each its
-        part of ``scatter`` (one array per machine): a ``Data`` write. With the arena's
-        journal, as every command."""
-        machines = self.machines
-        assert machines is not None
+    def replicate(self, publish: Callable[[Transport], None]) -> None:
+        """``publish(transport)``: a ``Data`` write to the other copies of the session's
+        memory (``replica_groups``), under the command lock, a failure breaking the
+        session as a command's does."""
         took = self.enter()
         try:
-            machines.send(LEADERS_ONLY, message, self.ctx.arena.take_journal())
-            if buffer is not None:
-                machines.mpi.broadcast(buffer)
-            if scatter is not None:
-                machines.mpi.scatter(scatter, root=0)
+            publish(self.transport)
         except BaseException as exc:
-            self._fail_over_machines(machines, exc)
+            self._fail_raise(exc)
         finally:
             self.leave(took)
-
-    def _watch(self) -> None:
-        """The master's liveness check while it waits (every poll interval)."""
-        signals.reraise_lost()
-        for worker in self.workers:
-            reason = worker.poll()
-            if reason is not None:
-                host = None if self.machines is None else self.machines.host
-                raise WorkerDiedError(worker.rank, worker.pid, reason, host)
-        if self.machines is not None:  # another machine's report, while waiting here
-            self.machines.mpi.check_alarms()
-        control = self.ctx.control
-        if self.timeout is not None and time.monotonic() - self._started > self.timeout:
-            for worker in self.workers:
-                if control is not None and control.done(worker.rank) != self._seq:
-                    raise WorkerTimeoutError(worker.rank, worker.pid, self.timeout)
 
     def _fail(self, exc: BaseException) -> None:
         """A command was abandoned: the session cannot be trusted any more."""
@@ -476,14 +320,13 @@ class Session:
             return
         self.state = State.BROKEN
         self.broken = exc
-        if self.ctx.control is not None:
-            self.ctx.control.abort(self._seq)
+        self.group.abort()
         if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
             log.error("synkhronos session broken: %s", exc)
-        elif self.machines is None:  # SIGTERM: leave nothing behind
+        elif self.transport.close_on_failure:  # SIGTERM: leave nothing behind
             self.close()
-        # Over several machines the exception goes up first (Python prints it), and
-        # close() at exit ends the job: closing here would end the process now.
+        # Otherwise (several machines) the exception goes up first (Python prints it),
+        # and close() at exit ends the job: closing here would end the process now.
 
     # -- stop --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -500,29 +343,13 @@ class Session:
         # another thread's) is not waited for: the workers are stopped under it, and
         # its wait then fails on its own.
         owned = self._holder is None and self._command_lock.acquire(timeout=5.0)
-        machines = self.machines
-        healthy = (machines is not None and was_ready and owned
-                   and machines.mpi.broken is None)
         try:
-            if healthy:
-                assert machines is not None
-                try:
-                    machines.send(END, None, ())
-                except BaseException as exc:  # the others cannot be reached: abort below
-                    healthy = False
-                    self.broken = exc
-            if self.workers:
-                control = self.ctx.control
-                if was_ready and owned and control is not None:
-                    grace = 5.0
-                    pending = self._pending
-                    if pending is not None and not control.all_done(pending,
-                                                                    self._worker_ranks):
-                        grace = 0.0  # busy with a command nobody waits for any more
-                    control.post(Exit(), self.ctx.master_rank, self.ctx.arena)
-                    processes.stop_workers(self.workers, timeout=grace)
-                else:
-                    processes.stop_workers(self.workers, timeout=0.0)
+            self.transport.begin_close(was_ready and owned)
+            group = self.group
+            if was_ready and owned:  # busy: with a command nobody waits for any more
+                group.stop(0.0 if group.busy() else 5.0)
+            else:
+                group.stop(None)
         finally:
             try:
                 for cleanup in reversed(self._cleanups):
@@ -531,46 +358,16 @@ class Session:
                     except Exception as exc:  # the others still run
                         log.warning("synkhronos: a clean-up at close failed: %s", exc)
             finally:
-                shmem.sweep_prefix(self.ctx.prefix)
-                self._program_lock.close()
-                if self.ctx.control is not None and not self._running:
-                    self.ctx.control.close()
+                self.group.release(close_control=not self._running)
                 self.ctx.watch = context.no_watch  # no cycle back to the session
                 if owned:
                     self._command_lock.release()
                 if _current is self:
                     install(None)
-                if machines is not None:
-                    self._leave_machines(machines, healthy)
-
-    def _leave_machines(self, machines: Machines, healthy: bool) -> None:
-        """After this machine is clean: leave MPI with the others, or end the job."""
-        if healthy:
-            machines.mpi.liveness = None  # the workers are gone, as they should be
-            try:
-                machines.mpi.close(timeout=30.0)
-                return
-            except BaseException as exc:
-                self.broken = exc
-        reason = (f"{type(self.broken).__name__}: {self.broken}" if self.broken is not None
-                  else "the master closed the session during a command")
-        machines.mpi.abort(reason)  # never returns: ends every machine's processes
+                self.transport.end_close(self.broken)
 
 
-def _secondary(outcome: Outcome) -> bool:
-    return outcome.failure is not None and outcome.failure.secondary
-
-
-def _root_failure(first: tuple[int, Outcome] | None, rank: int,
-                  failure: RemoteFailure) -> tuple[int, Outcome]:
-    """The failure to report of ``first`` and ``rank``'s: the one seen first, unless it
-    is secondary (a rank that gave up because another failed) and this one is not."""
-    if first is None or (_secondary(first[1]) and not failure.secondary):
-        return (rank, Outcome(None, failure))
-    return first
-
-
-def _raise_root_failure(master: int, own: Outcome, first: tuple[int, Outcome] | None) -> None:
+def _raise_root_failure(master: int, own: Outcome, first: First) -> None:
     """Raise the command's root cause, if any rank failed: the master's own failure
     unless it is secondary, else the first root failure of another rank."""
     if own.failure is not None and not own.failure.secondary:

@@ -174,7 +174,7 @@ def _exchange_slots(ctx: RankContext, group: MachineGroup) -> None:
             ranks = _machine(ctx, node)
             region = np.frombuffer(group.buffer, np.uint8, len(ranks) * stride,
                                    _slot_base(group, ranks.start))
-            leaders.mpi.broadcast(region, root=node)
+            leaders.broadcast(region, root=node)
     ctx.local_barrier()
 
 
@@ -199,7 +199,7 @@ def _fold_small_exact(ctx: RankContext, group: MachineGroup, op: ReduceOp) -> No
     for stack, target in zip(_local_stack(group, ctx),
                              _slot_spans(group, ctx.leader_rank), strict=True):
         out = np.empty(stack.shape[1:], stack.dtype)
-        leaders.mpi.all_reduce_pieces(stack, summed.value, out=out,
+        leaders.all_reduce_pieces(stack, summed.value, out=out,
                                       counts=ctx.local_sizes)
         if op is ReduceOp.AVG:
             np.true_divide(out, ctx.size, out=out)
@@ -230,7 +230,7 @@ def _fast_into_leader(ctx: RankContext, group: MachineGroup, op: ReduceOp, value
     if leaders is not None:
         leaders.exchange()
         for span in _slot_spans(group, lead):
-            leaders.mpi.all_reduce(span, summed.value, mode="fast")
+            leaders.all_reduce(span, summed.value, mode="fast")
             if op is ReduceOp.AVG:
                 np.true_divide(span, ctx.size, out=span)
 
@@ -302,7 +302,7 @@ def all_gather(ctx: RankContext, group: MachineGroup) -> None:
         leaders.exchange()
         for node in range(ctx.n_nodes):
             for span in _slot_spans(group, lead, _pieces_of(group, _machine(ctx, node))):
-                leaders.mpi.broadcast(span, root=node)
+                leaders.broadcast(span, root=node)
     ctx.local_barrier()
     if rank != lead:
         _copy_slot(group, lead, rank, skip=rank)
@@ -315,7 +315,7 @@ def broadcast(ctx: RankContext, group: MachineGroup) -> list[np.ndarray]:
     if leaders is not None:
         leaders.exchange()
         for span in _slot_spans(group, lead):
-            leaders.mpi.broadcast(span, root=0)
+            leaders.broadcast(span, root=0)
     ctx.local_barrier()
     if rank != lead:
         _copy_slot(group, lead, rank)
@@ -336,7 +336,7 @@ def reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list[np.
                 summed = _sum_for(op)
                 targets = _spans(scratch, group.layout, 0, _whole(group.layout))
                 for stack, target in zip(_local_stack(group, ctx), targets, strict=True):
-                    leaders.mpi.all_reduce_pieces(stack, summed.value, out=target,
+                    leaders.all_reduce_pieces(stack, summed.value, out=target,
                                                   counts=ctx.local_sizes)
                     if op is ReduceOp.AVG:
                         np.true_divide(target, ctx.size, out=target)
@@ -362,7 +362,7 @@ def reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list[np.
         _zero_gaps(scratch, group.layout)
         leaders.exchange()
         for span in _spans(scratch, group.layout, 0, _whole(group.layout)):
-            leaders.mpi.all_reduce(span, summed.value, mode="fast")
+            leaders.all_reduce(span, summed.value, mode="fast")
             if op is ReduceOp.AVG:
                 np.true_divide(span, ctx.size, out=span)
 
@@ -416,7 +416,7 @@ def place(ctx: RankContext, message: Any, buffer: Any) -> None:
                     empty = np.empty(0, np.uint8)
                     arrays = [np.frombuffer(buffer, np.uint8, used) if node == target
                               else empty for node in range(ctx.n_nodes)]
-                received = leaders.mpi.scatter(arrays, root=0)
+                received = leaders.scatter(arrays, root=0)
                 if ctx.node == target:
                     np.copyto(np.frombuffer(buffer, np.uint8, used), received)
         else:
@@ -428,7 +428,7 @@ def place(ctx: RankContext, message: Any, buffer: Any) -> None:
                         batch, ctx, node))).reshape(-1).view(np.uint8)
                         for (_, batch), whole in zip(staged, wholes, strict=True)]
                     arrays.append(np.concatenate(chunks) if chunks else np.empty(0, np.uint8))
-            received = leaders.mpi.scatter(arrays, root=0)
+            received = leaders.scatter(arrays, root=0)
             if ctx.node != 0:
                 at = 0
                 for (_, batch), whole in zip(staged, wholes, strict=True):
@@ -461,9 +461,9 @@ def regions(ctx: RankContext, message: Any, buffer: Any, dtypes: list) -> None:
         leaders.exchange()
         if message.everyone:
             for node in range(ctx.n_nodes):
-                leaders.mpi.broadcast(span(node), root=node)
+                leaders.broadcast(span(node), root=node)
         else:
-            parts = leaders.mpi.gather(span(ctx.node), root=0)
+            parts = leaders.gather(span(ctx.node), root=0)
             if parts is not None:
                 for node in range(1, ctx.n_nodes):
                     np.copyto(span(node), parts[node])
@@ -482,7 +482,7 @@ def get_value(ctx: RankContext, message: Any, buffer: Any) -> None:
         leaders.exchange()
         mine = (np.frombuffer(buffer, np.uint8, message.nbytes) if ctx.node == target
                 else np.empty(0, np.uint8))
-        parts = leaders.mpi.gather(mine, root=0)
+        parts = leaders.gather(mine, root=0)
         if parts is not None:
             np.copyto(np.frombuffer(buffer, np.uint8, message.nbytes), parts[target])
 

@@ -17,6 +17,11 @@ Checked here:
   ``collectives/fused.py`` and the one-machine backends name no machine, node,
   leader, MPI or reduction mode between machines, and ``fused.py`` duck-types no
   backend (no ``getattr``/``hasattr``);
+- the session's run path and the modules that only ask for a command to run or memory
+  to be shared (``_core/session.py``, ``data.py``, ``_call.py``, ``function.py``,
+  ``_core/execute.py``) name no machine, node, leader or MPI: that is the
+  transport's (``_core/transport.py``, ``_core/machines.py``); and no module reaches
+  the communicator through an attribute chain (``x.mpi``): ``Machines`` keeps it;
 - tests other than unit tests, benchmarks, demos and the docs' examples import only
   public modules, without exception (the MPI layer's own tests, which run that private
   layer under ``mpiexec``, are unit tests: ``tests/unit/mpi``).
@@ -204,6 +209,27 @@ def test_one_machine_collectives_name_no_machine(relative):
     named = {name for name in _code_names(PACKAGE / relative)
              if _words(name) & MACHINE_WORDS}
     assert not named, f"{relative} names {sorted(named)}: that belongs to collectives/hierarchy.py"
+
+
+TRANSPORT_BLIND = ["_core/session.py", "data.py", "_call.py", "function.py",
+                   "_core/execute.py"]
+TRANSPORT_WORDS = {"node", "nodes", "leader", "leaders", "machine", "machines", "mpi"}
+
+
+@pytest.mark.parametrize("relative", TRANSPORT_BLIND)
+def test_run_path_names_no_machine(relative):
+    named = {name for name in _code_names(PACKAGE / relative)
+             if _words(name) & TRANSPORT_WORDS}
+    assert not named, (f"{relative} names {sorted(named)}: that belongs to the transport "
+                       "(_core/transport.py, _core/machines.py)")
+
+
+@pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_attribute_chain_reaches_the_communicator(path):
+    chains = [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.Attribute) and node.attr == "mpi"]
+    assert not chains, (f"{path.relative_to(PACKAGE)} reaches MPI through an attribute "
+                        f"(lines {chains}): ask Machines instead")
 
 
 def test_fused_duck_types_no_backend():

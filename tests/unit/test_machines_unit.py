@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import synkhronos as synk
-from synkhronos._call import machine_rows
-from synkhronos._core.context import RankContext
+from synkhronos._call import replica_rows
 from synkhronos._core.machines import Machines
 from synkhronos._runtime import mpi, shmem
 from synkhronos._runtime.arena import Arena
@@ -135,9 +134,9 @@ def test_mixed_dtypes_travel_variable_by_variable():
 
 
 def test_each_machine_takes_the_rows_of_its_ranks():
-    ctx = RankContext(rank=0, size=5, master_rank=0, prefix="p", arena=None,
-                      control=None, master_pid=0, offsets=(0, 2), local_sizes=(2, 3))
-    split = machine_rows(ctx)
+    assert replica_rows(None, 5) is None  # one copy of the memory: nothing to split
+    split = replica_rows(((0, 2), (2, 3)), 5)
+    assert split is not None
     per_rank = split_bounds(23, 5)
     assert split(10, 33) == [(10 + per_rank[0][0], 10 + per_rank[1][1]),
                              (10 + per_rank[2][0], 10 + per_rank[4][1])]

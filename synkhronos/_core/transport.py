@@ -1,0 +1,116 @@
+"""The transport: how a command reaches every process and its replies come back.
+
+``fork()`` chooses the transport once and the session holds it; the session's run path
+never asks which one it has. A transport answers four things:
+
+- **run** (``run``): this message on every process, this process's own share
+  included; the replies by global rank, and the root-cause failure among the other
+  processes, if any;
+- **publish** (``publish_values``, ``publish_rows``, ``publish_item``): a ``Data``
+  segment's new values to every other copy of the session's memory (``replica_groups``
+  says whether there is any, and which ranks share each copy);
+- **watch** (``watch``): the liveness check while waiting;
+- **close** (``begin_close`` before the local group stops, ``end_close`` after it is
+  gone), and what a failure means to the caller (``error``).
+
+``Transport`` itself is one machine: its local group (``_core/group.py``) is every
+process, and there is nothing to publish. The several-machines transport
+(``_core/machines.py``) wraps it: the message goes to the other machines first, the
+local round runs as here, and the other machines' replies join at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._runtime.remote import RemoteFailure
+from .execute import Outcome
+from .group import LocalGroup, Round
+from .protocol import Message
+
+__all__ = ["Transport", "First", "merge", "root_failure"]
+
+First = tuple[int, Outcome] | None  # the root-cause failure so far: (rank, outcome)
+
+
+class Transport:
+    """One machine's transport: the local group alone (see the module docstring).
+
+    Parameters
+    ----------
+    group
+        This machine's processes.
+    """
+
+    #: Per copy of the session's memory other than this one's: (first rank, ranks);
+    #: None when every process maps the same memory (nothing to publish).
+    replica_groups: tuple[tuple[int, int], ...] | None = None
+    #: Ctrl-C during a command breaks the session (True), or leaves the command
+    #: pending and the session usable (False, SPEC 6).
+    interrupt_breaks = False
+    #: A failure closes the session at once (True), or only at ``close()`` (False:
+    #: the exception goes up first).
+    close_on_failure = True
+
+    def __init__(self, group: LocalGroup):
+        self.group = group
+
+    def run(self, message: Message, own_share: Callable[[], Outcome], key: Any,
+            timed: bool) -> tuple[list[Any], Outcome, First]:
+        """``message`` on every process (``own_share`` here): the replies by rank,
+        this process's outcome, and the other processes' root-cause failure."""
+        done = self.group.round(message, own_share, key, timed=timed)
+        replies: list[Any] = [None] * self.group.ctx.size
+        return replies, done.own, merge(replies, done, None, 0)
+
+    def error(self, exc: BaseException) -> BaseException:
+        """What a failure during a command means to the caller (here: itself)."""
+        return exc
+
+    def publish_values(self, segment: str, buffer: Any) -> None:
+        """``buffer``'s bytes into every other copy of ``segment`` (none here)."""
+
+    def publish_rows(self, segment: str, view: Any, bounds: list[tuple[int, int]]) -> None:
+        """Each other copy's rows (``bounds``, per copy) of ``view``, the array held
+        in ``segment`` (none here)."""
+
+    def publish_item(self, segment: str, view: Any, key: Any, value: Any) -> bool:
+        """``copy[key] = value`` on every other copy of ``segment``; False when that
+        cannot travel (the caller publishes the values instead)."""
+        return True
+
+    def watch(self) -> None:
+        """The liveness check while waiting."""
+        self.group.watch()
+
+    def begin_close(self, orderly: bool) -> None:
+        """Before the local group stops: tell whoever must know (nobody here)."""
+
+    def end_close(self, broken: BaseException | None) -> None:
+        """After the local group is gone (nothing more here)."""
+
+
+def merge(replies: list[Any], done: Round, first: First, offset: int) -> First:
+    """One machine's round into ``replies`` (by global rank, its first at ``offset``);
+    returns the root-cause failure among its workers so far (``first`` is earlier)."""
+    replies[offset + done.rank] = done.own.reply
+    for rank, failed, value in done.parts:
+        if failed:
+            assert isinstance(value, RemoteFailure)
+            first = root_failure(first, offset + rank, value)
+        else:
+            replies[offset + rank] = value
+    return first
+
+
+def _secondary(outcome: Outcome) -> bool:
+    return outcome.failure is not None and outcome.failure.secondary
+
+
+def root_failure(first: First, rank: int, failure: RemoteFailure) -> tuple[int, Outcome]:
+    """The failure to report of ``first`` and ``rank``'s: the one seen first, unless it
+    is secondary (a rank that gave up because another failed) and this one is not."""
+    if first is None or (_secondary(first[1]) and not failure.secondary):
+        return (rank, Outcome(None, failure))
+    return first

@@ -94,7 +94,9 @@ class NcclBackend(StagedBackend):
     def all_reduce(self, ctx: RankContext, group: Group, op: ReduceOp) -> bool:
         if not self._on_nccl(group):
             return super().all_reduce(ctx, group, op)
-        values = [_pytensor.value(var) for var in group.variables]
+        # a value set from the host (set_value with a numpy array) goes to the device first
+        to_device = ctx.placement.to_device
+        values = [to_device(_pytensor.value(var)) for var in group.variables]
         ok = all(tuple(value.shape) == shape
                  for value, shape in zip(values, group.layout.shapes, strict=True))
         if not ctx.agree(ok):
@@ -112,7 +114,8 @@ class NcclBackend(StagedBackend):
             return
         root, layout = ctx.master_rank, group.layout
         if ctx.rank == root:
-            self.comm.broadcast([_pytensor.value(var) for var in group.variables], root)
+            sent = [ctx.placement.to_device(_pytensor.value(var)) for var in group.variables]
+            self.comm.broadcast(sent, root)
             return  # its variables hold the values sent
         room = [ctx.placement.to_device(np.empty(shape, dtype))  # the shapes NCCL fills
                 for dtype, shape in zip(layout.dtypes, layout.shapes, strict=True)]

@@ -32,5 +32,5 @@ for i in range(40):
     np.testing.assert_array_equal(got[1], want[1])
 # -- end of the pattern ---------------------------------------------------------------
 print("index is broadcast:", train.bcast_inputs)   # [index]
-print("cost:", float(train(0)[0]))
+print("cost:", round(float(train(0)[0]), 10))  # PyTensor versions differ in the last digits
 synk.close()

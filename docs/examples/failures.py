@@ -35,7 +35,7 @@ data[4, 0] = -1.0  # row 4 is in rank 1's block (rows 3-5)
 try:
     total(data)
 except synk.WorkerError as exc:
-    print(f"WorkerError: {exc}")
+    print(f"WorkerError: {str(exc).splitlines()[0]}")  # (PyTensor 2.38 adds the node)
     print(f"  rank={exc.rank} exc_type={exc.exc_type}")
     cause = [line for line in exc.remote_traceback.splitlines() if line.startswith("Assert")]
     print("  from the remote traceback:", cause[-1])

@@ -35,7 +35,6 @@ __all__ = ["Placement", "HostPlacement", "JaxPlacement", "placement_for"]
 class Placement:
     """The interface (see the module docstring); ``HostPlacement`` is the identity."""
 
-    name = "cpu"
     views = True  # values may view one another's memory (a flat buffer's pieces)
 
     def to_host(self, value: Any) -> np.ndarray:
@@ -89,7 +88,6 @@ class JaxPlacement(Placement):
         JAX's CPU platform, where every process has its own CPU "device").
     """
 
-    name = "gpu"
     views = False  # JAX arrays never view one another and never change in place
 
     def __init__(self, gpu_ids: Sequence[str] = ()) -> None:
@@ -153,7 +151,6 @@ class JaxPlacement(Placement):
                 return [np.asarray(out) for out in outputs]
             return np.asarray(outputs)
 
-        run.function = fn  # type: ignore[attr-defined]
         return run
 
 

@@ -46,6 +46,7 @@ from ._checks import (
     reduce_op,
     rows_batch,
 )
+from .backend import store_value
 from .fused import (
     all_reduce_step,
     broadcast_step,
@@ -386,8 +387,7 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
         session.check_usable()  # no command: the master alone changes
         for var, value in zip(targets.variables, values, strict=True):
             whole = value if isinstance(value, np.ndarray) else value.data
-            _pytensor.bind(var, session.ctx.placement.to_device(
-                np.array(select_rows(whole, selection))))
+            store_value(session.ctx, var, np.array(select_rows(whole, selection)))
         return
     _run(session, front.backend, place_step, targets, values, (selection,) * len(values), rank)
 

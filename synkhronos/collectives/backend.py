@@ -44,11 +44,14 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from .. import _pytensor
 from .._core.context import RankContext, RankVar
 from .._reducers import ReduceOp
 from .._scatter import split_bounds
 
 __all__ = [
+    "host_value",
+    "store_value",
     "ALIGN",
     "Backend",
     "BACKEND",
@@ -60,6 +63,18 @@ __all__ = [
 ]
 
 ALIGN = 64  # every variable of a fused buffer starts on its own cache line
+
+
+def host_value(ctx: RankContext, var: Any) -> np.ndarray:
+    """A shared variable's value on the host (the value itself on CPU; from a device,
+    a copy), through the session's placement."""
+    return ctx.placement.to_host(_pytensor.value(var))
+
+
+def store_value(ctx: RankContext, var: Any, array: Any) -> None:
+    """Make host ``array`` the variable's value (itself on CPU; on a device, a device
+    copy of it), through the session's placement."""
+    _pytensor.bind(var, ctx.placement.to_device(array))
 
 
 @dataclass(frozen=True, eq=False)

@@ -61,7 +61,15 @@ from .._reducers import ReduceOp, combine_into, combined, ufunc_of
 from .._runtime.arena import Segment
 from ..distribute import REGISTRY
 from . import backend
-from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
+from .backend import (
+    Backend,
+    FusedLayout,
+    GroupSpec,
+    Targets,
+    host_value,
+    register_backend,
+    store_value,
+)
 
 __all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "load", "loaded",
            "rebind"]
@@ -187,6 +195,16 @@ def rebind(ctx: RankContext, variables: list, results: Sequence[np.ndarray]) -> 
             _pytensor.bind(var, to_device(result))
 
 
+def give_own_piece(ctx: RankContext, group: Group) -> None:
+    """This rank's piece of its values into its slot, where the other ranks read it
+    (before an all-gather of the pieces)."""
+    rank, own = ctx.rank, group.flats[ctx.rank]
+    for i, lo, hi in group.pieces[rank]:
+        value = host_value(ctx, group.variables[i])
+        if value is not group.slots[rank][i]:
+            own[i][lo:hi] = value.reshape(-1)[lo:hi]
+
+
 @register_backend("cpu")
 class CpuBackend(Backend[Group]):
     """Collectives through POSIX shared memory (one instance per process)."""
@@ -302,10 +320,10 @@ class CpuBackend(Backend[Group]):
         """The values into the master's slot, and its variables onto them."""
         slot = group.slots[ctx.master_rank]
         for i, (var, view) in enumerate(zip(group.variables, slot, strict=True)):
-            value = ctx.placement.to_host(_pytensor.value(var)) if values is None else values[i]
+            value = host_value(ctx, var) if values is None else values[i]
             if value is not view:
                 np.copyto(view, value)
-            _pytensor.bind(var, ctx.placement.to_device(view))
+            store_value(ctx, var, view)
 
     def pair_copies(self, ctx: RankContext, group: Group,
                     resident: bool) -> list[tuple[Any, Any]]:
@@ -317,7 +335,7 @@ class CpuBackend(Backend[Group]):
                 value = _pytensor.value(var)
                 if value is not view:
                     view[...] = value  # faster than np.copyto when tiny
-                    _pytensor.bind(var, ctx.placement.to_device(view))
+                    store_value(ctx, var, view)
         return list(zip(group.slots[master], group.slots[1 - master], strict=True))
 
     # -- primitives (inside a command, every rank) ----------------------------------------
@@ -362,13 +380,9 @@ class CpuBackend(Backend[Group]):
         return True
 
     def all_gather(self, ctx: RankContext, group: Group) -> None:
-        rank, own = ctx.rank, group.flats[ctx.rank]
-        for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
-            value = ctx.placement.to_host(_pytensor.value(group.variables[i]))
-            if value is not group.slots[rank][i]:
-                own[i][lo:hi] = value.reshape(-1)[lo:hi]
+        give_own_piece(ctx, group)
         self._spread(ctx, group)
-        rebind(ctx, group.variables, group.slots[rank])
+        rebind(ctx, group.variables, group.slots[ctx.rank])
 
     def reduce(self, ctx: RankContext, group: Group, op: ReduceOp, in_place: bool,
                scratch: Any) -> bool:

@@ -46,7 +46,16 @@ from .._dataref import DataRef
 from .._reducers import ReduceOp
 from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
-from .backend import BACKEND, Backend, FusedLayout, Group, GroupSpec, Targets
+from .backend import (
+    BACKEND,
+    Backend,
+    FusedLayout,
+    Group,
+    GroupSpec,
+    Targets,
+    host_value,
+    store_value,
+)
 
 __all__ = ["HANDLERS", "Step", "run_step", "run_steps", "Mismatch"]
 
@@ -323,7 +332,7 @@ def regions_step(session: Session, backend: Backend, targets: Targets, shapes: l
     def finish(replies: list) -> list[list[np.ndarray]]:
         master = ctx.master_rank
         per_rank = [
-            [_host(ctx, var) for var in targets.variables] if rank == master
+            [host_value(ctx, var) for var in targets.variables] if rank == master
             else layout.views(buffer, base)
             for rank, (layout, base) in enumerate(zip(layouts, bases, strict=True))
         ]
@@ -383,16 +392,6 @@ def all_gather_pieces_step(session: Session, backend: Backend, targets: Targets)
 def _variables(ctx: RankContext, uids: tuple[int, ...]) -> list:
     shared = REGISTRY.get(ctx).shared
     return [shared[uid] for uid in uids]
-
-
-def _host(ctx: RankContext, var: Any) -> np.ndarray:
-    """A shared variable's value on the host (itself on CPU; a copy from a device)."""
-    return ctx.placement.to_host(_pytensor.value(var))
-
-
-def _store(ctx: RankContext, var: Any, array: np.ndarray) -> None:
-    """Make host ``array`` the variable's value (itself on CPU; a device copy)."""
-    _pytensor.bind(var, ctx.placement.to_device(array))
 
 
 def _own_shapes(variables: list) -> Mismatch:
@@ -498,11 +497,11 @@ def _on_place(ctx: RankContext, message: Place) -> None:
         mine: Batch | None = batch
         if message.rank is None:
             mine = batch.part(ctx.size, ctx.rank)
-        _store(ctx, var, np.array(select_rows(whole, mine)))
+        store_value(ctx, var, np.array(select_rows(whole, mine)))
 
 
 def _write_region(ctx: RankContext, buffer: Any, variables: list, base: int) -> None:
-    values = [_host(ctx, var) for var in variables]
+    values = [host_value(ctx, var) for var in variables]
     layout = FusedLayout([v.dtype for v in values], [v.shape for v in values])
     for view, value in zip(layout.views(buffer, base), values, strict=True):
         np.copyto(view, value)
@@ -523,7 +522,7 @@ def _on_gather(ctx: RankContext, message: Gather) -> None:
     regions = [FusedLayout(dtypes, shapes).views(buffer, base)
                for shapes, base in zip(message.shapes, message.bases, strict=True)]
     for i, var in enumerate(variables):
-        _store(ctx, var, np.concatenate([region[i] for region in regions]))
+        store_value(ctx, var, np.concatenate([region[i] for region in regions]))
 
 
 def _on_get_value(ctx: RankContext, message: GetValue) -> None:

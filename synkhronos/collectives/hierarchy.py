@@ -42,13 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import _pytensor
 from .._core.context import RankContext
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
 from .._scatter import Batch, block, select_rows
 from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
-from .cpu import CpuBackend, _foreign, loaded, rebind
+from .cpu import CpuBackend, _foreign, give_own_piece, loaded, rebind
 from .cpu import Group as LocalGroup
 
 __all__ = ["MachinesBackend", "MachineGroup"]
@@ -563,14 +562,9 @@ class MachinesBackend(Backend[MachineGroup]):
         return True
 
     def all_gather(self, ctx: RankContext, group: MachineGroup) -> None:
-        rank, own = ctx.rank, group.flats[ctx.rank]
-        to_host = ctx.placement.to_host
-        for i, lo, hi in group.pieces[rank]:  # its own piece, where the others read it
-            value = to_host(_pytensor.value(group.variables[i]))
-            if value is not group.slots[rank][i]:
-                own[i][lo:hi] = value.reshape(-1)[lo:hi]
+        give_own_piece(ctx, group)
         all_gather(ctx, group)
-        rebind(ctx, group.variables, group.slots[rank])
+        rebind(ctx, group.variables, group.slots[ctx.rank])
 
     def broadcast(self, ctx: RankContext, group: MachineGroup) -> None:
         rebind(ctx, group.variables, broadcast(ctx, group))

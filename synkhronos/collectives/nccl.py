@@ -32,7 +32,7 @@ from .._core import faults
 from .._core.context import RankContext
 from .._reducers import ReduceOp
 from .._runtime import nccl
-from .backend import register_backend
+from .backend import register_backend, store_value
 from .cpu import Group
 from .staged import StagedBackend
 
@@ -89,7 +89,7 @@ class NcclBackend(StagedBackend):
             super().stage_broadcast(ctx, group, values)
         elif values is not None:
             for var, value in zip(group.variables, values, strict=True):
-                _pytensor.bind(var, ctx.placement.to_device(value))
+                store_value(ctx, var, value)
 
     def all_reduce(self, ctx: RankContext, group: Group, op: ReduceOp) -> bool:
         if not self._on_nccl(group):

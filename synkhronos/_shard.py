@@ -43,17 +43,24 @@ __all__ = ["run_call", "PREPARED"]
 PREPARED: RankVar[dict[int, Prepared]] = RankVar("prepared calls", lambda ctx: {})
 
 
+_NOT_REDUCED = ReduceOp.NONE  # (an enum member costs a lookup in Python 3.11)
+_SEQUENCES = (list, tuple)
 _NO_LAST: tuple[None, tuple[list, list, int]] = (None, ([], [], 0))
 
 
 class _CallViews:
     """Per ``views_only`` call: this rank's arrays and weight, valid while the arena
-    keeps every mapping it had (they are plain views, which see writes in place)."""
+    keeps every mapping it had (they are plain views, which see writes in place).
+
+    ``plan``: for the last call, everything ``run_call`` needs to run it again at once
+    (the function, its arguments, the weight, whether to drop unreduced outputs).
+    """
 
     def __init__(self) -> None:
         self.generation = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
         self.last: tuple[Call | None, tuple[list, list, int]] = _NO_LAST  # by identity
+        self.plan: tuple[Call | None, Any, tuple, int, bool] = (None, None, (), 0, False)
 
 
 _VIEWS: RankVar[_CallViews] = RankVar("call views", lambda ctx: _CallViews())
@@ -71,10 +78,12 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     if views.generation != generation:  # a segment was released: let go of every view
         views.by_call.clear()
         views.last = _NO_LAST
+        views.plan = (None, None, (), 0, False)
         views.generation = generation
     last, entry = views.last
     if last is call:  # the same repeated message again: no hash of the whole Call
         return entry
+    views.plan = (None, None, (), 0, False)
     found = views.by_call.get(call)
     if found is not None:
         views.last = (call, found)
@@ -182,6 +191,23 @@ def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast:
 def run_call(ctx: RankContext, call: Call) -> tuple | None:
     """This rank's share of a call: ``(weight, outputs[, timings])``, or ``None`` if it
     had no rows."""
+    if call.views_only and not faults.ARMED:
+        views = _VIEWS.get(ctx)
+        plan = views.plan
+        if plan[0] is call and views.generation == ctx.arena.generation:
+            # The last call again (a training loop): what the first run worked out.
+            _, fn, args, weight, strip = plan
+            outputs = fn(*args)
+            outputs = list(outputs) if type(outputs) in _SEQUENCES else [outputs]
+            if strip:
+                outputs = [out for out, op in zip(outputs, strip, strict=True)
+                           if op is not _NOT_REDUCED]
+            return weight, outputs
+    return _run_call(ctx, call)
+
+
+def _run_call(ctx: RankContext, call: Call) -> tuple | None:
+    """``run_call`` the whole way (a first call, a new message, any but plain views)."""
     table = PREPARED.get(ctx)
     if call.prepared is not None:
         table[call.prepared_id] = call.prepared
@@ -209,10 +235,16 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         outputs = _as_list(fn(*scattered, *bcast, *sliceable))
     else:
         outputs = _run_sliced(fn, call, prepared, scattered, bcast, sliceable, ctx)
-    if ReduceOp.NONE in prepared.output_ops and not ctx.is_master:
-        # not reduced: the master keeps its own, a worker sends nothing of it
+    # not reduced: the master keeps its own, a worker sends nothing of it
+    strip = _NOT_REDUCED in prepared.output_ops and not ctx.is_master
+    if strip:
         outputs = [out for out, op in zip(outputs, prepared.output_ops, strict=True)
-                   if op is not ReduceOp.NONE]
+                   if op is not _NOT_REDUCED]
+    if call.views_only and call.num_slices == 1 and not call.profile:
+        views = _VIEWS.get(ctx)
+        if views.last[0] is call:  # its views are the ones kept: run it so next time
+            views.plan = (call, fn, (*scattered, *bcast), weight,
+                          prepared.output_ops if strip else False)
     if call.profile:
         return weight, outputs, (gathered - start, time.perf_counter() - gathered)
     return weight, outputs

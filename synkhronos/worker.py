@@ -14,7 +14,6 @@ gone (then it sweeps the program's segments itself).
 from __future__ import annotations
 
 import os
-from functools import partial
 
 from ._core import faults
 from ._core import session as core_session
@@ -23,7 +22,6 @@ from ._core.execute import Executor, at_reply
 from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
-from ._runtime.control import ControlBlock
 from ._runtime.remote import BarrierAborted, RemoteFailure
 
 __all__ = ["main", "worker_context"]
@@ -32,10 +30,6 @@ __all__ = ["main", "worker_context"]
 _SKIPPED = RemoteFailure.from_exception(
     BarrierAborted("the master abandoned this command before this process began it"),
     keep=False)
-
-
-def _is_new(control: ControlBlock, seen: int) -> bool:
-    return control.seq != seen
 
 
 def worker_context(master: RankContext, rank: int) -> RankContext:
@@ -80,9 +74,9 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     assert control is not None
     master_rank = ctx.master_rank
     seen = forked_seq
+    watch = ctx.watch
     while True:
-        control.wait(rank, partial(_is_new, control, seen), ctx.watch)
-        seen = control.seq
+        seen = control.next_command(rank, seen, watch)
         arena.catch_up()
         if faults.PENDING:
             faults.activate()

@@ -40,6 +40,7 @@ class Outcome(NamedTuple):
     exception: BaseException | None = None  # the live exception (the master keeps it)
 
 
+_new_tuple = tuple.__new__
 _REPLIED_NONE = Outcome(None)  # most commands reply nothing: one outcome for them all
 
 
@@ -87,7 +88,7 @@ class Executor:
     def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
         return tuple(self.handler(step)(ctx, step) for step in message.steps)
 
-    def run(self, ctx: RankContext, message: Message, keep_exception: bool) -> Outcome:
+    def run(self, ctx: RankContext, message: Message, keep_exception: bool = False) -> Outcome:
         """This rank's part of ``message``: its reply, or its failure.
 
         ``keep_exception``: also pickle the exception into the failure (a worker's,
@@ -101,4 +102,6 @@ class Executor:
         except (Exception, SystemExit) as exc:
             signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
             return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
-        return _REPLIED_NONE if reply is None else Outcome(reply)
+        if reply is None:
+            return _REPLIED_NONE
+        return _new_tuple(Outcome, (reply, None, None))  # Outcome(reply), without its call

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._runtime import processes, shmem, signals, watcher
 from .._runtime.arena import Arena
@@ -46,12 +46,11 @@ from .protocol import Exit, Message
 __all__ = ["LocalGroup", "Round"]
 
 
-class Round(NamedTuple):
-    """What one command round brought back on this machine."""
-
-    rank: int  # this process's local rank
-    own: Outcome  # this process's own share
-    parts: list[tuple[int, bool, Any]]  # each worker's (local rank, failed, reply)
+#: What one command round brought back on this machine: this process's local rank, its
+#: own share's outcome, and each worker's ``(local rank, failed, reply)``. A plain
+#: tuple: a round runs thousands of times a second, and a named tuple costs a call.
+Round = tuple[int, Outcome, list[tuple[int, bool, Any]]]
+Share = Callable[[Message], Outcome]  # runs this process's own share of a message
 
 
 class LocalGroup:
@@ -73,6 +72,7 @@ class LocalGroup:
         self.timeout = timeout
         self.workers: list[processes.Worker] = []
         self.ranks = [r for r in range(ctx.local_size) if r != ctx.local_rank]  # workers
+        self._done_fields = ctx.control.done_fields(self.ranks) if ctx.control else []
         self.host: str | None = None  # named in failures, over several machines
         self.also: Callable[[], None] | None = None  # the owner's part of ``watch``
         self.seq = 0  # the last command posted (or settled)
@@ -129,32 +129,33 @@ class LocalGroup:
         self._restores.append(lambda: signals.restore(old_handlers))
 
     # -- one command ---------------------------------------------------------------------
-    def round(self, message: Message, own_share: Callable[[], Outcome], key: Any = None,
+    def round(self, message: Message, own_share: Share, key: Any = None,
               fatal: Callable[[Outcome], bool] | None = None, timed: bool = False) -> Round:
-        """Run ``message`` on this machine: post it, run ``own_share()``, wait for every
-        worker, collect their replies (see the module docstring).
+        """Run ``message`` on this machine: post it, run ``own_share(message)``, wait for
+        every worker, collect their replies (see the module docstring).
 
         ``key``: the message repeats (the control block's memo); ``fatal(own)``: a
         failed own share that must end the round at once (its exception raised).
         """
         control = self.ctx.control
+        local = self.ctx.local_rank
         if control is None:
             if timed:
                 start = time.perf_counter()
-            own = own_share()
-            if timed:
+                own = own_share(message)
                 self.last_timing = (time.perf_counter() - start, 0.0)
-            return Round(self.ctx.local_rank, own, [])
-        local = self.ctx.local_rank
+                return local, own, []
+            return local, own_share(message), []
         before = control.seq
         share_done = False
         try:
             seq = control.post(message, local, self.ctx.arena, key)
             self.seq = seq
-            self._started = time.monotonic()
+            if self.timeout is not None:
+                self._started = time.monotonic()
             if timed:
                 start = time.perf_counter()
-            own = own_share()
+            own = own_share(message)
             share_done = True
             if own.failure is not None:
                 control.mark_failed(local, seq)
@@ -163,25 +164,16 @@ class LocalGroup:
                     raise own.exception
             if timed:
                 shared = time.perf_counter()
-            ranks = self.ranks
-            control.wait(local, lambda: control.all_done(seq, ranks), self.watch)
+            control.wait_done(local, seq, self._done_fields, self.watch)
             if timed:
                 self.last_timing = (shared - start, time.perf_counter() - shared)
-            return Round(local, own, self._collect())
+            return local, own, control.collect(self.ranks, self.ctx.arena,
+                                               not message.replies_reduced_at_once)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise
         finally:
             self._started = None
-
-    def _collect(self) -> list[tuple[int, bool, Any]]:
-        """Every worker's reply, once all are done; the command's segments freed."""
-        control, arena = self.ctx.control, self.ctx.arena
-        assert control is not None
-        parts = [(rank, control.failed(rank), control.reply(rank, arena))
-                 for rank in self.ranks]
-        control.release_external_payload(arena)
-        return parts
 
     def _interrupted(self, before: int, share_done: bool) -> None:
         """Ctrl-C during a round: leave the command pending. ``before``: the sequence
@@ -202,16 +194,14 @@ class LocalGroup:
         seq = self.pending
         control = self.ctx.control
         assert seq is not None and control is not None
-        ranks = self.ranks
         self.seq = seq
         self._started = time.monotonic()
         try:
-            control.wait(self.ctx.local_rank, lambda: control.all_done(seq, ranks),
-                         self.watch)
+            control.wait_done(self.ctx.local_rank, seq, self._done_fields, self.watch)
         finally:
             self._started = None
         arena = self.ctx.arena
-        for rank in ranks:
+        for rank in self.ranks:
             try:
                 control.reply(rank, arena)  # unlinks a one-off reply segment
             except Exception:  # nobody asked for it any more (or read already)

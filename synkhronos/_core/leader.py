@@ -88,11 +88,11 @@ class Leader:
         """Run ``message`` on this machine's processes only (``Join``, at the start)."""
         ctx = self.ctx
         try:
-            done = self.group.round(
-                message, lambda: self.executor.run(ctx, message, keep_exception=True))
-            if done.own.failure is not None:
-                raise RuntimeError(f"joining the machines failed: {done.own.failure.message}")
-            for rank, failed, reply in done.parts:
+            _, own, parts = self.group.round(
+                message, lambda m: self.executor.run(ctx, m, keep_exception=True))
+            if own.failure is not None:
+                raise RuntimeError(f"joining the machines failed: {own.failure.message}")
+            for rank, failed, reply in parts:
                 if failed:
                     raise RuntimeError(f"joining the machines failed in local process "
                                        f"{rank}: {reply.message}")
@@ -126,15 +126,14 @@ class Leader:
                 prepare(ctx, message)
             except (Exception, SystemExit) as exc:
                 prepared = Outcome(None, RemoteFailure.from_exception(exc), exc)
-        done = self.group.round(
+        _, own, parts = self.group.round(
             message,
-            lambda: at_reply(prepared or self.executor.run(ctx, message, keep_exception=True)),
+            lambda m: at_reply(prepared or self.executor.run(ctx, m, keep_exception=True)),
             ident or None, fatal=self.machines.ends_command)
-        own = done.own
         failed = own.failure is not None
         offset = ctx.offsets[ctx.node]
         part = [(ctx.rank, failed, own.failure if failed else own.reply)]
-        part += [(offset + rank, bad, reply) for rank, bad, reply in done.parts]
+        part += [(offset + rank, bad, reply) for rank, bad, reply in parts]
         self.machines.finish(_pickled(part))
 
     # -- the end -----------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from .._runtime.remote import BarrierAborted
 from ..errors import WorkerDiedError, WorkerTimeoutError
 from .context import RankContext
 from .execute import Handler, Outcome
-from .group import LocalGroup
+from .group import LocalGroup, Share
 from .protocol import Join, Message
 from .transport import First, Transport, merge, root_failure
 
@@ -296,14 +296,15 @@ class Several(Transport):
         group.also = machines.check_alarms  # another machine's report, while waiting here
         machines.set_liveness(group.watch)
 
-    def run(self, message: Message, own_share: Callable[[], Outcome], key: Any,
+    def run(self, message: Message, own_share: Share, key: Any,
             timed: bool) -> tuple[list[Any], Outcome, First]:
         machines, group = self._machines, self.group
         machines.send(COMMAND, message, group.ctx.arena.take_journal(), key)
-        done = group.round(
+        local, own, parts = group.round(
             message, own_share, key, timed=timed, fatal=machines.ends_command)
         replies: list[Any] = [None] * group.ctx.size
-        first = merge(replies, done, None, 0)  # on machine 0, local ranks are global
+        replies[local] = own.reply
+        first = merge(replies, parts, None, 0)  # on machine 0, local ranks are global
         parts = machines.finish()
         assert parts is not None
         for part in parts[1:]:
@@ -312,7 +313,7 @@ class Several(Transport):
                     first = root_failure(first, rank, value)
                 else:
                     replies[rank] = value
-        return replies, done.own, first
+        return replies, own, first
 
     def error(self, exc: BaseException) -> BaseException:
         return self._machines.error(exc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["Message", "Exit", "Ping", "RunCallable", "Sequence", "Join"]
 
@@ -25,6 +25,10 @@ __all__ = ["Message", "Exit", "Ping", "RunCallable", "Sequence", "Join"]
 @dataclass(frozen=True)
 class Message:
     """Base class of every command's message."""
+
+    #: The master reduces the replies at once, before the next command: the workers'
+    #: arrays are read in place from their reply slots, not copied out.
+    replies_reduced_at_once: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ cannot be kept), and whether a failure closes it at once or at ``close()``.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import threading
@@ -69,12 +70,18 @@ from .transport import First, Transport
 __all__ = ["Session", "State", "Observer", "current", "require", "install"]
 
 log = logging.getLogger("synkhronos")
+_get_ident = threading.get_ident
 
 
 class State(enum.Enum):
     READY = "ready"
     BROKEN = "broken"
     CLOSED = "closed"
+
+
+# Python 3.11 looks an enum member up through a descriptor (about 0.2 us): every
+# command compares the state, so against these.
+_READY, _BROKEN, _CLOSED = State.READY, State.BROKEN, State.CLOSED
 
 
 class Observer(Protocol):
@@ -111,7 +118,7 @@ class Session:
         self.ctx = ctx
         self.executor = executor
         self.timeout = group.timeout
-        self.state = State.READY
+        self.state = _READY
         self.broken: BaseException | None = None
         self.observer: Observer | None = None
         self.transport = Transport(group)
@@ -122,6 +129,9 @@ class Session:
         self._running = False  # a command is in progress (in the holder's thread)
         self.commands = 0  # commands run so far (a test counts round trips with it)
         self._cleanups: list[Callable[[], None]] = []
+        # The master's own share of a message (made once: a command runs in microseconds)
+        # (no keyword in it: a partial with one costs twice the call)
+        self._own_share = functools.partial(executor.run, ctx)
 
     @property
     def n(self) -> int:
@@ -150,10 +160,10 @@ class Session:
         return self._running
 
     def is_closed(self) -> bool:
-        return self.state is State.CLOSED
+        return self.state is _CLOSED
 
     def usable(self) -> bool:
-        return self.state is State.READY
+        return self.state is _READY
 
     def on_close(self, cleanup: Callable[[], None]) -> None:
         """Run ``cleanup`` when the session closes (last registered, first run)."""
@@ -169,9 +179,9 @@ class Session:
                 "it (a multiprocessing or PyMC chain process?): call synkhronos functions "
                 "from the master, and run such samplers with cores=1"
             )
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             raise RuntimeError("the synkhronos session is closed; call synk.fork() first")
-        if self.state is State.BROKEN:
+        if self.state is _BROKEN:
             raise self._broken_error()
         if self._running and self._holder == threading.get_ident():
             raise RuntimeError(
@@ -194,13 +204,14 @@ class Session:
         that to ``leave``. A caller that stages shared memory before its command holds
         the lock across both, so that calls from several threads never interleave.
         """
-        me = threading.get_ident()
-        if (self._holder == me and not self._running and self.state is State.READY
-                and context.pid() == self.ctx.master_pid):
-            return False  # this thread took the lock for its command's staging: usable
-        self.check_usable()
+        me = _get_ident()
+        usable = self.state is _READY and context.pid() == self.ctx.master_pid
         if self._holder == me:
-            return False
+            if not usable or self._running:
+                self.check_usable()  # raises: broken, closed, or a nested command
+            return False  # this thread took the lock for its command's staging: usable
+        if not usable:
+            self.check_usable()  # raises
         lock = self._command_lock
         try:
             lock.acquire()  # interruptible by Ctrl-C in the main thread
@@ -209,7 +220,7 @@ class Session:
                 lock.release()
             raise
         self._holder = me
-        if self.state is not State.READY:  # another thread broke or closed it meanwhile
+        if self.state is not _READY:  # another thread broke or closed it meanwhile
             self.leave(True)
             self.check_usable()
         if self.group.pending is not None:  # before any staging into shared memory
@@ -247,38 +258,33 @@ class Session:
         try:
             if self.group.pending is not None:
                 self._settle()
-            if self.observer is not None:
-                return self._observed(message, repeats)
-            return self._run(message, repeats)
+            timed = self.observer is not None
+            if timed:
+                start = time.perf_counter()
+            signals.forget()  # only a signal that arrives during this command is ours
+            transport = self.transport
+            try:
+                replies, own, first = transport.run(message, self._own_share,
+                                                    message if repeats else None, timed)
+            except KeyboardInterrupt as exc:
+                if not transport.interrupt_breaks:
+                    raise  # the group left the command pending: the session stays
+                self._fail_raise(exc)
+            except BaseException as exc:
+                self._fail_raise(exc)
+            if own.failure is not None or first is not None:
+                _raise_root_failure(self.ctx.master_rank, own, first)
+            if timed:
+                self._observed(message, start)
+            return replies
         finally:
             self._running = False
 
-    def _observed(self, message: Message, repeats: bool) -> list[Any]:
-        start = time.perf_counter()
-        replies = self._run(message, repeats, timed=True)
+    def _observed(self, message: Message, start: float) -> None:
         own, wait = self.last_timing
         observer = self.observer
         if observer is not None:
             observer.command(message, time.perf_counter() - start, own, wait)
-        return replies
-
-    def _own_share(self, message: Message) -> Callable[[], Outcome]:
-        return lambda: self.executor.run(self.ctx, message, keep_exception=False)
-
-    def _run(self, message: Message, repeats: bool, timed: bool = False) -> list[Any]:
-        signals.forget()  # only a signal that arrives during this command is ours
-        transport = self.transport
-        try:
-            replies, own, first = transport.run(message, self._own_share(message),
-                                                message if repeats else None, timed)
-        except KeyboardInterrupt as exc:
-            if not transport.interrupt_breaks:
-                raise  # the group left the command pending: the session stays
-            self._fail_raise(exc)
-        except BaseException as exc:
-            self._fail_raise(exc)
-        _raise_root_failure(self.ctx.master_rank, own, first)
-        return replies
 
     def _settle(self) -> None:
         """Wait until every worker is done with the command Ctrl-C left pending, and
@@ -316,9 +322,9 @@ class Session:
 
     def _fail(self, exc: BaseException) -> None:
         """A command was abandoned: the session cannot be trusted any more."""
-        if self.state is not State.READY:
+        if self.state is not _READY:
             return
-        self.state = State.BROKEN
+        self.state = _BROKEN
         self.broken = exc
         self.group.abort()
         if isinstance(exc, (WorkerDiedError, WorkerTimeoutError)):
@@ -335,10 +341,10 @@ class Session:
         Does nothing in a process forked from the master later (its session is the
         master's, not its own), and nothing the second time.
         """
-        if self.state is State.CLOSED or os.getpid() != self.ctx.master_pid:
+        if self.state is _CLOSED or os.getpid() != self.ctx.master_pid:
             return
-        was_ready = self.state is State.READY
-        self.state = State.CLOSED
+        was_ready = self.state is _READY
+        self.state = _CLOSED
         # A command in progress (this thread's, when a failure closes the session, or
         # another thread's) is not waited for: the workers are stopped under it, and
         # its wait then fails on its own.

@@ -21,12 +21,11 @@ local round runs as here, and the other machines' replies join at the end.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._runtime.remote import RemoteFailure
 from .execute import Outcome
-from .group import LocalGroup, Round
+from .group import LocalGroup, Share
 from .protocol import Message
 
 __all__ = ["Transport", "First", "merge", "root_failure"]
@@ -55,14 +54,16 @@ class Transport:
 
     def __init__(self, group: LocalGroup):
         self.group = group
+        self._size = group.ctx.size
 
-    def run(self, message: Message, own_share: Callable[[], Outcome], key: Any,
+    def run(self, message: Message, own_share: Share, key: Any,
             timed: bool) -> tuple[list[Any], Outcome, First]:
-        """``message`` on every process (``own_share`` here): the replies by rank,
-        this process's outcome, and the other processes' root-cause failure."""
-        done = self.group.round(message, own_share, key, timed=timed)
-        replies: list[Any] = [None] * self.group.ctx.size
-        return replies, done.own, merge(replies, done, None, 0)
+        """``message`` on every process (``own_share(message)`` here): the replies by
+        rank, this process's outcome, and the other processes' root-cause failure."""
+        local, own, parts = self.group.round(message, own_share, key, None, timed)
+        replies: list[Any] = [None] * self._size
+        replies[local] = own.reply
+        return replies, own, merge(replies, parts, None, 0) if parts else None
 
     def error(self, exc: BaseException) -> BaseException:
         """What a failure during a command means to the caller (here: itself)."""
@@ -91,11 +92,12 @@ class Transport:
         """After the local group is gone (nothing more here)."""
 
 
-def merge(replies: list[Any], done: Round, first: First, offset: int) -> First:
-    """One machine's round into ``replies`` (by global rank, its first at ``offset``);
-    returns the root-cause failure among its workers so far (``first`` is earlier)."""
-    replies[offset + done.rank] = done.own.reply
-    for rank, failed, value in done.parts:
+def merge(replies: list[Any], parts: list[tuple[int, bool, Any]], first: First,
+          offset: int) -> First:
+    """One machine's workers' replies (a round's ``parts``) into ``replies`` (by global
+    rank, the machine's first at ``offset``); returns the root-cause failure among them
+    so far (``first`` is earlier)."""
+    for rank, failed, value in parts:
         if failed:
             assert isinstance(value, RemoteFailure)
             first = root_failure(first, offset + rank, value)

@@ -110,15 +110,29 @@ class ControlBlock:
             self._semaphores.append(sem)
         self._memo = Memo()  # master: key -> (id, pickle)
         self._decoded = Decoded()  # worker: id -> message
+        self._last_read: tuple[int, object] = (0, None)  # worker: the last (id, message)
+        # Replies of arrays whose description repeats (a training loop's) reuse the
+        # views of the slot made for the last one: the worker's places to write, the
+        # master's decoded reply of views, per rank (``wire.py``).
+        self._written: tuple[bytes | None, list] = (None, [])
+        self._replies_read: list[tuple[bytes | None, tuple]] = [(None, ())] * n
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
+        # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
+        self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
+                        for other in range(n) if other != rank] for rank in range(n)]
 
     def close(self) -> None:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
         names were unlinked long ago). Nothing may use the block afterwards."""
-        for view in (self.header, self.release_log.words, self._buffer):
-            view.release()
-        self._map.close()
+        self._written, self._replies_read = (None, []), []  # the views of the slots, let go
+        try:
+            for view in (self.header, self.release_log.words, self._buffer):
+                view.release()
+            self._map.close()
+        except BufferError:  # a reply's view still held somewhere (a traceback's frame):
+            pass  # the mapping goes when the last view does
+
         for semaphore in self._semaphores:
             semaphore.close()
 
@@ -136,9 +150,64 @@ class ControlBlock:
     # -- waking and waiting ------------------------------------------------------------
     def wake_all(self, except_rank: int) -> None:
         header = self.header
-        for rank, base in enumerate(self._bases):
-            if header[base + _SLEEPING] and rank != except_rank:
-                self._semaphores[rank].release()
+        for sleeping, semaphore in self._peers[except_rank]:
+            if header[sleeping]:
+                semaphore.release()
+
+    def done_fields(self, ranks: list[int]) -> list[int]:
+        """The header positions of ``ranks``' done-seq fields (for ``wait_done``)."""
+        return [self._bases[rank] + _DONE for rank in ranks]
+
+    def next_command(self, rank: int, seen: int, on_poll: Callable[[], None]) -> int:
+        """A worker's wait for the command after ``seen``; returns its sequence number.
+
+        The spin is ``wait``'s, written out: this loop is the worker's whole latency."""
+        header = self.header
+        if header[_SEQ] == seen and self.spin > 0:
+            deadline = time.perf_counter() + self.spin
+            count = 0
+            while header[_SEQ] == seen:
+                count += 1
+                if count & 255 == 0:
+                    if time.perf_counter() > deadline:
+                        break
+                    os.sched_yield()
+        if header[_SEQ] == seen:
+            self.wait(rank, lambda: header[_SEQ] != seen, on_poll, spin=0.0)
+        return header[_SEQ]
+
+    def wait_done(self, rank: int, seq: int, fields: list[int],
+                  on_poll: Callable[[], None]) -> None:
+        """Wait until every rank whose done field is in ``fields`` (``done_fields``) has
+        finished command ``seq``; spin first, then block, as ``wait``."""
+        header = self.header
+        for field in fields:
+            if header[field] != seq:
+                break
+        else:
+            return
+        if self.spin > 0:
+            deadline = time.perf_counter() + self.spin
+            count = 0
+            while True:
+                for field in fields:  # ``ready`` written out: no call per turn
+                    if header[field] != seq:
+                        break
+                else:
+                    return
+                count += 1
+                if count & 255 == 0:
+                    if time.perf_counter() > deadline:
+                        break
+                    os.sched_yield()
+
+        def ready() -> bool:
+            for field in fields:
+                if header[field] != seq:
+                    return False
+            return True
+
+        self.wait(rank, ready, on_poll, spin=0.0)
 
     def wait(
         self,
@@ -189,16 +258,33 @@ class ControlBlock:
         Pickling comes first: a message that cannot be pickled raises here, before
         anything is written.
         """
+        header = self.header
+        last = self._memo.last
+        if key is not None and last is not None and last[0] is key:
+            # The same object as the last command's (a training loop): no hash, no pickle.
+            message_id = last[1]
+            if self._in_mailbox != message_id:
+                self._in_mailbox = 0  # see ``_publish``
+                data = last[2]
+                self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
+                header[_PAYLOAD_LEN] = len(data)
+                self._in_mailbox = message_id
+        else:
+            message_id = self._publish(message, arena, key)
+        header[_PAYLOAD_ID] = message_id
+        seq = header[_SEQ] + 1
+        header[_SEQ] = seq
+        self.wake_all(master_rank)
+        return seq
+
+    def _publish(self, message: object, arena: Arena, key) -> int:
+        """``message`` into the mailbox, from the memo or pickled; its id (0: none)."""
         memo = None
         if key is not None:
-            last = self._memo.last  # the same object as the last command's: a training loop
-            if last is not None and last[0] is key:
-                memo = last[1:]
-            else:
-                try:
-                    memo = self._memo.find(key)
-                except TypeError:  # not hashable after all: pickle it every time
-                    key = None
+            try:
+                memo = self._memo.find(key)
+            except TypeError:  # not hashable after all: pickle it every time
+                key = None
         data: bytes | None
         # The mailbox is about to change: until the post ends it holds no known message
         # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
@@ -208,29 +294,29 @@ class ControlBlock:
             if in_mailbox != message_id:
                 self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
                 self.header[_PAYLOAD_LEN] = len(data)
-            self._in_mailbox = message_id
         else:
             data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
             message_id = 0
             if key is not None and data is not None:
                 message_id = self._memo.add(key, data)[0]
-            self._in_mailbox = message_id
-        self.header[_PAYLOAD_ID] = message_id
-        seq = self.header[_SEQ] + 1
-        self.header[_SEQ] = seq
-        self.wake_all(master_rank)
-        return seq
+        self._in_mailbox = message_id
+        return message_id
 
     def read_command(self, arena: Arena) -> object:
         """A worker's view of the current command's message."""
         message_id = self.header[_PAYLOAD_ID]
         if message_id:
+            last = self._last_read
+            if last[0] == message_id:  # the same as the last command's: a training loop
+                return last[1]
             message = self._decoded.get(message_id)
             if message is not None:
+                self._last_read = (message_id, message)
                 return message
         message = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
         if message_id:
             self._decoded.put(message_id, message)
+            self._last_read = (message_id, message)
         return message
 
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
@@ -243,10 +329,20 @@ class ControlBlock:
             at = self._replies_at + REPLY_BYTES * rank
             described = wire.describe(reply)
             if described is not None and wire.size(described[0], described[2]) <= REPLY_BYTES:
-                wire.write_arrays(self._buffer, at, described[0], described[1])
-                header[base + _REPLY_LEN] = len(described[0])
+                head, arrays = described[0], described[1]
+                written = self._written
+                if written[0] is head:  # the last reply's description: its places kept
+                    wire.write_places(written[1], arrays)
+                else:
+                    self._written = (None, [])  # until the slot holds ``head``
+                    places = wire.places(self._buffer, at, head, arrays)
+                    self._buffer[at : at + len(head)] = head
+                    wire.write_places(places, arrays)
+                    self._written = (head, places)
+                header[base + _REPLY_LEN] = len(head)
                 header[base + _REPLY_KIND] = wire.ARRAYS
             else:
+                self._written = (None, [])
                 self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, arena)
                 header[base + _REPLY_KIND] = wire.PICKLE
         header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
@@ -260,16 +356,42 @@ class ControlBlock:
         self.header[base + _DONE] = seq
         self.wake_all(rank)
 
-    def reply(self, rank: int, arena: Arena) -> object:
-        """The master's read of ``rank``'s reply to the current command."""
+    def reply(self, rank: int, arena: Arena, copy: bool = True) -> object:
+        """The master's read of ``rank``'s reply to the current command (``copy``: see
+        ``collect``)."""
         base = self._bases[rank]
         length = self.header[base + _REPLY_LEN]
         if length == _NONE:
             return None
         at = self._replies_at + REPLY_BYTES * rank
         if self.header[base + _REPLY_KIND] == wire.ARRAYS:
-            return wire.read_arrays(self._buffer, at, length)
+            head = bytes(self._buffer[at : at + length])
+            kept = self._replies_read[rank]
+            if kept[0] == head:  # as the last reply of this rank: the same views
+                reply = kept[1]
+            else:
+                reply = wire.read_arrays(self._buffer, at, length, copy=False)
+                self._replies_read[rank] = (head, reply)
+            return reply if not copy else wire.copied(reply)
         return self._read(at, length, arena, discard=True)
+
+    def collect(self, ranks: list[int], arena: Arena, copy: bool = True,
+                ) -> list[tuple[int, bool, object]]:
+        """Every rank's ``(rank, failed, reply)`` for the command just done; an
+        oversized message's segment freed. ``copy=False``: arrays in a reply are views
+        of its slot, valid until the next command (``wire.read_arrays``)."""
+        header = self.header
+        parts = []
+        for rank in ranks:
+            base = self._bases[rank]
+            failed = header[base + _STATUS] != STATUS_OK
+            if header[base + _REPLY_LEN] == _NONE:
+                parts.append((rank, failed, None))
+            else:
+                parts.append((rank, failed, self.reply(rank, arena, copy)))
+        if header[_PAYLOAD_LEN] < 0:
+            self.release_external_payload(arena)
+        return parts
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header

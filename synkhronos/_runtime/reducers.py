@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
-           "reduce_values", "ufunc_of"]
+           "reduce_one", "reduce_values", "ufunc_of"]
 
 
 class ReduceOp(enum.Enum):
@@ -51,6 +51,7 @@ _UFUNCS = {
 }
 
 
+_AVG = ReduceOp.AVG  # (an enum member costs a lookup in Python 3.11: hot paths use this)
 _PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
 
 
@@ -172,7 +173,7 @@ class Accumulator:
             self._add_gather(arr)
         elif self._acc is None:
             self._first_dtype, self._shape = arr.dtype, arr.shape
-            if self._op is ReduceOp.AVG:
+            if self._op is _AVG:
                 self._acc = np.empty(arr.shape, dtype=_avg_dtype(arr.dtype))
                 if weight > 1:  # weight 0 is kept unweighted, see _add_avg
                     np.multiply(arr, weight, out=self._acc, dtype=self._acc.dtype)
@@ -187,7 +188,7 @@ class Accumulator:
             if self._handed_out:
                 self._acc = self._acc.copy()
                 self._handed_out = False
-            if self._op is ReduceOp.AVG:
+            if self._op is _AVG:
                 self._add_avg(arr, weight)
             else:
                 _UFUNCS[self._op](self._acc, arr, out=self._acc, casting="unsafe")
@@ -227,7 +228,7 @@ class Accumulator:
             if self._pieces[0].ndim == 0:
                 return np.stack(self._pieces)
             return np.concatenate(self._pieces, axis=0)
-        if self._op is ReduceOp.AVG:
+        if self._op is _AVG:
             dtype = self._first_dtype if self._first_dtype.kind in "fc" else np.float64
             if self._acc.dtype.kind == "c":
                 dtype = np.result_type(dtype, np.complex64)
@@ -266,13 +267,23 @@ def reduce_values(op: ReduceOp | str, values: list, weights: list[int]) -> np.nd
     if len(values) != len(weights):
         raise ValueError(f"weights must have one entry per value ({len(values)}); "
                          f"got {len(weights)}")
-    op = parse_op(op)
+    if type(op) is not ReduceOp:
+        op = parse_op(op)
     if _uniform(op, values, weights):
         return _reduce_uniform(op, values, weights)
     acc = Accumulator(op)
     for value, weight in zip(values, weights, strict=True):
         acc.add(value, weight)
     return acc.result()
+
+
+def reduce_one(op: ReduceOp, value: Any, weight: int) -> Any:
+    """``reduce_values(op, [value], [weight])``: a copy of a numeric array (an ``avg``
+    of one value is that value, not ``value * weight / weight``)."""
+    if (type(value) is np.ndarray and op not in _PER_PROCESS
+            and value.dtype.kind in ("fc" if op is _AVG else "biufc")):
+        return value.copy()
+    return reduce_values(op, [value], [weight])
 
 
 def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
@@ -285,8 +296,9 @@ def _uniform(op: ReduceOp, values: list, weights: list) -> bool:
     dtype, shape = first.dtype, first.shape
     if dtype.kind not in "biufc":
         return False
-    for value in values:  # (reduce_values checked that there is one weight per value)
-        if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+    for value in values[1:]:  # (reduce_values checked that there is one weight per value)
+        if (type(value) is not np.ndarray or value.shape != shape
+                or (value.dtype is not dtype and value.dtype != dtype)):
             return False
     for weight in weights:
         if type(weight) is not int or weight <= 0:
@@ -299,8 +311,15 @@ def _reduce_uniform(op: ReduceOp, values: list, weights: list[int]) -> np.ndarra
     same order, without its per-value bookkeeping (a call's reply is reduced this way).
     """
     first = values[0]
-    if op is not ReduceOp.AVG:
-        return combined(values, op)
+    if op is not _AVG:  # ``combined``, written out (a call's reply comes here)
+        if len(values) == 1:
+            return first.copy()
+        ufunc = _UFUNCS[op]
+        out = np.empty(first.shape, first.dtype)
+        ufunc(first, values[1], out=out)
+        for value in values[2:]:
+            ufunc(out, value, out=out)
+        return out
     acc_dtype = _avg_dtype(first.dtype)
     acc = np.array(first, dtype=acc_dtype)  # a copy, 0-d included
     if weights[0] != 1:

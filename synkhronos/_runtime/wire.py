@@ -15,7 +15,10 @@ offset its description names, relative to that aligned start. In the description
 an array is a ``(dtype.str, shape, offset)`` tuple; the reply's own items are never
 tuples, so a tuple always stands for an array.
 
-Decoded arrays are copies: the slot is overwritten by the next command.
+Decoded arrays are copies (the slot is overwritten by the next command), unless the
+reader asks for views it is done with before then. A reply that repeats (a training
+loop's) has the description of the last one: the writer keeps the last description it
+pickled and the reader what it unpickled, so neither pickles again.
 """
 
 from __future__ import annotations
@@ -25,13 +28,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PICKLE", "ARRAYS", "describe", "size", "write_arrays", "read_arrays"]
+__all__ = ["PICKLE", "ARRAYS", "describe", "size", "write_arrays", "places", "write_places",
+           "read_arrays", "copied"]
 
 PICKLE, ARRAYS = 0, 1
 _ALIGN = 64
 _SCALARS = (int, float, bool, type(None))
 _NUMERIC = frozenset("biufc")
 _DTYPE_STR: dict[np.dtype, str] = {}  # dtype -> dtype.str, which numpy builds afresh
+
+
+_last_head: list = [None, None, b""]  # the writer's last (description, scalar types,
+# the description pickled)
+_read_heads: dict[bytes, tuple] = {}  # the reader's description pickles, unpickled
+_READ_HEADS_KEPT = 64
 
 
 def _aligned(n: int) -> int:
@@ -56,6 +66,7 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
     arrays: list[np.ndarray] = []
     offset = 0
     items: list[Any] = []
+    scalars: list[type] = []
     for item in obj:
         kind = type(item)
         if kind is list:
@@ -76,9 +87,13 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
             offset += _aligned(item.nbytes)
         elif kind in _SCALARS:
             items.append(item)
+            scalars.append(kind)  # 1 == 1.0 == True: equal descriptions, other pickles
         else:
             return None
-    return pickle.dumps(tuple(items), protocol=pickle.HIGHEST_PROTOCOL), arrays, offset
+    if items != _last_head[0] or scalars != _last_head[1]:  # else: the last reply's
+        _last_head[:] = items, scalars, pickle.dumps(tuple(items),
+                                                     protocol=pickle.HIGHEST_PROTOCOL)
+    return _last_head[2], arrays, offset
 
 
 def size(head: bytes, data_bytes: int) -> int:
@@ -89,31 +104,67 @@ def size(head: bytes, data_bytes: int) -> int:
 def write_arrays(buffer: memoryview, at: int, head: bytes, arrays: list[np.ndarray]) -> None:
     """Write a ``describe``d object at ``at`` (the caller checked that it fits)."""
     buffer[at : at + len(head)] = head
+    for place, a in zip(places(buffer, at, head, arrays), arrays, strict=True):
+        if place is not None:
+            place[...] = a
+
+
+def places(buffer: memoryview, at: int, head: bytes, arrays: list[np.ndarray],
+           ) -> list[np.ndarray | None]:
+    """Where ``write_arrays`` puts each of a ``describe``d object's ``arrays`` in the
+    slot at ``at``: a view of the slot for each (None for an empty one). A writer whose
+    replies repeat keeps these and copies into them (``write_places``)."""
     start = at + _aligned(len(head))
+    out: list[np.ndarray | None] = []
     for a in arrays:
-        if a.nbytes:
-            np.ndarray(a.shape, a.dtype, buffer, start)[...] = a
-        start += _aligned(a.nbytes)
+        nbytes = a.nbytes
+        out.append(np.ndarray(a.shape, a.dtype, buffer, start) if nbytes else None)
+        start += _aligned(nbytes)
+    return out
 
 
-def _array(buffer: memoryview, start: int, description: tuple) -> np.ndarray:
+def write_places(places: list[np.ndarray | None], arrays: list[np.ndarray]) -> None:
+    """``arrays`` into the ``places`` kept for the same description (its head already
+    in the slot)."""
+    for place, a in zip(places, arrays):  # noqa: B905 (as many: the same description)
+        if place is not None:
+            place[...] = a
+
+
+def _array(buffer: memoryview, start: int, description: tuple, copy: bool) -> np.ndarray:
     dtype, shape, offset = description
     if 0 in shape:
         return np.empty(shape, dtype)
-    return np.ndarray(shape, dtype, buffer, start + offset).copy()
+    view = np.ndarray(shape, dtype, buffer, start + offset)
+    return view.copy() if copy else view
 
 
-def read_arrays(buffer: memoryview, at: int, length: int) -> tuple:
-    """The object ``write_arrays`` wrote at ``at`` (``length``: its description's)."""
+def copied(obj: tuple) -> tuple:
+    """A ``read_arrays(copy=False)`` object with its arrays copied out of the slot."""
+    return tuple([a.copy() for a in item] if type(item) is list
+                 else item.copy() if type(item) is np.ndarray else item for item in obj)
+
+
+def read_arrays(buffer: memoryview, at: int, length: int, copy: bool = True) -> tuple:
+    """The object ``write_arrays`` wrote at ``at`` (``length``: its description's).
+
+    ``copy=False``: the arrays are views of the slot, valid until it is written again
+    (a caller that reduces them at once)."""
     start = at + _aligned(length)
-    items = pickle.loads(buffer[at : at + length])
+    head = bytes(buffer[at : at + length])
+    items = _read_heads.get(head)
+    if items is None:
+        items = pickle.loads(head)
+        if len(_read_heads) >= _READ_HEADS_KEPT:
+            _read_heads.clear()
+        _read_heads[head] = items
     out: list[Any] = []
     for item in items:
         kind = type(item)
         if kind is list:
-            out.append([_array(buffer, start, d) for d in item])
+            out.append([_array(buffer, start, d, copy) for d in item])
         elif kind is tuple:
-            out.append(_array(buffer, start, item))
+            out.append(_array(buffer, start, item, copy))
         else:
             out.append(item)
     return tuple(out)

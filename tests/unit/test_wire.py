@@ -88,3 +88,24 @@ def test_other_shapes_are_left_to_pickle(obj):
 def test_array_data_is_aligned():
     head, arrays, data_bytes = wire.describe((1, [np.ones(3), np.ones(5, np.float32)]))
     assert data_bytes % 64 == 0 and data_bytes >= 64 * 2
+
+
+def test_a_repeated_description_keeps_its_scalar_types():
+    """The writer reuses the last description's pickle only for an identical one:
+    1, 1.0 and True are equal but must come back as sent."""
+    for obj in [(1, np.ones(2)), (1.0, np.ones(2)), (True, np.ones(2)), (1, np.ones(2))]:
+        got, _ = _round_trip(obj)
+        assert type(got[0]) is type(obj[0]) and got[0] == obj[0]
+        np.testing.assert_array_equal(got[1], obj[1])
+
+
+def test_views_share_the_slot_and_copies_do_not():
+    obj = (3, [np.arange(4.0)])
+    head, arrays, _ = wire.describe(obj)
+    buffer = memoryview(bytearray(1024))
+    wire.write_arrays(buffer, 0, head, arrays)
+    view = wire.read_arrays(buffer, 0, len(head), copy=False)[1][0]
+    copy = wire.read_arrays(buffer, 0, len(head))[1][0]
+    wire.write_arrays(buffer, 0, head, [np.zeros(4)])
+    np.testing.assert_array_equal(view, np.zeros(4))
+    np.testing.assert_array_equal(copy, np.arange(4.0))

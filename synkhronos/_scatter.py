@@ -110,14 +110,26 @@ def normalize_shares(shares: Any, parts: int) -> tuple[float, ...] | None:
 
 
 def weighted_counts(length: int, shares: tuple[float, ...]) -> list[int]:
-    """Row count of each part when ``length`` rows go over parts in proportion to
-    ``shares`` (positive, from :func:`normalize_shares`).
+    """Row count of each process when ``shares`` split ``length`` rows.
 
-    Largest remainders: each part gets the floor of its exact share, and the rows
-    left over go one each to the parts with the largest fractions (the lower rank
-    first on a tie, so equal shares give :func:`split_counts`). When there are at
-    least as many rows as parts, every part gets at least one row (taken from the
-    largest). The counts sum to ``length``.
+    Largest remainders: each process gets the floor of its exact part, ``length *
+    share / sum(shares)``, and the rows left over go one each to the largest
+    fractions (the lower rank first on a tie, so equal shares give the even split).
+    With at least as many rows as processes, each gets at least one row (taken from
+    the largest). Row counts given as shares come back unchanged.
+
+    Parameters
+    ----------
+    length : int
+        Number of rows, >= 0.
+    shares : sequence of float
+        One positive share per process, in rank order.
+
+    Returns
+    -------
+    list of int
+        The rows of each process, in rank order; they sum to ``length``. Process
+        ``r`` takes the contiguous block after the rows of ranks ``0 .. r-1``.
     """
     length = _check_int(length, "length", 0)
     parts = len(shares)

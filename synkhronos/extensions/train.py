@@ -50,8 +50,8 @@ from pytensor.graph.basic import Variable
 from .. import Function, broadcast, device, distribute, function, gather, n_parallel, set_value
 from .. import data as synk_data
 from .. import steps as synk_steps
-from .._balance import Balancer
 from . import updates
+from ._balance import Balancer
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",

@@ -15,9 +15,8 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._scatter import split_counts, weighted_counts
 from synkhronos.extensions import make_train_function, make_train_function_pytensor
-from synkhronos.testing import commands_run, rank_values
+from synkhronos.testing import commands_run, rank_values, split_bounds, weighted_counts
 from tests.unit.test_updates_unit import initial_params, make_data, symbolic_model
 
 from ..conftest import DEVICE, sizes_to_run
@@ -80,6 +79,11 @@ def made(request):
         yield Functions(request.param)
     finally:
         synk.close()
+
+
+def split_counts(length: int, parts: int) -> list[int]:
+    """The even split's row counts."""
+    return [stop - start for start, stop in split_bounds(length, parts)]
 
 
 def selected(batch) -> np.ndarray:

@@ -1,12 +1,12 @@
-"""Unit tests for synkhronos._balance: shares of the rows from measured seconds."""
+"""Unit tests for synkhronos.extensions._balance: shares of the rows from measured seconds."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from synkhronos._balance import Balancer
 from synkhronos._scatter import weighted_counts
+from synkhronos.extensions._balance import Balancer
 
 
 def simulate(balancer: Balancer, per_row: list[float], steps: int, rows: int = 512,

@@ -61,7 +61,8 @@ process takes rows in proportion to its measured speed; it is measured in the sa
 rounds as the even split. The headline gives both against the ceiling
 (``"vs_ceiling_per_n"`` and ``"vs_ceiling_per_n_balanced"``, shuffled rows) and the
 balanced over the even step per round; ``"balance"`` records the shares each balanced
-session ended with and how often they changed.
+session ended with (``in_use``), the shares its last timings gave (``measured``), and
+how often the split changed.
 
 Shuffled steps take the next block of a fixed random permutation of the rows (the
 gather ``X[idx]`` is part of the timed step, in every framework); contiguous steps the
@@ -345,8 +346,9 @@ class SynkServer:
         balancer = self.train.balancer
         if balancer is None:
             return {"in_use": None}
-        shares = balancer.in_use
+        shares, measured = balancer.in_use, balancer.proposed()
         return {"in_use": None if shares is None else [round(v, 4) for v in shares],
+                "measured": None if measured is None else [round(v, 4) for v in measured],
                 "changes": balancer.changes}
 
     def close(self) -> None:

@@ -359,6 +359,11 @@ class Function:
         values = self._binder.bind(args, kwargs)
         subset = _validate.check_subset(output_subset, len(self._outputs))
         num_slices = _validate.check_num_slices(num_slices)
+        shares = normalize_shares(shares, session.n)
+        if shares is not None and not self.inputs and self._slices is None:
+            raise ValueError("shares split the rows of scattered inputs (or the slice of "
+                             "givens that slice shared variables), but this function has "
+                             "none; batch_s chooses each process's rows of sliceable_shareds")
         checked = _validate.check_inputs(
             self._signature, len(self.inputs), values, batch,
             self._kwargs.get("allow_input_downcast"),
@@ -367,11 +372,6 @@ class Function:
             self._check_sliceable_outputs(subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
-        shares = normalize_shares(shares, session.n)
-        if shares is not None and not self.inputs and self._slices is None:
-            raise ValueError("shares split the rows of scattered inputs (or the slice of "
-                             "givens that slice shared variables), but this function has "
-                             "none; batch_s chooses each process's rows of sliceable_shareds")
         rows, empty, cuts = None, False, None
         if self._slices is not None:  # the givens' slice, divided: its bounds vary per call
             rows, length = self._slices.rows(checked.values, session.n, shares)

@@ -171,9 +171,11 @@ class TrainFunction:
         Where a step's rows come from: scattered ``inputs``; ``givens`` slicing
         shared variables by scalar inputs (the Theano tutorials' pattern); or
         ``sliceable_shareds`` selected by ``batch_s``.
-    balancer : Balancer or None
-        With ``balance=True`` and several processes: each process's measured speed
-        and the shares of the rows it gives (``balancer.in_use``); otherwise None.
+    balancer : object or None
+        With ``balance=True`` and several processes: each process's measured speed;
+        ``balancer.in_use`` is the split in use (each process's share of the rows,
+        None while it is still the even split), ``balancer.changes`` how often it
+        moved. Otherwise None.
     """
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],

@@ -160,6 +160,8 @@ def test_bad_shares_raise_before_anything_moves(made):
         made.f(made.xd, shares=(1.0,) * (made.n - 1) + (0.0,))
     with pytest.raises(TypeError, match="shares must be a sequence"):
         made.f(made.xd, shares=2.0)
+    with pytest.raises(TypeError, match="timings must be a callable or None; got int"):
+        synk.steps.call(made.f, made.xd, timings=3)
     assert commands_run() == before
     assert [int(v) for v in rank_values(made.rows)] == split_counts(10, made.n)
 
@@ -217,6 +219,17 @@ def test_balance_uses_the_measured_speeds_and_stays_exact(made):
     for rank in range(made.n):
         for got, w in zip(synk.get_value(rank, train.params), want, strict=True):
             np.testing.assert_allclose(got, w, rtol=RTOL, err_msg=f"rank {rank}")
+
+
+def test_steps_report_each_process_rows_and_seconds(made):
+    seen = []
+    shares = SKEWED[made.n]
+    got = synk.steps.run([synk.steps.call(made.f, made.xd, batch=slice(0, 30), shares=shares,
+                                          timings=seen.append)])[0]
+    (timings,) = seen
+    assert [rows for rows, _ in timings] == weighted_counts(30, shares)
+    assert all(seconds > 0 for _, seconds in timings)
+    assert_like_plain(made, got, np.arange(30))
 
 
 def test_balance_is_checked_when_built(made):

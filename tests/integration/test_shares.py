@@ -58,8 +58,8 @@ class Functions:
                                                                   strict=True)]
             px, py, loss = symbolic_model(params)
             self.trains[sharded] = make_train_function(
-                loss, params, [px, py], "adam", learning_rate=0.05, sharded=sharded and n > 1,
-                balance=True)
+                loss, params, [px, py], "adam", learning_rate=0.05,
+                sharded=None if sharded else False, balance=True)  # None: where possible
         synk.distribute()
         self.xd, self.yd = synk.data(X), synk.data(Y)
 

@@ -398,6 +398,9 @@ class TrainFunction:
         if batch_s is not None and self.form != "sliceable":
             raise ValueError("batch_s selects rows of sliceable_shareds, but this training "
                              "step was built without them")
+        if shares is not None and self.form == "sliceable":
+            raise ValueError("shares split a step's rows, but with sliceable_shareds batch_s "
+                             "chooses each process's rows")
         total = _selected(data[0], batch) if self.form == "inputs" else None
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")

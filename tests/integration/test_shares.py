@@ -244,3 +244,9 @@ def test_balance_is_checked_when_built(made):
         make_train_function(loss, params, [], "sgd", learning_rate=0.1,
                             givens=[(px, s_x), (py, s_y)], sliceable_shareds=[s_x, s_y],
                             balance=True)
+    train = make_train_function(loss, params, [], "sgd", learning_rate=0.1,
+                                givens=[(px, s_x), (py, s_y)], sliceable_shareds=[s_x, s_y])
+    before = commands_run()
+    with pytest.raises(ValueError, match="with sliceable_shareds batch_s chooses"):
+        train(batch_s=slice(0, 5), shares=SKEWED[made.n])
+    assert commands_run() == before

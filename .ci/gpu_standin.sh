@@ -26,7 +26,7 @@ export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_
 modules=(tests/integration/test_function.py tests/integration/test_function_errors.py
          tests/integration/test_data.py tests/integration/test_collectives.py
          tests/integration/test_steps.py tests/integration/test_train.py
-         tests/integration/test_checkpoint.py)
+         tests/integration/test_shares.py tests/integration/test_checkpoint.py)
 failed=()
 timings=()
 start_all=$SECONDS

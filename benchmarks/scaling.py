@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/scaling.py [--model mlp|cnn] [--max-n N] [--rows 256]
         [--rounds 5] [--seconds 1.0] [--profile] [--wait-quiet 600] [--out DIR]
-        [--sizes 1,2,4,8,16] [--lean] [--no-state]
+        [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance]
 
 The workload is one SGD step on synthetic float32 data held in memory: an MLP
 784-1024-1024-10 (ReLU, softmax cross-entropy; 1.86 M parameters), or with
@@ -54,6 +54,15 @@ each listed n > 1; ``"vs_ceiling_per_n"`` in the headline gives the ratio at eac
 ``--lean`` leaves out the fixed-batch and unsharded ablations, ``--no-state`` the
 optimizer-state measurement (``benchmarks/device_check.py`` uses all three to fit its
 time).
+
+``--balance`` adds, at each n > 1, ``synk-n balanced``: the default (sharded) step
+built with ``make_train_function(..., balance=True)`` in its own session, so each
+process takes rows in proportion to its measured speed; it is measured in the same
+rounds as the even split. The headline gives both against the ceiling
+(``"vs_ceiling_per_n"`` and ``"vs_ceiling_per_n_balanced"``, shuffled rows) and the
+balanced over the even step per round; ``"balance"`` records the shares each balanced
+session ended with (``in_use``), the shares its last timings gave (``measured``), and
+how often the split changed.
 
 Shuffled steps take the next block of a fixed random permutation of the rows (the
 gather ``X[idx]`` is part of the timed step, in every framework); contiguous steps the
@@ -276,7 +285,8 @@ class SynkServer:
         start = time.perf_counter()
         self.train = make_train_function(loss, params, [x, y], "sgd",
                                          learning_rate=np.float32(LEARNING_RATE),
-                                         sharded=spec.get("sharded", False))
+                                         sharded=spec.get("sharded", False),
+                                         balance=spec.get("balance", False))
         synk.distribute()
         self.compile_s = time.perf_counter() - start
         xs, ys, perm = dataset(spec["dataset_rows"])
@@ -331,6 +341,15 @@ class SynkServer:
                     key = f"function[{record.name}] rank {rank}"
                     summary[key] = summary.get(key, 0.0) + seconds
         return summary
+
+    def balance(self) -> dict:
+        balancer = self.train.balancer
+        if balancer is None:
+            return {"in_use": None}
+        shares, measured = balancer.in_use, balancer.proposed()
+        return {"in_use": None if shares is None else [round(v, 4) for v in shares],
+                "measured": None if measured is None else [round(v, 4) for v in measured],
+                "changes": balancer.changes}
 
     def close(self) -> None:
         self.synk.close()
@@ -441,6 +460,8 @@ def serve(spec: dict) -> None:
             reply = {"seconds": time.perf_counter() - start}
         elif op == "profile":
             reply = server.profile(variant, command["steps"])
+        elif op == "balance":
+            reply = server.balance()
         else:
             reply = {"error": f"unknown op {op!r}"}
         channel.write(json.dumps(reply) + "\n")
@@ -599,7 +620,15 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     f"synk-{n} {scaling} {access} allreduce-on", [remote],
                     variant(batch, access, True), framework="synkhronos", n=n,
                     batch=batch, scaling=scaling, access=access, allreduce=True,
-                    sharded=n > 1))
+                    sharded=n > 1, balance=False))
+        if n > 1 and args.balance:  # rows in proportion to each process's measured speed
+            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, balance=True)
+            for access in accesses:
+                configs.append(Config(
+                    f"synk-{n} balanced scaled {access} allreduce-on", [remote],
+                    variant(rows * n, access, True), framework="synkhronos", n=n,
+                    batch=rows * n, scaling="scaled", access=access, allreduce=True,
+                    sharded=True, balance=True))
         if n > 1 and not args.lean:  # the unsharded form, and no exchange at all
             remote = start(kind="synk", n=n, spin=args.spin, sharded=False)
             for access in accesses:
@@ -707,7 +736,7 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
     headline: dict = {}
     for access in ("shuffled", "contiguous"):
         main = find(configs, framework="synkhronos", n=n, scaling="scaled", access=access,
-                    allreduce=True)
+                    allreduce=True, balance=False)
         if main is None:
             continue
         key = f"synk-{n} scaled {access} allreduce-on"
@@ -739,15 +768,35 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
             headline[f"torch-ddp-{n} {access} / torch-1thread"] = ratio(ddp, torch1)
         if torch1 is not None:
             headline[f"torch-1thread {access} / pytensor-1thread"] = ratio(torch1, base[access])
-    per_n = {}
+    per_n, per_n_balanced = {}, {}
     for m in args.sizes:
         synk_m = find(configs, framework="synkhronos", n=m, scaling="scaled",
-                      access="shuffled", allreduce=True)
+                      access="shuffled", allreduce=True, balance=False)
         ceiling = find(configs, framework="independent", n=m, access="shuffled")
         if synk_m is not None and ceiling is not None:
             per_n[str(m)] = ratio(synk_m, ceiling)
+        balanced = find(configs, framework="synkhronos", n=m, access="shuffled",
+                        balance=True)
+        if balanced is not None and ceiling is not None:
+            per_n_balanced[str(m)] = ratio(balanced, ceiling)
     if per_n:  # synk-n scaled shuffled allreduce-on over n independent plain programs
         headline["vs_ceiling_per_n"] = per_n
+    if per_n_balanced:  # the same, rows in proportion to measured speed
+        headline["vs_ceiling_per_n_balanced"] = per_n_balanced
+    for m in args.sizes:
+        for access in ("shuffled", "contiguous"):
+            even = find(configs, framework="synkhronos", n=m, scaling="scaled",
+                        access=access, allreduce=True, balance=False)
+            balanced = find(configs, framework="synkhronos", n=m, access=access,
+                            balance=True)
+            ceiling = find(configs, framework="independent", n=m, access=access)
+            if even is None or balanced is None:
+                continue
+            key = f"synk-{m} balanced scaled {access} allreduce-on"
+            headline[f"{key} / even split"] = ratio(balanced, even)
+            if ceiling is not None:
+                headline[f"{key} / pytensor-1thread x{m} independent"] = ratio(
+                    balanced, ceiling)
     if n > 1:
         goal = 0.95 if args.model == "mlp" else 0.97
         targets = {}
@@ -770,7 +819,7 @@ def profile_table(configs: list[Config], args, pids: set[int]) -> dict:
     plain = find(configs, framework="pytensor", threads=1, access="shuffled")
     synk1 = find(configs, framework="synkhronos", n=1, access="shuffled")
     synkn = find(configs, framework="synkhronos", n=n, scaling="scaled", access="shuffled",
-                 allreduce=True)
+                 allreduce=True, balance=False)
     steps = max(1, args.profile_steps)
     hz = os.sysconf("SC_CLK_TCK")
     columns: dict[str, dict] = {}
@@ -905,7 +954,7 @@ def draw(result: dict, out: Path) -> list[str]:
             ("fixed", "shuffled", True, "^-", "tab:green")):
         points = []
         for e in entries:
-            if e["framework"] != "synkhronos" or e["access"] != access:
+            if e["framework"] != "synkhronos" or e["access"] != access or e.get("balance"):
                 continue
             if e["n"] == 1 or (e["scaling"] == scaling and e["allreduce"] == allreduce):
                 points.append((e["n"], e["speedup"]["median"]))
@@ -1005,6 +1054,8 @@ def main() -> None:
                         help="no fixed-batch and no unsharded ablations")
     parser.add_argument("--no-state", action="store_true",
                         help="skip the optimizer-state measurement")
+    parser.add_argument("--balance", action="store_true",
+                        help="also the step with rows balanced by measured speed")
     args = parser.parse_args()
     if args.serve:
         serve(json.loads(args.serve))
@@ -1040,6 +1091,11 @@ def main() -> None:
             load_before = os.getloadavg()
             rounds = measure(configs, args, pids) if args.rounds > 0 else []
             load_after = os.getloadavg()
+            balance = {}
+            for remote in remotes:
+                if remote.spec.get("balance"):
+                    remote.send({"op": "balance"})
+                    balance[f"synk-{remote.spec['n']}"] = remote.receive()
             table1 = profile_table(configs, args, pids) if args.profile else None
         finally:
             for remote in remotes:
@@ -1062,6 +1118,7 @@ def main() -> None:
         "machine": _harness.machine(),
         "sizes": args.sizes,
         "lean": args.lean,
+        "balance": balance if args.balance else "omitted: no --balance",
         "load": dict(quiet, startup_s=round(startup_s, 1),
                      load_at_measurement=[round(v, 2) for v in load_before],
                      load_after_measurement=[round(v, 2) for v in load_after],

@@ -74,18 +74,27 @@ class Call(Message):
     prepared: Prepared | None = None  # sent with a variant's first call
     shared_rows: tuple | None = None  # givens' slice pattern: per rank, (start, stop)
     # of each sliceable shared variable's rows (instead of batch_s)
+    offsets: tuple[int, ...] | None = None  # rows split by ``shares``: each rank's
+    # first selected row, then the end (``_scatter.offsets``); None: the even split
 
 
-def replica_rows(groups: tuple[tuple[int, int], ...] | None, size: int,
-                 ) -> Callable[[int, int], list[tuple[int, int]]] | None:
-    """``split(start, stop)``: the rows of ``[start, stop)`` that the processes of each
-    copy of the session's memory take (``groups``: per copy, its first rank and its
-    number of ranks; the rule that splits rows over ranks); None with one copy."""
+Split = Callable[[int, int, tuple[int, ...] | None], list[tuple[int, int]]]
+
+
+def replica_rows(groups: tuple[tuple[int, int], ...] | None, size: int) -> Split | None:
+    """``split(start, stop, offsets)``: the rows of ``[start, stop)`` that the processes
+    of each copy of the session's memory take (``groups``: per copy, its first rank and
+    its number of ranks; the rule that splits rows over ranks, or ``offsets`` when
+    ``shares`` split them); None with one copy."""
     if groups is None:
         return None
     copies = list(groups)
 
-    def split(start: int, stop: int) -> list[tuple[int, int]]:
+    def split(start: int, stop: int, offsets: tuple[int, ...] | None = None
+              ) -> list[tuple[int, int]]:
+        if offsets is not None:
+            return [(start + offsets[first], start + offsets[first + count])
+                    for first, count in copies]
         length = stop - start
         return [(start + block(length, size, first)[0],
                  start + block(length, size, first + count - 1)[1])
@@ -106,7 +115,7 @@ class Staging:
     """
 
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
-    split: Callable[[int, int], list[tuple[int, int]]] | None = None
+    split: Split | None = None
     rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
     _epoch: int = -1
     _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
@@ -165,14 +174,15 @@ class Staging:
             else:
                 self.buffers[(i, 0)]._replicate_rows(rows)
 
-    def stage(self, checked: Checked, epoch: int, n_scattered: int = 0
+    def stage(self, checked: Checked, epoch: int, n_scattered: int = 0,
+              offsets: tuple[int, ...] | None = None
               ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
         selection = checked.batch
         rows = None
         if (self.split is not None and selection is not None
                 and selection.indices is None):
-            rows = self.split(selection.start, selection.stop)
+            rows = self.split(selection.start, selection.stop, offsets)
         refs = [
             value.ref() if isinstance(value, Data)
             else self.put(i, value, epoch, rows if i < n_scattered else None)
@@ -195,8 +205,7 @@ class PreparedCall:
     """One compiled variant's calls, seen from the master (see the module docstring)."""
 
     def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
-                 labels: list[str], prefix: str,
-                 split: Callable[[int, int], list[tuple[int, int]]] | None = None):
+                 labels: list[str], prefix: str, split: Split | None = None):
         self.id = prepared_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
@@ -210,16 +219,18 @@ class PreparedCall:
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
                 profile: bool, epoch: int, shared_rows: tuple | None = None,
-                empty: bool = False) -> Call:
+                empty: bool = False, offsets: tuple[int, ...] | None = None) -> Call:
         """The ``Call`` for validated arguments; numpy inputs are staged now.
 
         ``epoch``: which command this call will run in (calls prepared for the same
         command never share staging buffers). ``shared_rows``: the givens' slice
         pattern's rows per rank; ``empty``: that slice has no rows (the master runs
-        anyway, as for scattered inputs with none).
+        anyway, as for scattered inputs with none). ``offsets``: the scattered rows
+        split by ``shares`` (None: evenly).
         """
         self._warn_casts(checked.casts)
-        refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered)
+        refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered,
+                                                  offsets)
         n = self._n_scattered
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,
@@ -230,6 +241,7 @@ class PreparedCall:
             profile,
             None if self.registered else self.prepared,
             shared_rows,
+            offsets,
         )
 
     def _warn_casts(self, casts: tuple) -> None:

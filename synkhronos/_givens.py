@@ -40,7 +40,7 @@ from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.subtensor import Subtensor, get_idx_list
 
 from . import _pytensor
-from ._scatter import block
+from ._scatter import block, offsets, weighted_counts
 
 __all__ = ["shared_of", "find_slices", "check_scalars", "SlicePattern"]
 
@@ -189,13 +189,16 @@ class SlicePattern:
                              f"number of rows (the rows of one minibatch); got {found}")
         return spans
 
-    def rows(self, values: list, parts: int) -> tuple[tuple, int]:
-        """Each process's ``(start, stop)`` per shared variable, and the slice's length."""
+    def rows(self, values: list, parts: int, shares: tuple[float, ...] | None = None
+             ) -> tuple[tuple, int]:
+        """Each process's ``(start, stop)`` per shared variable, and the slice's length
+        (the slice split evenly, or in proportion to ``shares``)."""
         spans = self.whole(values)
         length = spans[0][1] - spans[0][0]
+        cuts = None if shares is None else offsets(weighted_counts(length, shares))
         per_rank = []
         for rank in range(parts):
-            lo, hi = block(length, parts, rank)
+            lo, hi = block(length, parts, rank) if cuts is None else cuts[rank:rank + 2]
             per_rank.append(tuple((start + lo, start + hi) for start, _ in spans))
         return tuple(per_rank), length
 

@@ -3,15 +3,19 @@
 This module owns the one splitting rule used everywhere in synkhronos: ``L`` rows
 over ``n`` parts are cut into contiguous blocks, in order, as even as possible, and
 the first ``L % n`` parts get one extra row (parts may hold zero rows when
-``L < n``). It also owns the validation of the user's ``batch`` and ``batch_s``
-arguments, which it turns into :class:`Batch` objects: either a contiguous row
-range or a read-only array of non-negative row indices.
+``L < n``); and its weighted form, asked for by ``shares`` (each part's rows in
+proportion to its share, still contiguous and in order: ``weighted_counts``). It also
+owns the validation of the user's ``batch``, ``batch_s`` and ``shares`` arguments,
+turning the first two into :class:`Batch` objects: either a contiguous row range or a
+read-only array of non-negative row indices.
 
 Pure Python and numpy; nothing here touches processes or shared memory.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +27,8 @@ __all__ = [
     "block",
     "normalize_batch",
     "normalize_batch_s",
+    "normalize_shares",
+    "offsets",
     "split_batch_s",
     "select_batch_s",
     "part_bounds",
@@ -30,6 +36,7 @@ __all__ = [
     "slice_bounds",
     "split_bounds",
     "split_counts",
+    "weighted_counts",
 ]
 
 
@@ -56,6 +63,98 @@ def split_counts(length: int, parts: int) -> list[int]:
     parts = _check_int(parts, "parts", 1)
     base, extra = divmod(length, parts)
     return [base + 1] * extra + [base] * (parts - extra)
+
+
+def normalize_shares(shares: Any, parts: int) -> tuple[float, ...] | None:
+    """Validate ``shares``: None, or one finite positive number per part.
+
+    Parameters
+    ----------
+    shares : None or sequence of real
+        Each part's relative share of the rows (a measured speed, rows per second,
+        or explicit row counts); only the proportions matter.
+    parts : int
+        Number of parts (processes), >= 1.
+
+    Returns
+    -------
+    tuple of float or None
+        The shares as floats; None stays None (the even split).
+
+    Raises
+    ------
+    TypeError
+        If ``shares`` is not a 1-d sequence of real numbers.
+    ValueError
+        If it holds other than ``parts`` numbers, or one is not finite and positive.
+    """
+    parts = _check_int(parts, "parts", 1)
+    if shares is None:
+        return None
+    if isinstance(shares, (str, bytes)) or not hasattr(shares, "__len__"):
+        raise TypeError(f"shares must be a sequence of {parts} positive numbers, one per "
+                        f"process; got {type(shares).__name__}")
+    values = np.asarray(shares)
+    if values.ndim != 1 or values.dtype.kind not in "iuf":
+        raise TypeError(f"shares must be a 1-d sequence of real numbers, one per process; "
+                        f"got {values.dtype} of shape {values.shape}")
+    if len(values) != parts:
+        raise ValueError(f"shares has {len(values)} numbers but there are {parts} processes")
+    values = values.astype(np.float64)
+    bad = ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ValueError(f"shares must be finite and positive; got {float(values[first])!r} for "
+                         f"process {first}")
+    return tuple(float(v) for v in values)
+
+
+def weighted_counts(length: int, shares: tuple[float, ...]) -> list[int]:
+    """Row count of each process when ``shares`` split ``length`` rows.
+
+    Largest remainders: each process gets the floor of its exact part, ``length *
+    share / sum(shares)``, and the rows left over go one each to the largest
+    fractions (the lower rank first on a tie, so equal shares give the even split).
+    With at least as many rows as processes, each gets at least one row (taken from
+    the largest). Row counts given as shares come back unchanged.
+
+    Parameters
+    ----------
+    length : int
+        Number of rows, >= 0.
+    shares : sequence of float
+        One positive share per process, in rank order.
+
+    Returns
+    -------
+    list of int
+        The rows of each process, in rank order; they sum to ``length``. Process
+        ``r`` takes the contiguous block after the rows of ranks ``0 .. r-1``.
+    """
+    length = _check_int(length, "length", 0)
+    parts = len(shares)
+    total = math.fsum(shares)
+    exact = [length * share / total for share in shares]
+    counts = [min(length, int(math.floor(value))) for value in exact]
+    left = length - sum(counts)
+    if left > 0:
+        order = sorted(range(parts), key=lambda i: (counts[i] - exact[i], i))
+        for i in order[:left]:
+            counts[i] += 1
+    elif left < 0:  # rounding of huge lengths: take back from the largest
+        for _ in range(-left):
+            counts[counts.index(max(counts))] -= 1
+    if length >= parts:
+        for i in range(parts):
+            if counts[i] == 0:
+                counts[counts.index(max(counts))] -= 1
+                counts[i] = 1
+    return counts
+
+
+def offsets(counts: list[int]) -> tuple[int, ...]:
+    """The first row of each part, then the end: ``parts + 1`` cumulative offsets."""
+    return (0, *itertools.accumulate(counts))
 
 
 def split_bounds(length: int, parts: int) -> list[tuple[int, int]]:

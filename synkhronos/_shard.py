@@ -5,10 +5,10 @@ master included) then runs ``run_call`` on it independently:
 
 1. the variant: registered from the message the first time (``PREPARED``), then
    found by id;
-2. its rows: its contiguous block of the selected rows (``block``), either a
-   zero-copy view of the shared-memory inputs (a row range; a minibatch Data's first
-   rows) or its own gather of its block of the ``batch`` indices, done in parallel by
-   every process;
+2. its rows: its contiguous block of the selected rows (``block``, or the bounds the
+   master computed from ``shares``: ``Call.offsets``), either a zero-copy view of the
+   shared-memory inputs (a row range; a minibatch Data's first rows) or its own
+   gather of its block of the ``batch`` indices, done in parallel by every process;
 3. its ``sliceable_shareds`` rows, selected by its entry of ``batch_s``, checked
    here against its own rows: every rank votes, and if any refuses, none runs (the
    master raises the ``ValueError``); or, for givens that slice rows of shared
@@ -105,13 +105,16 @@ def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     scattered: list[np.ndarray] = []
     weight = 1
     if call.scattered:
+        offsets = call.offsets  # rows in proportion to shares, or None: the even split
         if call.batch_indices is not None:
             indices = call_view(call.batch_indices, ctx)
-            lo, hi = block(len(indices), n, rank)
+            lo, hi = (block(len(indices), n, rank) if offsets is None
+                      else (offsets[rank], offsets[rank + 1]))
             mine = Batch(indices=indices[lo:hi])
         else:
             start, stop = call.batch_range
-            lo, hi = block(stop - start, n, rank)
+            lo, hi = (block(stop - start, n, rank) if offsets is None
+                      else (offsets[rank], offsets[rank + 1]))
             mine = Batch(start=start + lo, stop=start + hi)
         weight = hi - lo
         if weight or call.run_if_empty:

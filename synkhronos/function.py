@@ -5,8 +5,9 @@ This module builds; ``_call.py`` runs. One call, in the master::
     f(*args, batch=..., batch_s=..., num_slices=..., output_subset=...)
       1. bind      args/kwargs -> one value per input (inputs + bcast_inputs)
       2. validate  count, ndim, dtype (cast only where PyTensor casts), lengths,
-                   batch, the form of batch_s, num_slices, output_subset
-                   (_validate.py): every error here, before any worker moves
+                   batch, the form of batch_s, num_slices, output_subset, shares
+                   (_validate.py, _scatter.py): every error here, before any
+                   worker moves
       3. prepare   the variant's PreparedCall (_call.py): numpy inputs and batch
                    indices staged in its shared memory; a Call message with the
                    variant's id and what varies
@@ -41,6 +42,7 @@ from . import _givens, _pytensor, _validate
 from ._call import Call, Prepared, PreparedCall, combine, repeat_key, replica_rows
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
+from ._scatter import normalize_shares, offsets, weighted_counts
 from .distribute import REGISTRY, distribute
 
 __all__ = ["function", "Function"]
@@ -268,7 +270,7 @@ class Function:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1,
-                 **kwargs):
+                 shares=None, **kwargs):
         """Run on every process; return what the PyTensor function would return.
 
         Collective: every process takes part; returns when all have finished.
@@ -294,6 +296,15 @@ class Function:
             Each process runs its rows in this many consecutive slices, accumulating
             outputs and updates; updates are applied once, computed from the original
             values. Results equal the unsliced call.
+        shares : sequence of float, optional
+            Each process's share of the selected rows (one positive number per process,
+            in rank order: a measured speed, or row counts): the rows are cut in
+            proportion, still contiguous and in rank order, every process getting at
+            least one when there are as many rows as processes. Default: the even
+            split. Results equal the even split's (``"avg"`` is weighted by the rows
+            each process ran) up to floating-point rounding. Splits the rows of the
+            scattered inputs, or the slice of givens that slice shared variables; not
+            ``batch_s``.
 
         Returns
         -------
@@ -315,7 +326,7 @@ class Function:
         try:
             if (self._plain is not None and not kwargs and batch is None and batch_s is None
                     and num_slices == 1 and output_subset is None and session.observer is None
-                    and self._slices is None):
+                    and self._slices is None and shares is None):
                 key = repeat_key(args)
                 call = self._plain.repeat(key, args) if key is not None else None
                 if call is not None:
@@ -323,20 +334,23 @@ class Function:
                     # validated still holds, the arrays copied where that call's went.
                     replies = session.run_held(call, repeats=True)
                     return self._returned(replies, self._plain.prepared.output_ops, None)
-            call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices)
+            call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
+                                        shares)
             replies = session.run_held(call, repeats=call.batch_s is None)
             return finish(replies)
         finally:
             session.leave(took)
 
     def prepare(self, args: tuple, kwargs: dict, output_subset: Any = None, batch: Any = None,
-                batch_s: Any = None, num_slices: Any = 1
-                ) -> tuple[Call, Callable[[list], Any]]:
+                batch_s: Any = None, num_slices: Any = 1, shares: Any = None,
+                profile: bool = False) -> tuple[Call, Callable[[list], Any]]:
         """Validate and stage a call without running it: its message, and what turns the
         ranks' replies into the call's return value.
 
         For composite commands (a training step runs several calls in one round trip).
         The caller holds the session (``Session.enter``) until the message has run.
+        ``profile``: every rank's reply carries its seconds (gathering its rows, running
+        the function) as its third item, as under ``synk.profile()``.
         """
         session = self._session
         observer = session.observer
@@ -345,6 +359,11 @@ class Function:
         values = self._binder.bind(args, kwargs)
         subset = _validate.check_subset(output_subset, len(self._outputs))
         num_slices = _validate.check_num_slices(num_slices)
+        shares = normalize_shares(shares, session.n)
+        if shares is not None and not self.inputs and self._slices is None:
+            raise ValueError("shares split the rows of scattered inputs (or the slice of "
+                             "givens that slice shared variables), but this function has "
+                             "none; batch_s chooses each process's rows of sliceable_shareds")
         checked = _validate.check_inputs(
             self._signature, len(self.inputs), values, batch,
             self._kwargs.get("allow_input_downcast"),
@@ -353,15 +372,18 @@ class Function:
             self._check_sliceable_outputs(subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
-        rows, empty = None, False
+        rows, empty, cuts = None, False, None
         if self._slices is not None:  # the givens' slice, divided: its bounds vary per call
-            rows, length = self._slices.rows(checked.values, session.n)
+            rows, length = self._slices.rows(checked.values, session.n, shares)
             empty = length == 0
-        call = prepared.message(checked, selections, num_slices, observer is not None,
-                                session.commands, rows, empty)
+        elif shares is not None:
+            cuts = offsets(weighted_counts(checked.total_rows, shares))
+        call = prepared.message(checked, selections, num_slices, observer is not None or profile,
+                                session.commands, rows, empty, cuts)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None and num_slices == 1
-            and subset is None and observer is None and self._slices is None) else None
+            and subset is None and observer is None and self._slices is None
+            and shares is None and not profile) else None
         ops = prepared.prepared.output_ops
         if observer is not None:
             staged = time.perf_counter()

@@ -46,15 +46,34 @@ class Step:
 
 
 def call(function: Function, *args: Any, output_subset: Any = None, batch: Any = None,
-         batch_s: Any = None, num_slices: int = 1, **kwargs: Any) -> Step:
-    """A call of ``function`` with these arguments (as ``function(*args, ...)``)."""
+         batch_s: Any = None, num_slices: int = 1, shares: Any = None,
+         timings: Callable[[list[tuple[int, float] | None]], None] | None = None,
+         **kwargs: Any) -> Step:
+    """A call of ``function`` with these arguments (as ``function(*args, ...)``).
+
+    ``timings``: called once the step has run, with each process's ``(rows,
+    seconds)`` in rank order (the seconds it took to gather its rows and run the
+    function; None for a process that ran nothing): what balancing rows by measured
+    speed (``shares``) needs. It costs two clock readings per process.
+    """
     if not isinstance(function, Function):
         raise TypeError(f"steps.call takes a synk.Function; got {type(function).__name__}")
+    if timings is not None and not callable(timings):
+        raise TypeError(f"timings must be a callable or None; got {type(timings).__name__}")
 
     def build(session: Session) -> fused.Step:
         message, finish = function.prepare(args, kwargs, output_subset, batch, batch_s,
-                                           num_slices)
-        return fused.Step(message, finish, repeats=message.batch_s is None)
+                                           num_slices, shares, profile=timings is not None)
+        if timings is None:
+            return fused.Step(message, finish, repeats=message.batch_s is None)
+
+        def timed(replies: list) -> Any:
+            result = finish(replies)  # raises first if the call failed
+            timings([None if reply is None else (reply[0], reply[2][0] + reply[2][1])
+                     for reply in replies])
+            return result
+
+        return fused.Step(message, timed, repeats=message.batch_s is None)
 
     return Step(build, f"call {function.name or 'function'}")
 

@@ -17,7 +17,8 @@ modules:
   :func:`program_prefix`, :func:`process_pids`, :func:`commands_run` (to count round
   trips), :func:`distribute_seconds`; over several machines, where each rank runs:
   :func:`rank_hosts`, :func:`rank_machines`;
-- the rule that splits rows over processes: :func:`split_bounds`.
+- the rule that splits rows over processes: :func:`split_bounds`, and by ``shares``:
+  :func:`weighted_counts`.
 
 Collective: the functions that run code on the processes are commands like any other
 (every process takes part; they return when all have finished).
@@ -39,7 +40,7 @@ from ._core.faults import POINTS
 from ._core.protocol import Ping, RunCallable
 from ._core.session import current, require
 from ._runtime import shmem
-from ._scatter import split_bounds
+from ._scatter import split_bounds, weighted_counts
 from .distribute import REGISTRY
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "leftover_segments",
     "assert_clean",
     "split_bounds",
+    "weighted_counts",
     "barrier",
     "skip_backend_preimport",
     "skip_watcher",

@@ -22,9 +22,11 @@ exchange to the update without a round trip to the master.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
-split, provided ``loss`` is a mean over rows. A process given no rows (a minibatch
-shorter than ``n_parallel``) does not run step 1, so a step that zeroes
-``grad_shared`` in every process comes first then.
+split, provided ``loss`` is a mean over rows. That is what lets ``balance=True``
+split a step's rows by measured speed (``_balance``: each step's gradient call is
+timed per process, and the next steps' rows follow the processes' rows per second).
+A process given no rows (a minibatch shorter than ``n_parallel``) does not run step
+1, so a step that zeroes ``grad_shared`` in every process comes first then.
 
 Checkpoints (``state_dict`` / ``load_state_dict``) speak one layout whatever the form
 and the number of processes: each parameter, and each piece of rule state shaped as
@@ -49,6 +51,7 @@ from .. import Function, broadcast, device, distribute, function, gather, n_para
 from .. import data as synk_data
 from .. import steps as synk_steps
 from . import updates
+from ._balance import Balancer
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -168,14 +171,22 @@ class TrainFunction:
         Where a step's rows come from: scattered ``inputs``; ``givens`` slicing
         shared variables by scalar inputs (the Theano tutorials' pattern); or
         ``sliceable_shareds`` selected by ``batch_s``.
+    balancer : object or None
+        With ``balance=True`` and several processes: each process's measured speed;
+        ``balancer.in_use`` is the split in use (each process's share of the rows,
+        None while it is still the even split), ``balancer.changes`` how often it
+        moved. Otherwise None.
     """
 
     def __init__(self, loss: Variable, params: Sequence[SharedVariable],
                  inputs: Sequence[Variable], update_rule: UpdateRule,
                  hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
                  rule_args: Sequence[Any] = (), sharded: bool | None = None,
-                 givens: Any = None, sliceable_shareds: Any = None) -> None:
+                 givens: Any = None, sliceable_shareds: Any = None,
+                 balance: bool = False) -> None:
         compile_kwargs = dict(compile_kwargs or {})
+        if not isinstance(balance, bool):
+            raise TypeError(f"balance must be True or False; got {balance!r}")
         if isinstance(inputs, Variable):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)):
@@ -188,6 +199,13 @@ class TrainFunction:
         self._givens = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
         self._sliceable = sliceable_shareds
         self.form = _data_form(self.inputs, self._givens, sliceable_shareds)
+        if balance and self.form == "sliceable":
+            raise ValueError("balance=True splits each step's rows by measured speed, but "
+                             "with sliceable_shareds batch_s chooses each process's rows: "
+                             "leave balance off, or give the rows as inputs")
+        # Measured every step (two clock readings per process), balanced from the
+        # middle of the last steps' timings: ``_balance``.
+        self.balancer = Balancer(n_parallel()) if balance and n_parallel() > 1 else None
         rows, self._total = self._row_counts(dtype)
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the
@@ -340,7 +358,7 @@ class TrainFunction:
         self._ready = True
 
     def __call__(self, *data: Any, batch: Any = None, batch_s: Any = None,
-                 num_slices: int = 1) -> np.ndarray:
+                 num_slices: int = 1, shares: Any = None) -> np.ndarray:
         """Take one step on the selected rows; return their mean loss.
 
         Collective: every process takes part; returns when all have finished.
@@ -357,6 +375,10 @@ class TrainFunction:
             ``synk.Function`` call.
         num_slices : int, optional
             Slices each process runs its rows in (to bound memory); same result.
+        shares : sequence of float, optional
+            Each process's share of the minibatch's rows, as for a ``synk.Function``
+            call (one positive number per process); with ``balance=True``, the
+            measured shares are used when this is None. Same result.
 
         Returns
         -------
@@ -376,6 +398,9 @@ class TrainFunction:
         if batch_s is not None and self.form != "sliceable":
             raise ValueError("batch_s selects rows of sliceable_shareds, but this training "
                              "step was built without them")
+        if shares is not None and self.form == "sliceable":
+            raise ValueError("shares split a step's rows, but with sliceable_shareds batch_s "
+                             "chooses each process's rows")
         total = _selected(data[0], batch) if self.form == "inputs" else None
         if total == 0:
             raise ValueError("the minibatch selects no rows; a training step needs at least one")
@@ -395,9 +420,13 @@ class TrainFunction:
         grad_at = len(steps)
         extra = ((np.asarray(total or 1, dtype=self.grad_shared.type.dtype),)
                  if self.form == "inputs" else ())
+        balancer = self.balancer
+        if shares is None and balancer is not None:
+            shares = balancer.shares()
         steps.append(synk_steps.call(
             self.grad_function, *data, *extra, batch=batch, batch_s=batch_s,
-            num_slices=num_slices,
+            num_slices=num_slices, shares=shares,
+            timings=None if balancer is None else balancer.record,
         ))
         if self.sharded:
             steps += [self._steps["reduce"], synk_steps.call(self.apply_function, self._bounds),
@@ -691,7 +720,8 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         inputs: Sequence[Variable] | Variable, *rule_and_args: Any,
                         compile_kwargs: dict[str, Any] | None = None,
                         sharded: bool | None = None, givens: Any = None,
-                        sliceable_shareds: Any = None, **hyper: Any) -> TrainFunction:
+                        sliceable_shareds: Any = None, balance: bool = False,
+                        **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
 
     Two call forms: today's ``make_train_function(loss, params, inputs, update_rule,
@@ -728,6 +758,19 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         counts the rows of a step.
     sliceable_shareds : list of SharedVariable, optional
         Shared variables holding each process's rows, selected by ``batch_s``.
+    balance : bool, default False
+        Give each process rows in proportion to its measured speed. A synchronous
+        step waits for its slowest process, and which process is slower follows the
+        core it runs on. Every step times each process's gradient on its rows; once
+        every process has been timed over 16 steps (after 2 left out), each step's
+        rows are split by the processes' rows per second (from the middle half of
+        their last 32 timings; the split moves only when a share moves by more than
+        half a percent of the rows). The result is the even split's up to
+        floating-point rounding (each process's gradient is weighted by its rows),
+        but which rows a process takes then depends on timing, so two runs may
+        differ in the last bits. Not with ``sliceable_shareds`` (``batch_s`` chooses
+        the rows there). The shares in use: ``train.balancer.in_use`` (None: the
+        even split).
     **hyper
         The rule's hyper-parameters (``learning_rate=...`` or the original's
         ``lr=...``, ...); positional ones may follow ``update_rule``.
@@ -735,7 +778,8 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     Returns
     -------
     TrainFunction
-        ``train(*data, batch=None, batch_s=None, num_slices=1) -> loss``. Numerically equal to the
+        ``train(*data, batch=None, batch_s=None, num_slices=1, shares=None) -> loss``.
+        Numerically equal to the
         same rule run in one PyTensor process on the same minibatches, for any split
         of the rows and any ``num_slices`` (the original averaged the processes'
         gradients equally, exact only on even splits). It is distributed on its first
@@ -747,8 +791,8 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         If ``update_rule`` is missing, neither a rule nor a rule's name, or a
         hyper-parameter is unknown to the rule.
     ValueError
-        If ``update_rule`` names no rule, or ``inputs`` is empty (without
-        ``sliceable_shareds``).
+        If ``update_rule`` names no rule, ``inputs`` is empty (without
+        ``sliceable_shareds``), or ``balance=True`` with ``sliceable_shareds``.
     RuntimeError
         Before ``synk.fork()``.
 
@@ -761,7 +805,8 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     """
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
     return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
-                         compile_kwargs, rule_args, sharded, givens, sliceable_shareds)
+                         compile_kwargs, rule_args, sharded, givens, sliceable_shareds,
+                         balance)
 
 
 def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],

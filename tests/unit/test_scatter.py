@@ -11,10 +11,13 @@ from synkhronos._scatter import (
     Batch,
     normalize_batch,
     normalize_batch_s,
+    normalize_shares,
+    offsets,
     part_bounds,
     slice_bounds,
     split_bounds,
     split_counts,
+    weighted_counts,
 )
 
 FAST = settings(max_examples=200, deadline=None)
@@ -297,3 +300,73 @@ def test_batch_s_per_process_property(lengths, data):
     for sel, b, n in zip(sels, out, lengths, strict=True):
         expected = [i % n for i in sel] if n else []
         np.testing.assert_array_equal(b.indices, np.array(expected, dtype=np.int64))
+
+
+# ---------------------------------------------------------------- weighted split (shares)
+
+
+def test_weighted_counts_examples():
+    assert weighted_counts(10, (1.0, 1.0, 1.0)) == [4, 3, 3]
+    assert weighted_counts(10, (3.0, 1.0)) == [8, 2]  # 7.5 / 2.5: the tie to rank 0
+    assert weighted_counts(512, (1.08, 1.0)) == [266, 246]
+    assert weighted_counts(6, (5.0, 1.0, 0.001)) == [4, 1, 1]  # at least one row each
+    assert weighted_counts(2, (1.0, 1.0, 1.0)) == [1, 1, 0]  # fewer rows than parts
+    assert weighted_counts(0, (2.0, 1.0)) == [0, 0]
+    assert weighted_counts(7, (4, 3)) == [4, 3]  # row counts given as shares: kept
+
+
+@FAST
+@given(lengths, st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=1, max_size=16))
+def test_weighted_counts_sum_and_follow_the_shares(length, shares):
+    shares = tuple(shares)
+    counts = weighted_counts(length, shares)
+    assert sum(counts) == length
+    assert all(isinstance(c, int) and c >= 0 for c in counts)
+    if length >= len(shares):
+        assert min(counts) >= 1
+    exact = [length * s / sum(shares) for s in shares]
+    moved = [abs(c - e) for c, e in zip(counts, exact, strict=True)]
+    # largest remainders are within one row of the exact share, unless rows were moved
+    # to give every part one (each such move takes one row from the largest part)
+    assert max(moved) < 1 + len(shares)
+
+
+@FAST
+@given(lengths, part_counts)
+def test_equal_shares_are_the_even_split(length, parts):
+    assert weighted_counts(length, (2.5,) * parts) == split_counts(length, parts)
+
+
+@FAST
+@given(st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=12))
+def test_row_counts_given_as_shares_are_kept(counts):
+    if sum(counts) == 0 or 0 in counts:
+        return  # shares must be positive
+    assert weighted_counts(sum(counts), tuple(counts)) == counts
+
+
+def test_offsets():
+    assert offsets([4, 3, 3]) == (0, 4, 7, 10)
+    assert offsets([]) == (0,)
+
+
+def test_normalize_shares_accepts_and_refuses():
+    assert normalize_shares(None, 2) is None
+    assert normalize_shares([2, 1], 2) == (2.0, 1.0)
+    assert normalize_shares(np.array([0.5, 0.25, 0.25]), 3) == (0.5, 0.25, 0.25)
+    with pytest.raises(ValueError, match="shares has 3 numbers but there are 2 processes"):
+        normalize_shares([1, 1, 1], 2)
+    with pytest.raises(ValueError, match="finite and positive; got 0.0 for process 1"):
+        normalize_shares([1, 0], 2)
+    with pytest.raises(ValueError, match="finite and positive; got nan for process 0"):
+        normalize_shares([float("nan"), 1], 2)
+    with pytest.raises(ValueError, match="finite and positive; got -1.0"):
+        normalize_shares([1, -1], 2)
+    with pytest.raises(TypeError, match="shares must be a sequence of 2 positive numbers"):
+        normalize_shares(1.5, 2)
+    with pytest.raises(TypeError, match="shares must be a sequence"):
+        normalize_shares("ab", 2)
+    with pytest.raises(TypeError, match="1-d sequence of real numbers"):
+        normalize_shares(["a", "b"], 2)
+    with pytest.raises(TypeError, match="1-d sequence of real numbers"):
+        normalize_shares([[1, 2], [3, 4]], 2)

@@ -4,7 +4,8 @@
 ``mpiexec -n 2 python train.py --out DIR --processes 2`` runs 2 machines x 2 processes
 (``--processes`` is per machine, as ``synk.fork``'s ``n_parallel``). A float32 MLP
 trained with Adam (``make_train_function``, sharded), on ``synk.Data`` inputs and
-shuffled minibatches of uneven sizes. The master writes the final parameters, the
+shuffled minibatches of uneven sizes, then on numpy minibatches split by skewed
+``shares``. The master writes the final parameters, the
 losses, and every process's copy of the parameters into ``DIR/train.npz``.
 """
 
@@ -60,6 +61,11 @@ def main() -> None:
     for step in range(args.steps):
         idx = rng.permutation(len(X))[: sizes[step % len(sizes)]]
         losses.append(float(train(x_data, y_data, batch=idx)))
+    # numpy minibatches split by skewed shares: staged, each machine sent only the rows
+    # its processes take (which the shares decide)
+    shares = [1.0 + 2 * r for r in range(n)]
+    for start, stop in ((0, 64), (100, 131), (200, 207)):
+        losses.append(float(train(X[start:stop], Y[start:stop], shares=shares)))
     saved = {f"param{i}": p.get_value() for i, p in enumerate(params)}
     for i, p in enumerate(params):
         saved[f"ranks{i}"] = np.stack([synk.get_value(r, p) for r in range(n)])

@@ -241,9 +241,10 @@ def layouts_for(cores: int, chains: int) -> list[tuple[int, int]]:
 
 def default_layout(cores: int, chains: int) -> tuple[int, int]:
     """What ``synkhronos.pymc.sample`` chooses without ``cores`` and
-    ``processes_per_chain`` (docs/likelihoods.rst): a chain at once per core, at most
-    ``chains``, and the cores divided among them."""
-    running = max(1, min(chains, cores))
+    ``processes_per_chain`` (docs/likelihoods.rst): PyMC's default ``cores`` (half the
+    logical CPUs, at most 4), at most ``chains`` and the usable cores, and the usable
+    cores divided among them."""
+    running = max(1, min(4, (os.cpu_count() or 2) // 2, chains, cores))
     return running, max(1, cores // running)
 
 

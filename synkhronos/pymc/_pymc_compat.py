@@ -20,6 +20,7 @@ __all__ = [
     "import_pymc",
     "change_dist_size",
     "value_grad_function",
+    "default_cores",
     "default_chains",
     "initial_point_fn",
     "parameter_check_rewrite",
@@ -58,11 +59,17 @@ def value_grad_function(cost: Any, model: Any, point: dict) -> Any:
                                       initial_point=point, ravel_inputs=True)
 
 
-def default_chains(cores: int | None) -> int:
-    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+def default_cores() -> int:
+    """The chains ``pm.sample`` runs at once when ``cores`` is not given (PyMC counts
+    half the logical CPUs, taking the rest for hyperthreads)."""
     from pymc.sampling.parallel import _cpu_count
 
-    return max(2, cores if cores is not None else min(4, _cpu_count()))
+    return max(1, min(4, _cpu_count()))
+
+
+def default_chains(cores: int | None) -> int:
+    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+    return max(2, cores if cores is not None else default_cores())
 
 
 def initial_point_fn(model: Any, initvals: Any) -> Any:

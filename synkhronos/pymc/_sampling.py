@@ -62,18 +62,19 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         Rows a process evaluates at a time; see :func:`logp_dlogp_function`.
     processes_per_chain : int, optional
         The processes that evaluate one running chain's log-likelihood (its session's
-        size). Default, without a session: the usable cores divided among the running
-        chains (at least one each). With a session already forked it must be None or
+        size). Default, without a session: the usable cores divided among the chains
+        running at once (at least one each). With a session already forked it must be None or
         that session's size.
     **kwargs
         Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
         ``random_seed``, ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``,
         ``var_names``, ``callback``, ``trace``, ...), except ``step``. ``cores`` keeps
         PyMC's meaning, the chains running at once, each in its own process with its
-        own session of ``processes_per_chain`` processes; default: one running chain
-        per usable core, at most ``chains`` (with ``processes_per_chain`` given: as
-        many as fit in the cores). ``chains`` defaults to PyMC's own default. With a
-        session already forked the chains run one after another in this process.
+        own session of ``processes_per_chain`` processes. Its default is PyMC's (half
+        the logical CPUs, at most 4, at most the usable cores; with
+        ``processes_per_chain`` given, no more than fit in the usable cores), and so is
+        the default of ``chains``. With a session already forked the chains run one
+        after another in this process.
         ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
         chains one after another in this process: then only the keywords nutpie has
         an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
@@ -161,7 +162,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                           "the cores for the likelihood", stacklevel=2)
         running = 1
     else:
-        running, processes = _layout(chains, cores, processes, len(os.sched_getaffinity(0)))
+        running, processes = _layout(chains, cores, processes, len(os.sched_getaffinity(0)),
+                                     compat.default_cores())
     sampling = _Sampling(chains, seeds, random_seed, kwargs)
     if running == 1:
         return _in_master(pm, model, split, grainsize, processes, size,
@@ -205,21 +207,23 @@ def _in_master(pm, model, split, grainsize, processes, size, run):
             close()
 
 
-def _layout(chains: int, cores: int | None, processes: int | None,
-            usable: int) -> tuple[int, int]:
+def _layout(chains: int, cores: int | None, processes: int | None, usable: int,
+            pymc_cores: int) -> tuple[int, int]:
     """``(running chains, processes per chain)`` for a sampling without a session.
 
-    Chains at once first: they are independent, so running them side by side costs
-    nothing per evaluation, while dividing rows costs a parallel call per evaluation
-    and leaves PyMC's own per-step work undivided. The cores left over go to each
-    running chain's processes (CmdStan's ``parallel_chains`` x ``threads_per_chain``).
+    ``cores`` keeps PyMC's meaning, its default included (``pymc_cores``: four on a
+    machine of 8 logical CPUs or more, one on 2), though never more than the ``usable``
+    cores (a job given part of a machine); with ``processes_per_chain`` given and
+    ``cores`` not, no more run at once than fit in the usable cores. The cores
+    go to the running chains' processes, divided evenly (CmdStan's ``parallel_chains``
+    x ``threads_per_chain``).
     """
     if cores is not None:
         running = min(cores, chains)
-    elif processes is not None:
-        running = max(1, min(chains, usable // processes))
     else:
-        running = max(1, min(chains, usable))
+        running = max(1, min(pymc_cores, chains, usable))
+        if processes is not None:
+            running = max(1, min(running, usable // processes))
     if processes is None:
         processes = max(1, usable // running)
     return running, processes

@@ -2,11 +2,13 @@
 
 PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3):
 where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
-chain count ``pm.sample`` derives from the cores, the initial-point function it jitters
-with, the rewrites its compile adds for parameter checks, the imputation it builds for
-masked observations, and nutpie's ``from_pyfunc`` hook. The rest of
-:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
-PyMC is imported only when one of these functions runs.
+cores and chain count of ``pm.sample``, the error its parallel sampler raises for a
+chain, the initial-point function it jitters with, the rewrites its compile adds for
+parameter checks, the imputation it builds for masked observations, and nutpie's
+``from_pyfunc`` hook. The rest of :mod:`synkhronos.pymc` asks this module, so a new
+PyMC release is one file's work. PyMC is imported only when one of these functions
+runs. (``sample`` also relies on one behaviour of ``pm.sample``'s parallel sampler: with
+``mp_ctx="fork"`` its chain processes inherit the step instead of unpickling it.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "value_grad_function",
     "default_cores",
     "default_chains",
+    "chain_failure",
     "initial_point_fn",
     "parameter_check_rewrite",
     "pymc_mode",
@@ -70,6 +73,15 @@ def default_cores() -> int:
 def default_chains(cores: int | None) -> int:
     """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
     return max(2, cores if cores is not None else default_cores())
+
+
+def chain_failure(exc: BaseException) -> BaseException | None:
+    """What failed in a chain process, where ``exc`` is the error ``pm.sample`` raised
+    for it in the master (PyMC's ``ParallelSamplingError``, from the chain's own
+    exception); None for any other error."""
+    from pymc.sampling.parallel import ParallelSamplingError
+
+    return exc.__cause__ if isinstance(exc, ParallelSamplingError) else None
 
 
 def initial_point_fn(model: Any, initvals: Any) -> Any:

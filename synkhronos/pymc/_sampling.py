@@ -181,8 +181,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     try:
         return _sample_nuts(pm, model, vgf, sampling, running)
     except Exception as exc:
-        cause = exc.__cause__
-        if type(exc).__name__ == "ParallelSamplingError" and isinstance(cause, ValueError):
+        cause = compat.chain_failure(exc)
+        if isinstance(cause, ValueError):
             # the model's checks, made in the chain's process: raised as there
             raise cause.with_traceback(None) from exc
         raise

@@ -9,11 +9,15 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). For each, in o
   slices of about 1 MiB of rows, and one block a process: ``grainsize=rows``), and the
   machine's ceiling at each n: PyMC's own function on rows/n in n independent processes
   at once (one per core), the slowest's time; in interleaved rounds (``--rounds``);
-- whole sampling (``--sample-rows`` rows): ``pm.sample`` at one BLAS thread (chains one
-  after another), ``pm.sample`` with PyMC's defaults (its choice of chain processes and
-  BLAS threads), and ``synkhronos.pymc.sample`` at n_parallel = 1 .. cores; wall time
-  (with compiling and initialisation) and PyMC's own sampling-loop time; the posterior
-  means are checked against the first peer (max gap in MCSE).
+- whole sampling (``--sample-rows`` rows), every run with PyMC's default number of
+  chains (or ``--chains``): ``pm.sample`` with PyMC's defaults (its default sampler:
+  nutpie on PyMC 6 where it is installed; its cores and BLAS threads), ``pm.sample``'s
+  own NUTS at one BLAS thread (chains one after another: the peer) and with its chains
+  at once, and ``synkhronos.pymc.sample`` (no session of the user) in each chains x
+  processes layout that fills the machine (``--layouts``, e.g. ``1x16,2x8,4x4``), the
+  default layout marked; wall time (with compiling and initialisation) and the
+  sampler's own sampling-loop time; the posterior means are checked against the peer
+  (max gap in MCSE).
 
 Ratios are PyMC's time over synkhronos's (> 1: synkhronos is faster). The machine's
 load average is recorded next to every figure: on a busy machine, rerun. Prints JSON;
@@ -23,6 +27,8 @@ load average is recorded next to every figure: on a busy machine, rerun. Prints 
     python benchmarks/pymc_sampling.py --rows 100000 1000000 --sample-rows 1000000
     python benchmarks/pymc_sampling.py --models logistic --rows 1000000 --no-sampling \
         --sizes 1,2,4,8,16
+    python benchmarks/pymc_sampling.py --no-evaluations --sample-rows 1000000 \
+        --layouts 1x16,2x8,4x4,4x1
 
 ``--sizes`` lists the n_parallel to run (default 1 .. ``--max-n``); ``--no-sampling``
 measures the evaluations only (``benchmarks/device_check.py`` uses both).
@@ -220,12 +226,36 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
 
 
 def sampling_time(idata) -> float | None:
+    """PyMC's (or nutpie's) own sampling-loop seconds, kept in the posterior's attrs."""
     value = idata.posterior.attrs.get("sampling_time")
     return None if value is None else float(value)
 
 
-def samplings(model: pm.Model, sizes: list[int], options: dict) -> dict:
-    """Whole pm.sample runs: PyMC at one BLAS thread, PyMC's defaults, synkhronos at each n."""
+def layouts_for(cores: int, chains: int) -> list[tuple[int, int]]:
+    """The chains x processes layouts that fill the machine: each number of chains at
+    once that divides ``chains`` (no round half empty), up to the cores, with the cores
+    divided among them."""
+    return [(running, cores // running) for running in range(1, min(chains, cores) + 1)
+            if chains % running == 0]
+
+
+def default_layout(cores: int, chains: int) -> tuple[int, int]:
+    """What ``synkhronos.pymc.sample`` chooses without ``cores`` and
+    ``processes_per_chain`` (docs/likelihoods.rst): PyMC's default ``cores`` (half the
+    logical CPUs, at most 4), at most ``chains`` and the usable cores, and the usable
+    cores divided among them."""
+    running = max(1, min(4, (os.cpu_count() or 2) // 2, chains, cores))
+    return running, max(1, cores // running)
+
+
+def samplings(model: pm.Model, layouts: list[tuple[int, int]] | None, options: dict) -> dict:
+    """Whole sampling runs: PyMC at one BLAS thread (chains one after another, the peer
+    the posteriors are compared with), PyMC's defaults (its default sampler -- nutpie on
+    PyMC 6 where it is installed -- chains and cores), PyMC's NUTS with its chains at
+    once, and ``synkhronos.pymc.sample`` in each chains x processes layout, each without
+    a session of the user (as a PyMC user calls it). ``layouts``: ``(chains at once,
+    processes per chain)`` pairs (default: ``layouts_for`` the machine)."""
+    cores = len(os.sched_getaffinity(0))
     record: dict = {"load_before": load(), "options": dict(options), "wall_s": {},
                     "sampling_loop_s": {}, "mcse_gap_vs_pymc_1_thread": {}}
 
@@ -237,19 +267,33 @@ def samplings(model: pm.Model, sizes: list[int], options: dict) -> dict:
         record.setdefault("load", {})[label] = load()
         return idata
 
+    # PyMC's defaults first: its chains, unless --chains named them, are everyone's.
+    defaults = {k: v for k, v in options.items() if v is not None}
+    default = run("pymc_defaults", lambda: pm.sample(model=model, **defaults))
+    record["pymc_defaults_sampler"] = default.posterior.attrs.get("inference_library")
+    chains = int(default.posterior.sizes["chain"])
+    options = dict(options, chains=chains)
+    record["chains"] = chains
     with threadpool_limits(limits=1):
         peer = run("pymc_1_thread", lambda: pm.sample(
             model=model, nuts_sampler="pymc", cores=1, **options))
-    default = run("pymc_defaults", lambda: pm.sample(model=model, nuts_sampler="pymc",
-                                                     **options))
     record["mcse_gap_vs_pymc_1_thread"]["pymc_defaults"] = mcse_gap(default, peer, model)
-    for n in sizes:
-        synk.fork(n)
-        try:
-            got = run(f"synkhronos_n{n}", lambda: synk_pymc.sample(model=model, **options))
-        finally:
-            synk.close()
-        record["mcse_gap_vs_pymc_1_thread"][f"synkhronos_n{n}"] = mcse_gap(got, peer, model)
+    at_once = min(chains, cores)
+    if at_once > 1:
+        label = f"pymc_nuts_{at_once}_at_once"
+        got = run(label, lambda: pm.sample(model=model, nuts_sampler="pymc", cores=at_once,
+                                           **options))
+        record["mcse_gap_vs_pymc_1_thread"][label] = mcse_gap(got, peer, model)
+    if layouts is None:
+        layouts = layouts_for(cores, chains)
+    record["layouts"] = [f"{running}x{processes}" for running, processes in layouts]
+    running, processes = default_layout(cores, chains)
+    record["synkhronos_default_layout"] = f"{running}x{processes}"
+    for running, processes in layouts:
+        label = f"synkhronos_{running}x{processes}"
+        got = run(label, lambda r=running, p=processes: synk_pymc.sample(
+            model=model, cores=r, processes_per_chain=p, **options))
+        record["mcse_gap_vs_pymc_1_thread"][label] = mcse_gap(got, peer, model)
     for kind in ("wall_s", "sampling_loop_s"):
         times = record[kind]
         record[f"speedup_{kind}_vs_pymc_1_thread"] = {
@@ -322,7 +366,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--draws", type=int, default=None)
     parser.add_argument("--tune", type=int, default=None)
-    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--chains", type=int, default=None,
+                        help="chains of every sampling (default: PyMC's default chains)")
+    parser.add_argument("--layouts", default=None,
+                        help="comma-separated chains-at-once x processes-per-chain layouts "
+                        "of synkhronos.pymc.sample, e.g. 1x16,2x8,4x4 (default: those "
+                        "that fill the machine)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="interleaved rounds of the per-evaluation figures (3)")
     parser.add_argument("--out", type=Path, default=None)
@@ -330,6 +379,8 @@ def main() -> None:
                         help="comma-separated n_parallel to run (default 1 .. --max-n)")
     parser.add_argument("--no-sampling", action="store_true",
                         help="per-evaluation figures only, no pm.sample")
+    parser.add_argument("--no-evaluations", action="store_true",
+                        help="whole sampling only (at --sample-rows), no per-evaluation figures")
     args = parser.parse_args()
     rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
     sample_rows = args.sample_rows or max(rows)
@@ -343,6 +394,10 @@ def main() -> None:
         parser.error(f"--sizes must list positive integers; got {args.sizes!r}")
     options = dict(draws=draws, tune=tune, chains=args.chains, random_seed=3,
                    progressbar=False, compute_convergence_checks=False)
+    layouts = None if args.layouts is None else [
+        tuple(int(v) for v in item.split("x")) for item in args.layouts.split(",")]
+    if args.no_evaluations:
+        rows = [sample_rows]
 
     report: dict = {"benchmark": "pymc_sampling", "machine": machine(),
                     "load_at_start": load(), "quick": args.quick,
@@ -354,33 +409,45 @@ def main() -> None:
         result: dict = {"evaluations": {}}
         for n_rows in rows:
             model = MODELS[name](n_rows)
-            result["evaluations"][str(n_rows)] = evaluations(
-                model, MODELS[name], n_rows, sizes, repeats, args.rounds)
+            if not args.no_evaluations:
+                result["evaluations"][str(n_rows)] = evaluations(
+                    model, MODELS[name], n_rows, sizes, repeats, args.rounds)
             if n_rows == sample_rows and not args.no_sampling:
-                result["sampling"] = {"rows": n_rows, **samplings(model, sizes, options)}
+                result["sampling"] = {"rows": n_rows, **samplings(model, layouts, options)}
             del model
         if "sampling" not in result and not args.no_sampling:
             result["sampling"] = {"rows": sample_rows,
-                                  **samplings(MODELS[name](sample_rows), sizes, options)}
+                                  **samplings(MODELS[name](sample_rows), layouts, options)}
         report["models"][name] = result
     report["load_at_end"] = load()
     two = str(2 if 2 in sizes else sizes[-1])
     empty: dict = {}
     top = str(max(rows))
+
+    def by_default(result: dict, kind: str) -> float | None:
+        """A whole-sampling figure of the layout sample() chooses by default."""
+        sampling = result.get("sampling", empty)
+        label = f"synkhronos_{sampling.get('synkhronos_default_layout')}"
+        return sampling.get(kind, empty).get(label)
+
     report["targets"] = {
         name: {
             "rows": max(rows), "n_parallel": int(two),
-            "per_eval_speedup_vs_pymc_1_thread": result["evaluations"][top][
-                "speedup_vs_pymc_1_thread"][two],
+            "per_eval_speedup_vs_pymc_1_thread": result["evaluations"].get(top, empty).get(
+                "speedup_vs_pymc_1_thread", empty).get(two),
             "per_eval_target": 1.8,
-            "per_eval_ceiling_speedup": result["evaluations"][top][
-                "ceiling_speedup_vs_pymc_1_thread"].get(two),
-            "per_eval_fraction_of_ceiling": result["evaluations"][top][
-                "fraction_of_ceiling"].get(two),
-            "sampling_loop_speedup_vs_pymc_1_thread": result.get("sampling", empty).get(
-                "speedup_sampling_loop_s_vs_pymc_1_thread", empty).get(f"synkhronos_n{two}"),
-            "sampling_wall_speedup_vs_pymc_1_thread": result.get("sampling", empty).get(
-                "speedup_wall_s_vs_pymc_1_thread", empty).get(f"synkhronos_n{two}"),
+            "per_eval_ceiling_speedup": result["evaluations"].get(top, empty).get(
+                "ceiling_speedup_vs_pymc_1_thread", empty).get(two),
+            "per_eval_fraction_of_ceiling": result["evaluations"].get(top, empty).get(
+                "fraction_of_ceiling", empty).get(two),
+            # whole sampling: the layout sample() chooses by default
+            "sampling_layout": result.get("sampling", empty).get("synkhronos_default_layout"),
+            "sampling_loop_speedup_vs_pymc_1_thread": by_default(
+                result, "speedup_sampling_loop_s_vs_pymc_1_thread"),
+            "sampling_wall_speedup_vs_pymc_1_thread": by_default(
+                result, "speedup_wall_s_vs_pymc_1_thread"),
+            "sampling_wall_speedup_vs_pymc_defaults": by_default(
+                result, "speedup_wall_s_vs_pymc_defaults"),
             "sampling_target": 1.6,
         }
         for name, result in report["models"].items()

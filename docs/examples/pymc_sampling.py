@@ -27,7 +27,7 @@ with pm.Model() as model:  # an ordinary PyMC model
     intercept = pm.Normal("intercept", 0, 2)
     pm.Bernoulli("y", logit_p=intercept + X @ beta, observed=y)
 
-synk.fork(2)  # optional: without a session, sample() forks one and closes it
+synk.fork(2)  # optional: without one, each chain running at once forks its own
 options = dict(draws=300, tune=300, chains=2, random_seed=7, progressbar=False)
 idata = synkhronos.pymc.sample(model=model, **options)  # same arguments as pm.sample
 reference = pm.sample(model=model, nuts_sampler="pymc", cores=1, **options)

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import pickle
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -238,9 +239,11 @@ class RowSum(Op):
     memory: it is never copied or pickled.
     """
 
-    def __init__(self, parts: list[_Part], sources: list, shapes: list[tuple[int, ...]],
-                 dtype: str):
+    def __init__(self, parts: list[_Part] | None, sources: list,
+                 shapes: list[tuple[int, ...]], dtype: str,
+                 connect: Callable[[], list[_Part]] | None = None):
         self.parts = parts
+        self._connect = connect  # builds the parts where they are None
         self.sources = sources  # (shared variable, the value copied into the rows)
         self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
         self.total = sum(self.sizes)
@@ -249,7 +252,7 @@ class RowSum(Op):
     @property
     def num_slices(self) -> int | tuple[int, ...]:
         """Each process's blocks of rows (grainsize): one number, or one a group."""
-        slices = tuple(part.slices for part in self.parts)
+        slices = tuple(part.slices for part in self.parts or ())
         return slices[0] if len(slices) == 1 else slices
 
     def make_node(self, *inputs):
@@ -260,6 +263,8 @@ class RowSum(Op):
     def perform(self, node, inputs, output_storage):
         # (A process forked from the master, such as a PyMC chain process with
         # cores > 1, gets the session's RuntimeError from this call.)
+        if self.parts is None:  # deferred: this process's first evaluation builds them
+            self.parts = self._connect()
         for var, value in self.sources:
             if var.get_value(borrow=True) is not value:
                 raise RuntimeError(
@@ -308,15 +313,15 @@ class RowSum(Op):
 
     def release(self) -> None:
         """Free the rows' shared memory now (otherwise when the Op is collected)."""
-        for part in self.parts:
+        for part in self.parts or ():
             for item in part.row_data:
                 item.free_memory()
 
 
 def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets: list[int],
-                size: int, grainsize: int | None) -> tuple[_Part, list]:
+                size: int, grainsize: int | None) -> _Part:
     """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
-    and check. Returns the part and the data variables it reads."""
+    and check."""
     used = set(ancestors([loglik]))
     positions = [i for i, v in enumerate(values) if v in used]
     mine = [values[i] for i in positions]
@@ -330,22 +335,32 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     slices = _num_slices(row_data, group.rows, size, grainsize)
     _check_rows(fn, row_data, mine, model, group, size, slices)
     entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
-    # The data it reads whole and by rows, and the model's own (a container whose rows a
-    # mask selected was copied: pm.set_data on it must still be caught).
-    read = [*graph_inputs([loglik]), *rows, *_data_roots(
-        [*group.observed, *[model.rvs_to_values[rv] for rv in group.observed],
-         *group.potentials], model)]
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    return _Part(fn, row_data, slices, positions, entries), read
+    return _Part(fn, row_data, slices, positions, entries)
 
 
-def _build(pm, model, split, grainsize, jacobian: bool = True):
+def _read_by(model, group: _Group, loglik, rows: dict) -> list:
+    """The data a group's likelihood reads whole and by rows, and the model's own (a
+    container whose rows a mask selected was copied: pm.set_data on it must still be
+    caught)."""
+    return [*graph_inputs([loglik]), *rows, *_data_roots(
+        [*group.observed, *[model.rvs_to_values[rv] for rv in group.observed],
+         *group.potentials], model)]
+
+
+def _build(pm, model, split, grainsize, jacobian: bool = True,
+           open_session: Callable[[], int] | None = None):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
-    Jacobians, as ``pm.find_MAP`` optimises)."""
-    size = _session_size()
-    if size is None:
+    Jacobians, as ``pm.find_MAP`` optimises).
+
+    With ``open_session`` (a function that forks this process's session and returns
+    its size) no session is needed now: steps 3-4 wait for the first evaluation, in
+    the process that makes it (a chain process forked from this one, which then has a
+    session of its own), and the check's errors are raised there.
+    """
+    if _session_size() is None and open_session is None:
         raise RuntimeError("synk.fork() must be called before "
                            "synkhronos.pymc.logp_dlogp_function()")
     discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
@@ -353,7 +368,6 @@ def _build(pm, model, split, grainsize, jacobian: bool = True):
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
                          f"continuous (NUTS alone); {discrete[0]!r} is discrete")
     plan = _choose_split(model, split)
-    parts: list[_Part] = []
     with model:
         built = [_row_likelihood(pm, model, group) for group in plan.groups]
         used = set(ancestors([loglik for loglik, _ in built]))
@@ -363,21 +377,30 @@ def _build(pm, model, split, grainsize, jacobian: bool = True):
         point = model.initial_point()
         shapes = [np.shape(point[v.name]) for v in values]
         offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
-        read: list = []
-        try:
-            for group, (loglik, rows) in zip(plan.groups, built, strict=True):
-                part, part_read = _build_part(model, group, loglik, rows, values, offsets,
-                                              size, grainsize)
-                parts.append(part)
-                read += part_read
-        except BaseException:
-            for part in parts:
-                for item in part.row_data:
-                    item.free_memory()
-            raise
+        read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
+                for var in _read_by(model, group, loglik, rows)]
+
+        def connect() -> list[_Part]:
+            size = open_session() if open_session is not None else n_parallel()
+            parts: list[_Part] = []
+            try:
+                with model:
+                    for group, (loglik, rows) in zip(plan.groups, built, strict=True):
+                        parts.append(_build_part(model, group, loglik, rows, values,
+                                                 offsets, size, grainsize))
+            except BaseException:
+                for part in parts:
+                    for item in part.row_data:
+                        item.free_memory()
+                raise
+            return parts
+
         sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
-        op = RowSum(parts, sources, shapes, built[0][0].dtype)
+        if open_session is None:
+            op = RowSum(connect(), sources, shapes, built[0][0].dtype)
+        else:
+            op = RowSum(None, sources, shapes, built[0][0].dtype, connect=connect)
         rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
         divided: Any = op(*values)  # (log-likelihood, flat gradient)
         cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]

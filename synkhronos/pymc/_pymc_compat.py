@@ -2,11 +2,13 @@
 
 PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3):
 where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
-chain count ``pm.sample`` derives from the cores, the initial-point function it jitters
-with, the rewrites its compile adds for parameter checks, the imputation it builds for
-masked observations, and nutpie's ``from_pyfunc`` hook. The rest of
-:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
-PyMC is imported only when one of these functions runs.
+cores and chain count of ``pm.sample``, the error its parallel sampler raises for a
+chain, the initial-point function it jitters with, the rewrites its compile adds for
+parameter checks, the imputation it builds for masked observations, and nutpie's
+``from_pyfunc`` hook. The rest of :mod:`synkhronos.pymc` asks this module, so a new
+PyMC release is one file's work. PyMC is imported only when one of these functions
+runs. (``sample`` also relies on one behaviour of ``pm.sample``'s parallel sampler: with
+``mp_ctx="fork"`` its chain processes inherit the step instead of unpickling it.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ __all__ = [
     "import_pymc",
     "change_dist_size",
     "value_grad_function",
+    "default_cores",
     "default_chains",
+    "chain_failure",
     "initial_point_fn",
     "parameter_check_rewrite",
     "pymc_mode",
@@ -58,11 +62,26 @@ def value_grad_function(cost: Any, model: Any, point: dict) -> Any:
                                       initial_point=point, ravel_inputs=True)
 
 
-def default_chains(cores: int | None) -> int:
-    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+def default_cores() -> int:
+    """The chains ``pm.sample`` runs at once when ``cores`` is not given (PyMC counts
+    half the logical CPUs, taking the rest for hyperthreads)."""
     from pymc.sampling.parallel import _cpu_count
 
-    return max(2, cores if cores is not None else min(4, _cpu_count()))
+    return max(1, min(4, _cpu_count()))
+
+
+def default_chains(cores: int | None) -> int:
+    """The number of chains ``pm.sample`` runs when ``chains`` is not given."""
+    return max(2, cores if cores is not None else default_cores())
+
+
+def chain_failure(exc: BaseException) -> BaseException | None:
+    """What failed in a chain process, where ``exc`` is the error ``pm.sample`` raised
+    for it in the master (PyMC's ``ParallelSamplingError``, from the chain's own
+    exception); None for any other error."""
+    from pymc.sampling.parallel import ParallelSamplingError
+
+    return exc.__cause__ if isinstance(exc, ParallelSamplingError) else None
 
 
 def initial_point_fn(model: Any, initvals: Any) -> Any:

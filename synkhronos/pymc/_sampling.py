@@ -1,20 +1,37 @@
-"""Sampling: PyMC's NUTS or nutpie driving the divided log-density from the master.
+"""Sampling: PyMC's NUTS or nutpie driving the divided log-density.
 
 ``sample`` runs PyMC's ``pm.init_nuts`` (jitter, mass matrix) and ``pm.sample`` with a
-NUTS step over :func:`~synkhronos.pymc.logp_dlogp_function`'s function: the chains run
-one after another in the master, with the seeds ``pm.sample`` would use, so the draws
-equal ``pm.sample``'s up to rounding. ``nuts_sampler="nutpie"`` hands the same function
-to nutpie through its ``from_pyfunc`` hook.
+NUTS step over :func:`~synkhronos.pymc.logp_dlogp_function`'s function, with the seeds
+``pm.sample`` would use, so the draws equal ``pm.sample``'s up to rounding. Where the
+chains run:
+
+- several at once (``cores`` > 1, no session open): PyMC's own parallel sampler forks
+  one process per chain from this one, before any session exists; the step's
+  likelihood is built here without one and, at a chain process's first evaluation,
+  that process forks its own session of ``processes_per_chain`` processes and compiles
+  its rows' function. Each chain process is a program of its own for synkhronos (its
+  prefix, lock and watcher), so the one-session-per-program rule holds in each; PyMC's
+  master collects the draws, shows one progress display and builds one InferenceData;
+  a chain process closes its session as it ends (normally, on PyMC's abort after
+  Ctrl-C, or on its SIGTERM);
+- one at a time, in this process (one running chain, a session already open, or
+  nutpie): the session (the user's, or one ``sample`` forks and closes) evaluates
+  every chain's likelihood. ``nuts_sampler="nutpie"`` hands the function to nutpie
+  through its ``from_pyfunc`` hook.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import multiprocessing.util
+import os
 import warnings
+from typing import Any
 
 import numpy as np
 
-from .. import close, fork
+from .. import close, fork, n_parallel
 from . import _pymc_compat as compat
 from ._likelihood import _build, _check_grainsize, _session_size
 
@@ -25,11 +42,12 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
            **kwargs):
     """``pm.sample`` with the observed log-likelihood evaluated on every process.
 
-    The rows of the observed data are divided among the session's processes and the
-    log-likelihood and its gradient summed; the prior is evaluated in the master. PyMC
-    initialises NUTS as usual (``pm.init_nuts``: jitter, mass-matrix adaptation) and
-    runs the chains one after another in the master. With the same ``random_seed`` the
-    draws equal ``pm.sample(nuts_sampler="pymc")``'s, up to floating-point rounding.
+    The rows of the observed data are divided among a session's processes and the
+    log-likelihood and its gradient summed; the prior is evaluated in the process that
+    runs the chain. PyMC initialises NUTS as usual (``pm.init_nuts``: jitter,
+    mass-matrix adaptation) and samples with its own sampler. With the same
+    ``random_seed`` the draws equal ``pm.sample(nuts_sampler="pymc")``'s, up to
+    floating-point rounding.
 
     Parameters
     ----------
@@ -43,21 +61,27 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     grainsize : int, optional
         Rows a process evaluates at a time; see :func:`logp_dlogp_function`.
     processes_per_chain : int, optional
-        The processes that evaluate each chain's log-likelihood: the size of the session
-        ``sample`` forks when none is open (default: a process per core). With a session
-        already forked it must be None or that session's size. The chains run one after
-        another (running chains in parallel groups is not implemented).
+        The processes that evaluate one running chain's log-likelihood (its session's
+        size). Default, without a session: the usable cores divided among the chains
+        running at once (at least one each). With a session already forked it must be None or
+        that session's size.
     **kwargs
-        Every keyword of ``pm.sample`` (``tune``, ``chains``, ``random_seed``,
-        ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``, ``var_names``, ...),
-        except ``step``. ``cores`` only sets the default number of chains, as in PyMC:
-        the chains run in the master, whose processes already use the cores.
-        ``nuts_sampler="nutpie"`` samples with nutpie over the same function: then only
-        the keywords nutpie has an equivalent for are accepted (``draws``, ``tune``,
-        ``chains``, ``cores``, ``random_seed``, ``initvals`` (one dict),
-        ``progressbar``, ``quiet``, ``discard_tuned_samples``, ``target_accept``,
-        ``max_treedepth``, ``nuts``, ``nuts_sampler_kwargs``, ``var_names``,
-        ``compute_convergence_checks``, ``idata_kwargs``, ``return_inferencedata``).
+        Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
+        ``random_seed``, ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``,
+        ``var_names``, ``callback``, ``trace``, ...), except ``step``. ``cores`` keeps
+        PyMC's meaning, the chains running at once, each in its own process with its
+        own session of ``processes_per_chain`` processes. Its default is PyMC's (half
+        the logical CPUs, at most 4, at most the usable cores; with
+        ``processes_per_chain`` given, no more than fit in the usable cores), and so is
+        the default of ``chains``. With a session already forked the chains run one
+        after another in this process.
+        ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
+        chains one after another in this process: then only the keywords nutpie has
+        an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
+        ``random_seed``, ``initvals`` (one dict), ``progressbar``, ``quiet``,
+        ``discard_tuned_samples``, ``target_accept``, ``max_treedepth``, ``nuts``,
+        ``nuts_sampler_kwargs``, ``var_names``, ``compute_convergence_checks``,
+        ``idata_kwargs``, ``return_inferencedata``).
 
     Returns
     -------
@@ -70,16 +94,22 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     TypeError
         ``step`` was passed; a model was passed positionally (pass ``model=``); on the
         nutpie route, keywords nutpie has no equivalent for; ``split`` is not a name or
-        list of names. All before any process is forked.
+        list of names; ``cores`` or ``processes_per_chain`` is not a whole number. All
+        before any process is forked.
     ValueError
-        See :func:`logp_dlogp_function`; ``nuts_sampler`` is not "pymc" or "nutpie";
-        the model reads ``pm.Minibatch`` data; ``processes_per_chain`` is below 1 or
-        differs from the open session's size.
+        See :func:`logp_dlogp_function` (raised from the chain's process where chains
+        run at once); ``nuts_sampler`` is not "pymc" or "nutpie"; the model reads
+        ``pm.Minibatch`` data; ``cores`` or ``processes_per_chain`` is below 1;
+        ``processes_per_chain`` differs from the open session's size; ``mp_ctx`` is
+        not ``"fork"`` while chains run at once.
 
     Notes
     -----
-    Without a session it forks one (``synk.fork(processes_per_chain)``) and closes it
-    when sampling ends; with a session, it uses that one.
+    Without a session and with one running chain it forks one
+    (``synk.fork(processes_per_chain)``) and closes it when sampling ends; with
+    several, each chain's process forks and closes its own. With a session, it uses
+    that one. Ctrl-C behaves as in ``pm.sample`` (the draws so far come back); every
+    chain process and its session end with it.
     """
     pm = compat.import_pymc()
     if isinstance(draws, pm.Model):
@@ -90,8 +120,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     model = pm.modelcontext(model)
     kwargs = dict(kwargs, draws=int(draws))
     if "step" in kwargs:
-        raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for other steps "
-                        "pass synkhronos.pymc.logp_dlogp_function() to them and call pm.sample")
+        raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for another "
+                        "step, fork a session (synk.fork()), build the step over "
+                        "synkhronos.pymc.logp_dlogp_function(model) (e.g. pm.NUTS("
+                        "logp_dlogp_func=...)) and call pm.sample(step=..., cores=1)")
     sampler = kwargs.pop("nuts_sampler", None) or "pymc"
     if sampler not in ("pymc", "nutpie"):
         raise ValueError(f"nuts_sampler must be 'pymc' or 'nutpie' with synkhronos.pymc; "
@@ -110,24 +142,106 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                          "sampling needs every row, which synkhronos.pymc divides among "
                          "the processes; sample the full data (pm.Data), or fit "
                          "minibatches with ADVI (pm.fit)")
-    cores = kwargs.pop("cores", None)
+    cores = _check_count("cores", kwargs.pop("cores", None))
     grainsize = _check_grainsize(grainsize)  # before a session is forked for nothing
     size = _session_size()
     processes = _check_processes(processes_per_chain, size)
+    if sampler == "nutpie":
+        return _in_master(pm, model, split, grainsize, processes, size,
+                          lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs))
+    random_seed = kwargs.pop("random_seed", None)
+    if random_seed is None:  # one seed for init_nuts and pm.sample alike
+        random_seed = int(np.random.default_rng().integers(2**30))
+    chains, seeds = _chains_and_seeds(random_seed, _check_count("chains",
+                                                                kwargs.pop("chains", None)),
+                                      cores)
+    if size is not None:
+        if cores is not None and cores > 1:
+            warnings.warn(f"cores={cores}: with a session already forked the chains run "
+                          "one after another in the master, whose processes already use "
+                          "the cores for the likelihood", stacklevel=2)
+        running = 1
+    else:
+        running, processes = _layout(chains, cores, processes, len(os.sched_getaffinity(0)),
+                                     compat.default_cores())
+    sampling = _Sampling(chains, seeds, random_seed, kwargs)
+    if running == 1:
+        return _in_master(pm, model, split, grainsize, processes, size,
+                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1))
+    mp_ctx = kwargs.pop("mp_ctx", None)
+    if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
+                               else mp_ctx.get_start_method()) != "fork":
+        raise ValueError(f"mp_ctx={mp_ctx!r}: synkhronos.pymc.sample runs chains at once "
+                         "in processes forked from this one (mp_ctx='fork', the default "
+                         "here); pass cores=1 to run them one after another instead")
+    # Each chain's process forks its own session at its first evaluation. Oversubscribed
+    # cores (more processes than cores) must not spin while they wait.
+    spin = 0.0 if running * processes > len(os.sched_getaffinity(0)) else None
+    vgf, op = _build(pm, model, split, grainsize, open_session=_chain_session(processes, spin))
+    try:
+        return _sample_nuts(pm, model, vgf, sampling, running)
+    except Exception as exc:
+        cause = compat.chain_failure(exc)
+        if isinstance(cause, ValueError):
+            # the model's checks, made in the chain's process: raised as there
+            raise cause.with_traceback(None) from exc
+        raise
+    finally:
+        op.release()
+
+
+def _in_master(pm, model, split, grainsize, processes, size, run):
+    """``run(vgf)`` with the chains in this process: over the open session, or over one
+    forked here (``processes``) and closed at the end."""
     own_session = size is None
     if own_session:
         fork(processes)
     try:
         vgf, op = _build(pm, model, split, grainsize)
         try:
-            if sampler == "nutpie":
-                return _sample_nutpie(pm, model, vgf, cores, kwargs)
-            return _sample_nuts(pm, model, vgf, cores, kwargs)
+            return run(vgf)
         finally:
             op.release()
     finally:
         if own_session:
             close()
+
+
+def _layout(chains: int, cores: int | None, processes: int | None, usable: int,
+            pymc_cores: int) -> tuple[int, int]:
+    """``(running chains, processes per chain)`` for a sampling without a session.
+
+    ``cores`` keeps PyMC's meaning, its default included (``pymc_cores``: four on a
+    machine of 8 logical CPUs or more, one on 2), though never more than the ``usable``
+    cores (a job given part of a machine); with ``processes_per_chain`` given and
+    ``cores`` not, no more run at once than fit in the usable cores. The cores
+    go to the running chains' processes, divided evenly (CmdStan's ``parallel_chains``
+    x ``threads_per_chain``).
+    """
+    if cores is not None:
+        running = min(cores, chains)
+    else:
+        running = max(1, min(pymc_cores, chains, usable))
+        if processes is not None:
+            running = max(1, min(running, usable // processes))
+    if processes is None:
+        processes = max(1, usable // running)
+    return running, processes
+
+
+def _chain_session(processes: int, spin: float | None):
+    """The function a chain's process calls at its first evaluation: it forks that
+    process's session and returns its size."""
+
+    def open_session() -> int:
+        fork(processes, spin=spin)
+        # PyMC's chain processes end through multiprocessing, which runs its own
+        # finalizers but not atexit's: close the session there (also after PyMC's abort
+        # on Ctrl-C, and on SIGTERM, which the session turns into SystemExit).
+        multiprocessing.util.Finalize(None, close, exitpriority=0)
+        return n_parallel()
+
+    return open_session
 
 
 # The pm.sample keywords with an equivalent on the nutpie route.
@@ -136,6 +250,17 @@ _NUTPIE_KEYWORDS = {
     "discard_tuned_samples", "target_accept", "max_treedepth", "nuts", "nuts_sampler_kwargs",
     "var_names", "compute_convergence_checks", "idata_kwargs", "return_inferencedata",
 }
+
+
+def _check_count(name: str, value) -> int | None:
+    """``cores`` or ``chains`` checked: None or a whole number >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be a whole number or None; got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1; got {value}")
+    return int(value)
 
 
 def _check_processes(processes_per_chain, size: int | None) -> int | None:
@@ -169,27 +294,34 @@ def _chains_and_seeds(random_seed, chains: int | None, cores: int | None):
     return chains, [int(rng.integers(2**30)) for rng in np.random.default_rng(seed).spawn(chains)]
 
 
-def _sample_nuts(pm, model, vgf, cores, kwargs):
-    """PyMC's init_nuts and pm.sample, with a NUTS step over ``vgf``, chains in the master."""
+@dataclasses.dataclass
+class _Sampling:
+    """What ``pm.sample`` is asked for: the chains, their seeds (``pm.sample``'s), the
+    seed itself, and the rest of its keywords."""
+
+    chains: int
+    seeds: list[int]
+    random_seed: Any
+    kwargs: dict
+
+
+def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int):
+    """PyMC's init_nuts and pm.sample, with a NUTS step over ``vgf`` and ``running``
+    chains at once (more than one: PyMC's own chain processes, forked)."""
     params = compat.sample_parameters()
+    kwargs = dict(sampling.kwargs)
     # pm.sample hands its unnamed keywords (and the "nuts" dict) to the NUTS step.
     step_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name not in params}
     for name, value in (step_kwargs.pop("nuts", None) or {}).items():
         step_kwargs.setdefault(name, value)
-    if cores is not None and cores > 1:
-        warnings.warn(f"cores={cores}: the chains run one after another in the master, whose "
-                      "processes already use the cores for the likelihood", stacklevel=3)
 
     def default(name):
         return kwargs.pop(name, params[name].default)
 
-    random_seed = kwargs.pop("random_seed", None)
-    if random_seed is None:  # one seed for init_nuts and pm.sample alike
-        random_seed = int(np.random.default_rng().integers(2**30))
-    chains, seeds = _chains_and_seeds(random_seed, kwargs.pop("chains", None), cores)
     quiet = kwargs.get("quiet", False)
+    seeds = sampling.seeds
     initial_points, initialised = pm.init_nuts(
-        init=default("init"), chains=chains, n_init=default("n_init"), model=model,
+        init=default("init"), chains=sampling.chains, n_init=default("n_init"), model=model,
         random_seed=seeds, progressbar=bool(kwargs.get("progressbar", True)) and not quiet,
         quiet=quiet, jitter_max_retries=default("jitter_max_retries"),
         tune=kwargs.get("tune", params["tune"].default), initvals=kwargs.pop("initvals", None),
@@ -198,8 +330,10 @@ def _sample_nuts(pm, model, vgf, cores, kwargs):
     # The same step init_nuts made (its adapted potential, seed and options), over vgf.
     step = pm.NUTS(potential=initialised.potential, model=model, rng=seeds[0],
                    initial_point=initial_points[0], logp_dlogp_func=vgf, **step_kwargs)
-    return pm.sample(model=model, step=step, initvals=initial_points, chains=chains, cores=1,
-                     random_seed=random_seed, **kwargs)
+    if running > 1:
+        kwargs["mp_ctx"] = "fork"  # the chain processes inherit the step: no pickling
+    return pm.sample(model=model, step=step, initvals=initial_points, chains=sampling.chains,
+                     cores=running, random_seed=sampling.random_seed, **kwargs)
 
 
 def _sample_nutpie(pm, model, vgf, cores, kwargs):
@@ -230,7 +364,7 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
     idata_kwargs.pop("include_transformed", None)  # (nutpie: never stored)
     if idata_kwargs:
         warnings.warn(f"idata_kwargs keys {sorted(idata_kwargs)} are ignored by the nutpie "
-                      "sampler, as in pm.sample", UserWarning, stacklevel=4)
+                      "sampler, as in pm.sample", UserWarning, stacklevel=5)
     # nutpie computes no convergence checks; pm.sample's nutpie route returns
     # InferenceData always: both keywords are accepted as it accepts them.
     kwargs.pop("compute_convergence_checks", None)

@@ -1,0 +1,52 @@
+"""Ctrl-C during ``synkhronos.pymc.sample`` with chains at once (2 chains x 2 processes).
+
+Ctrl-C is made deliverable first (Python's default SIGINT handler), whatever this
+process inherited: a test suite started in the background has SIGINT ignored.
+
+Samples twice, each time far more draws than the test waits for. Once every chain has
+sent a draw after tuning (PyMC's ``callback``, in this process), prints
+``{"round": k, "chains": [pid, ...]}`` (PyMC's chain processes) as one JSON line and
+waits for the test's SIGINT; ``sample`` then returns the draws so far, as
+``pm.sample`` does, and the script prints ``{"round": k, "draws": [...]}``, the draws
+each chain kept.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sys
+
+os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+import numpy as np  # noqa: E402
+import pymc as pm  # noqa: E402
+
+import synkhronos.pymc as synk_pymc  # noqa: E402
+
+rng = np.random.default_rng(1)
+x = rng.normal(size=(401, 3))
+y = (rng.random(401) < 1 / (1 + np.exp(-x @ np.array([0.5, -0.5, 1.0])))).astype("int64")
+with pm.Model() as model:
+    b = pm.Normal("b", 0, 1, shape=3)
+    pm.Bernoulli("y", logit_p=x @ b, observed=y)
+
+for round_ in range(2):
+    seen: set[int] = set()
+
+    def callback(trace, draw, round_=round_, seen=seen):
+        if len(seen) < 2 and not draw.tuning:  # (interrupted in tuning, PyMC keeps none)
+            seen.add(draw.chain)
+            if len(seen) == 2:
+                pids = sorted(p.pid for p in multiprocessing.active_children())
+                print(json.dumps({"round": round_, "chains": pids}), flush=True)
+
+    idata = synk_pymc.sample(100_000, model=model, tune=20, chains=2, cores=2,
+                             processes_per_chain=2, random_seed=round_, callback=callback,
+                             progressbar=False, compute_convergence_checks=False)
+    kept = [int(n) for n in np.isfinite(idata.posterior["b"].values[..., 0]).sum(axis=1)]
+    print(json.dumps({"round": round_, "draws": kept}), flush=True)
+sys.exit(0)

@@ -60,7 +60,7 @@ class _CallViews:
         self.generation = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
         self.last: tuple[Call | None, tuple[list, list, int]] = _NO_LAST  # by identity
-        self.plan: tuple[Call | None, Any, tuple, int, bool] = (None, None, (), 0, False)
+        self.plan: tuple[Call | None, Any, tuple, int, Any] = (None, None, (), 0, False)
 
 
 _VIEWS: RankVar[_CallViews] = RankVar("call views", lambda ctx: _CallViews())

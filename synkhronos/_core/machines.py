@@ -305,9 +305,9 @@ class Several(Transport):
         replies: list[Any] = [None] * group.ctx.size
         replies[local] = own.reply
         first = merge(replies, parts, None, 0)  # on machine 0, local ranks are global
-        parts = machines.finish()
-        assert parts is not None
-        for part in parts[1:]:
+        others = machines.finish()
+        assert others is not None
+        for part in others[1:]:
             for rank, failed, value in pickle.loads(part):
                 if failed:
                     first = root_failure(first, rank, value)

@@ -381,7 +381,7 @@ class ControlBlock:
         oversized message's segment freed. ``copy=False``: arrays in a reply are views
         of its slot, valid until the next command (``wire.read_arrays``)."""
         header = self.header
-        parts = []
+        parts: list[tuple[int, bool, object]] = []
         for rank in ranks:
             base = self._bases[rank]
             failed = header[base + _STATUS] != STATUS_OK

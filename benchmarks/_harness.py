@@ -3,7 +3,8 @@ summaries and writing a report.
 
 Each script used to carry its own copy of these (issue 25 asks for one harness); the
 scripts that import this module are ``collectives.py``, ``scaling.py``,
-``pymc_sampling.py`` and ``device_check.py``. It imports nothing heavy (no PyTensor,
+``pymc_sampling.py``, ``call_overhead.py``, ``command_roundtrip.py`` and
+``device_check.py``. It imports nothing heavy (no PyTensor,
 no JAX), so a driver that must stay free of JAX can use it.
 """
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cpu_model", "machine", "idle_percent", "load", "summarize_times", "versions",
-           "write_report"]
+__all__ = ["cpu_model", "machine", "idle_percent", "load", "rounds_summary",
+           "summarize_times", "versions", "write_report"]
 
 
 def cpu_model() -> str:
@@ -85,10 +86,20 @@ def summarize_times(times: list[float], nbytes: int | None = None) -> dict:
         out.update(bytes=nbytes, elements=nbytes // 4)
     out.update(trials=len(times), median_us=median * 1e6,
                p10_us=float(np.percentile(times, 10)) * 1e6,
-               p90_us=float(np.percentile(times, 90)) * 1e6)
+               p90_us=float(np.percentile(times, 90)) * 1e6,
+               p99_us=float(np.percentile(times, 99)) * 1e6)
     if nbytes is not None:
         out["GB_per_s"] = nbytes / median / 1e9
     return out
+
+
+def rounds_summary(rounds: list[list[float]]) -> dict:
+    """Timings taken in interleaved rounds (seconds, one list per round): the median
+    and p99 over every timing, and each round's median, in microseconds."""
+    every = [t for one in rounds for t in one]
+    return {"median_us": round(float(np.median(every)) * 1e6, 2),
+            "p99_us": round(float(np.percentile(every, 99)) * 1e6, 2),
+            "round_medians_us": [round(float(np.median(one)) * 1e6, 2) for one in rounds]}
 
 
 def write_report(report: dict, out: Path | str, name: str) -> Path:

@@ -19,12 +19,17 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import posix_ipc
 
 import synkhronos as synk
 from synkhronos import testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import rounds_summary  # noqa: E402
 
 
 def _default_spin(n: int) -> float:
@@ -141,11 +146,14 @@ def main() -> None:
     names = ["PING n=2", "PING n=3", "PING n=1", "PING n=2 spin=0", "semaphore ping-pong"]
     series: dict[str, list[float]] = {name: [] for name in names}
     per_block = max(1, args.rounds // args.blocks)
+    blocks: dict[str, list[list[float]]] = {name: [] for name in names}
     for _ in range(args.blocks):
-        series["semaphore ping-pong"] += semaphore_pingpong_times(per_block, args.warmup)
+        blocks["semaphore ping-pong"].append(semaphore_pingpong_times(per_block, args.warmup))
         for n in (2, 3, 1):
-            series[f"PING n={n}"] += ping_times(n, per_block, args.warmup)
-        series["PING n=2 spin=0"] += ping_times(2, per_block, args.warmup, spin=0.0)
+            blocks[f"PING n={n}"].append(ping_times(n, per_block, args.warmup))
+        blocks["PING n=2 spin=0"].append(ping_times(2, per_block, args.warmup, spin=0.0))
+    for name in names:
+        series[name] = [t for block in blocks[name] for t in block]
     floor = series["semaphore ping-pong"]
 
     result: dict[str, object] = {}
@@ -158,6 +166,8 @@ def main() -> None:
     result["ratio_nospin"] = round(
         result["n2_nospin_ping_median_us"] / result["semaphore_pingpong_median_us"], 2
     )
+    result["every_block"] = {name: rounds_summary(blocks[name])["round_medians_us"]
+                             for name in names}
     result["default_spin_s"] = {"n2": _default_spin(2), "n3": _default_spin(3)}
     result["rounds"] = per_block * args.blocks
     result["blocks"] = args.blocks

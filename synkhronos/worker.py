@@ -92,7 +92,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         if isinstance(message, Exit):
             return
         assert isinstance(message, Message)
-        outcome = executor.run(ctx, message, keep_exception=True)
+        outcome = executor.run(ctx, message, True)  # keep the exception (positional: hot)
         if faults.ARMED:
             outcome = at_reply(outcome)
         failed = outcome.failure is not None

@@ -249,7 +249,9 @@ class Session:
         try:
             return self.run_held(message, repeats)
         finally:
-            self.leave(took)
+            if took:  # ``leave``, written out
+                self._holder = None
+                self._command_lock.release()
 
     def run_held(self, message: Message, repeats: bool = False) -> list[Any]:
         """``run`` for a caller that holds the command lock (its ``enter`` returned)."""

@@ -274,7 +274,9 @@ class ControlBlock:
         header[_PAYLOAD_ID] = message_id
         seq = header[_SEQ] + 1
         header[_SEQ] = seq
-        self.wake_all(master_rank)
+        for sleeping, semaphore in self._peers[master_rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
         return seq
 
     def _publish(self, message: object, arena: Arena, key) -> int:
@@ -347,7 +349,9 @@ class ControlBlock:
                 header[base + _REPLY_KIND] = wire.PICKLE
         header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
         header[base + _DONE] = seq
-        self.wake_all(rank)
+        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
 
     def mark_failed(self, rank: int, seq: int) -> None:
         """The master's own part failed: release every rank waiting at a barrier."""

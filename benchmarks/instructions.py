@@ -1,0 +1,117 @@
+"""Instructions per command in the master, counted by valgrind's callgrind: a measure of
+the fixed cost of small work that the machine's load does not change.
+
+Timings of a few microseconds move by tens of percent with the load of a shared
+machine; the number of instructions a process executes for one command does not. Each
+operation runs in a session of ``--n`` processes under ``valgrind --tool=callgrind``
+with counting off; after a warm-up the script turns counting on for this process
+(``callgrind_control``), runs the operation ``k`` times, and turns it off. Two runs,
+``k = --calls`` and ``k = 3 * --calls``, and their difference divided by
+``2 * --calls`` is the count per operation, free of the start and stop.
+
+At ``n=1`` that is the whole cost of a command; at ``n=2`` the master's count includes
+its wait for the worker (spinning), so only ``n=1`` is meaningful here. The
+operations:
+
+- ``nothing``: the loop alone (subtract it from the others);
+- ``ping``: the empty command (``Session.run``);
+- ``plain``: a tiny plain PyTensor function (4 x 3 rows, ``(x * 2).sum(axis=0)``);
+- ``call``: the same graph as a ``synk.function`` with a ``"sum"`` output, a repeated
+  numpy input;
+- ``data_call``: that call with a ``synk.Data`` input (nothing copied in).
+
+Needs ``valgrind`` (Debian: ``apt-get install valgrind``); prints JSON.
+
+    python benchmarks/instructions.py [--ops ping,plain,call] [--calls 1000] [--n 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+OPS = ("nothing", "ping", "plain", "call", "data_call")
+
+
+def child(op: str, n: int, calls: int) -> None:
+    """Under valgrind: build a session, warm up, count ``calls`` runs of ``op``."""
+    import numpy as np
+    import pytensor
+    import pytensor.tensor as pt
+
+    import synkhronos as synk
+    from synkhronos import testing
+
+    synk.fork(n)
+    x = pt.matrix("x", dtype="float64")
+    out = (x * 2.0).sum(axis=0)
+    plain = pytensor.function([x], out)
+    parallel = synk.function([x], (out, "sum"))
+    synk.distribute()
+    a = np.ones((4, 3))
+    shared = synk.data(a)
+    run = {
+        "nothing": lambda: None,
+        "ping": testing.ping,
+        "plain": lambda: plain(a),
+        "call": lambda: parallel(a),
+        "data_call": lambda: parallel(shared),
+    }[op]
+    for _ in range(300):
+        run()
+    me = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", me], capture_output=True, check=True)
+    for _ in range(calls):
+        run()
+    subprocess.run(["callgrind_control", "-i", "off", me], capture_output=True, check=True)
+    synk.close()
+
+
+def counted(op: str, n: int, calls: int) -> int:
+    """Instructions callgrind counted with ``calls`` runs of ``op``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={tmp}/out", sys.executable, __file__, "--child", op,
+             "--n", str(n), "--calls", str(calls)],
+            capture_output=True, text=True, check=False)
+    found = re.findall(r"Collected : (\d+)", proc.stderr)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{op}: valgrind failed:\n{proc.stderr[-2000:]}")
+    return int(found[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.n, args.calls)
+        return
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print(json.dumps({"absent": "valgrind (and its callgrind_control) not installed"}))
+        return
+    ops = [op for op in args.ops.split(",") if op]
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        parser.error(f"unknown ops {unknown}; choose from {list(OPS)}")
+    per_op = {}
+    for op in ops:
+        low = counted(op, args.n, args.calls)
+        high = counted(op, args.n, 3 * args.calls)
+        per_op[op] = round((high - low) / (2 * args.calls))
+    print(json.dumps({"n": args.n, "calls": args.calls, "instructions_per_op": per_op,
+                      "python": sys.version.split()[0]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

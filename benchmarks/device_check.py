@@ -60,6 +60,11 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   PyMC at one thread and the ceiling of n PyMC programs at once (no sampling; every n
   from 1 to 16 does not fit the time); skipped, with the reason, where PyMC does not
   import.
+- ``pymc_chains``: whole sampling of that model at 10^5 rows (100 draws, 100 tuning
+  steps) with PyMC's 4 chains: ``pm.sample`` at one thread and with its defaults, and
+  ``synkhronos.pymc.sample`` as 1 x 16, 2 x 8, 4 x 4 and 4 x 1 (chains at once x
+  processes per chain), to check the default layout rule (``docs/likelihoods.rst``)
+  where it matters; skipped like ``pymc_evaluation``. Last: the deadline may leave it out.
 
 ``--local`` runs the same parts on this machine with ``SYNKHRONOS_GPU_PLATFORM=cpu``
 (JAX's CPU platform stands in for the GPU), n <= 2, small sizes and only the all-reduce
@@ -116,10 +121,14 @@ FULL = {
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 1_000_000, "pymc_sizes": [1, 2, 4, 8, 12, 16], "pymc_repeats": 5,
     "pymc_rounds": 1,
+    # chains x processes on 16 cores (issue 28): PyMC's 4 chains, whole sampling
+    "chains_rows": 100_000, "chains_draws": 100,
+    "chains_layouts": ["1x16", "2x8", "4x4", "4x1"],
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 40, "step_overhead": 75, "gpu_tests": 100,
-                "cpu_scaling": 110, "cpu_all_reduce": 50, "pymc_evaluation": 80},
+                "cpu_scaling": 110, "cpu_all_reduce": 50, "pymc_evaluation": 80,
+                "pymc_chains": 120},
 }
 LOCAL = dict(FULL, **{
     "deadline": 420.0,
@@ -132,12 +141,14 @@ LOCAL = dict(FULL, **{
     "scaling_seconds": 0.1, "scaling_attempts": 1,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
+    "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
     "budgets": {"environment": 60, "nccl_unit": 30, "nccl_all_reduce": 30,
                 "nccl_two_ranks": 30, "step_overhead": 150, "gpu_tests": 240,
-                "cpu_scaling": 180, "cpu_all_reduce": 90, "pymc_evaluation": 150},
+                "cpu_scaling": 180, "cpu_all_reduce": 90, "pymc_evaluation": 150,
+                "pymc_chains": 150},
 })
 PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_overhead",
-         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation"]
+         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains"]
 GPU_PARTS = {"nccl_unit", "nccl_all_reduce", "nccl_two_ranks"}
 
 
@@ -544,6 +555,28 @@ def part_pymc_evaluation(cfg: dict) -> dict:
     return {"command": done["command"], "seconds": done["seconds"],
             "rows": cfg["pymc_rows"], "machine": report["machine"],
             **{k: evaluation[k] for k in keep if k in evaluation}}
+
+
+def part_pymc_chains(cfg: dict) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("pymc") is None:
+        raise PartSkipped("PyMC is not installed here (on the GPU machine, carry its "
+                          "wheels: benchmarks/device_wheels.sh)")
+    command = [sys.executable, str(BENCHMARKS / "pymc_sampling.py"), "--models", "logistic",
+               "--no-evaluations", "--sample-rows", str(cfg["chains_rows"]),
+               "--draws", str(cfg["chains_draws"]), "--tune", str(cfg["chains_draws"]),
+               "--layouts", ",".join(cfg["chains_layouts"])]
+    done = run_logged(command, cfg["_timeout"], child_env())
+    if done["returncode"] != 0:
+        raise PartFailed({k: v for k, v in done.items() if k != "stdout"})
+    sampling = last_json(done["stdout"])["models"]["logistic"]["sampling"]
+    keep = ("rows", "chains", "layouts", "synkhronos_default_layout", "pymc_defaults_sampler",
+            "wall_s", "sampling_loop_s", "speedup_wall_s_vs_pymc_1_thread",
+            "speedup_sampling_loop_s_vs_pymc_1_thread", "speedup_wall_s_vs_pymc_defaults",
+            "speedup_sampling_loop_s_vs_pymc_defaults", "mcse_gap_vs_pymc_1_thread")
+    return {"command": done["command"], "seconds": done["seconds"],
+            **{k: sampling[k] for k in keep if k in sampling}}
 
 
 PART_FUNCTIONS = {name: globals()[f"part_{name}"] for name in PARTS}

@@ -25,7 +25,7 @@ from tests.conftest import segments_of
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
 PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_overhead",
-         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation"]
+         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains"]
 NCCL_PARTS = ["nccl_unit", "nccl_all_reduce", "nccl_two_ranks"]
 TINY = {
     "deadline": 900,
@@ -37,6 +37,7 @@ TINY = {
     "scaling_attempts": 1,
     "allreduce_bytes": [4, 4096], "allreduce_scale": 0.003,
     "pymc_rows": 2000, "pymc_sizes": [2], "pymc_repeats": 2,
+    "chains_rows": 500, "chains_draws": 10, "chains_layouts": ["2x1"],
     "budgets": {name: 300 for name in PARTS},
 }
 
@@ -86,7 +87,8 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     parts = data["parts"]
     bad = {name: part for name, part in parts.items() if name not in NCCL_PARTS
            and part["status"] != "passed"
-           and not (name == "pymc_evaluation" and part["status"] == "skipped"
+           and not (name in ("pymc_evaluation", "pymc_chains")
+                    and part["status"] == "skipped"
                     and importlib.util.find_spec("pymc") is None)}
     assert not bad, json.dumps(bad, indent=1)[-6000:]
     env = parts["environment"]["result"]
@@ -111,3 +113,7 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
         pymc = parts["pymc_evaluation"]["result"]
         assert set(pymc["synkhronos_s"]) == {"2"} and pymc["rows"] == 2000
         assert set(pymc["fraction_of_ceiling"]) == {"2"}
+    if parts["pymc_chains"]["status"] == "passed":
+        chains = parts["pymc_chains"]["result"]
+        assert chains["rows"] == 500 and chains["layouts"] == ["2x1"]
+        assert set(chains["wall_s"]) >= {"pymc_1_thread", "pymc_defaults", "synkhronos_2x1"}

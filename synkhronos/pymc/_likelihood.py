@@ -227,6 +227,117 @@ class _Part:
     slices: int
     positions: list[int]
     flat: np.ndarray
+    # Without workers (n_parallel 1): the compiled function itself, called in place
+    # (``_Lean``); None where the session's command path runs it.
+    lean: _Lean | None = None
+
+
+def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``slices`` consecutive slices of ``length`` rows, as a call
+    with ``num_slices`` cuts a process's rows: the first ``length % slices`` one row
+    longer."""
+    base, extra = divmod(length, slices)
+    bounds, start = [], 0
+    for k in range(slices):
+        stop = start + base + (k < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class _Lean:
+    """One process, no workers: a part's compiled PyTensor function, called directly.
+
+    The session's command path (stage the values in shared memory, a command, the
+    master's share, the reduction of one reply) costs tens of microseconds an
+    evaluation, which at 10^4 rows is a third of PyMC's own evaluation. With nobody to
+    send the values to, the Op calls the master's compiled function on the rows' arrays
+    in place: the rows were checked once (their dtype is the row inputs'), the values
+    come from PyMC's graph with the value variables' types (checked here in a few
+    comparisons; anything else goes through the type's ``filter``, as PyTensor would),
+    so PyTensor's own per-call checks are skipped (``trust_input``). Its slices are run
+    and summed as every process runs its own (``_shard``).
+    """
+
+    def __init__(self, fn: Function, row_data: list[Data], slices: int):
+        local = fn._local
+        self.local = local
+        self.row_data = row_data
+        self.types = [(var.type, np.dtype(var.type.dtype), var.ndim) for var in fn.bcast_inputs]
+        self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
+        # The compiled function's own storage, filled and run as its trusted call does
+        # (PyTensor 2.38 and 3.x alike: one container a variable, a VM that returns
+        # the outputs or leaves them in their containers). While the VM frees its
+        # storage after each call (allow_gc), every call's outputs are new arrays.
+        self.vm = local.vm
+        self.inputs = [container.storage for container in local.input_storage]
+        self.outputs = [container.storage for container in local.output_storage]
+        self.fresh = bool(getattr(local.vm, "allow_gc", False))
+
+    @classmethod
+    def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
+        """The lean call of ``fn``, or None where PyTensor must check every call's
+        inputs itself (types it cannot trust, rows of another dtype than the input's) or
+        the function's storage is laid out otherwise."""
+        local = fn._local
+        if not (fn._trusted and local.trust_input) or fn.sliceable_shareds:
+            return None
+        if any(item.dtype != var.type.dtype or item.ndim != var.ndim
+               for item, var in zip(row_data, fn.inputs, strict=True)):
+            return None
+        storage = getattr(local, "input_storage", None), getattr(local, "output_storage", None)
+        if (storage[0] is None or storage[1] is None
+                or len(storage[0]) != len(fn.inputs) + len(fn.bcast_inputs)
+                or len(storage[1]) != 2):
+            return None
+        return cls(fn, row_data, slices)
+
+    def run(self, arrays: list) -> tuple[np.ndarray, np.ndarray]:
+        """One call of the compiled function on ``arrays`` (rows, then values)."""
+        inputs = self.inputs
+        for storage, array in zip(inputs, arrays, strict=True):
+            storage[0] = array
+        try:
+            outputs = self.vm()
+            if outputs is None:
+                outputs = [storage[0] for storage in self.outputs]
+        except Exception:
+            # PyTensor's own call again, for its error message naming the node
+            outputs = self.local(*arrays)
+        finally:
+            for storage in inputs:  # (no reference kept to the rows' shared memory)
+                storage[0] = None
+            if self.fresh:
+                for storage in self.outputs:
+                    storage[0] = None
+        if self.fresh:
+            return outputs[0], outputs[1]
+        return np.array(outputs[0]), np.array(outputs[1])  # the next call reuses them
+
+    def __call__(self, values: list) -> tuple[np.ndarray, np.ndarray]:
+        """``(log-likelihood, gradient)`` of all the rows, in this process."""
+        arrays = [item.data for item in self.row_data]
+        for value, (kind, dtype, ndim) in zip(values, self.types, strict=True):
+            if type(value) is not np.ndarray or value.ndim != ndim or (
+                    value.dtype is not dtype and value.dtype != dtype):
+                # not from PyTensor's own graph: its type checks it, as PyTensor would
+                value = kind.filter(value, strict=False, allow_downcast=False)
+            arrays.append(value)
+        if self.bounds is None:
+            return self.run(arrays)
+        rows, values = arrays[:len(self.row_data)], arrays[len(self.row_data):]
+        loglik: Any = None
+        grad: Any = None
+        for start, stop in self.bounds:
+            if stop == start:
+                continue
+            part_loglik, part_grad = self.run([*[r[start:stop] for r in rows], *values])
+            if grad is None:
+                loglik, grad = part_loglik, part_grad
+            else:
+                loglik += part_loglik
+                grad += part_grad
+        return loglik, grad
 
 
 class RowSum(Op):
@@ -245,6 +356,17 @@ class RowSum(Op):
         self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
         self.total = sum(self.sizes)
         self.dtype = dtype
+        self.released = False
+        # Without workers, every part called in place (``_Lean``): the session it holds
+        # while it runs (None: each part is a parallel call).
+        lean = all(part.lean is not None for part in parts)
+        self.session = parts[0].fn._session if lean else None
+        # One part that takes every value in order and returns the Op's dtype: its
+        # outputs, new arrays at every call, are the Op's as they come.
+        first = parts[0]
+        self.direct = (len(parts) == 1 and first.positions == list(range(len(shapes)))
+                       and first.fn._local.maker.fgraph.outputs[0].type.dtype == dtype
+                       and first.fn._local.maker.fgraph.outputs[1].type.dtype == dtype)
 
     @property
     def num_slices(self) -> int | tuple[int, ...]:
@@ -260,12 +382,27 @@ class RowSum(Op):
     def perform(self, node, inputs, output_storage):
         # (A process forked from the master, such as a PyMC chain process with
         # cores > 1, gets the session's RuntimeError from this call.)
+        if self.released:
+            raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
+                               "memory is freed); build a new one")
         for var, value in self.sources:
             if var.get_value(borrow=True) is not value:
                 raise RuntimeError(
                     f"the model's data {var.name!r} changed (pm.set_data) after "
                     "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
                 )
+        if self.session is not None:
+            self._perform_lean(self.session, inputs, output_storage)
+        else:
+            self._perform_commands(inputs, output_storage)
+
+    def _perform_commands(self, inputs, output_storage) -> None:
+        """``perform`` through the session: one parallel call for each part."""
+        if self.direct:  # (the call's reduced outputs are new arrays)
+            part = self.parts[0]
+            output_storage[0][0], output_storage[1][0] = part.fn(
+                *part.row_data, *inputs, num_slices=part.slices)
+            return
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
         for part in self.parts:
@@ -275,6 +412,31 @@ class RowSum(Op):
             flat[part.flat] += grad
         output_storage[0][0] = total
         output_storage[1][0] = flat
+
+    def _perform_lean(self, session: Any, inputs, output_storage) -> None:
+        """``perform`` without workers: each part's compiled function in place (``_Lean``),
+        holding the session (usable, this thread's) as a command would."""
+        took = session.enter()
+        try:
+            if session.observer is not None:  # synk.profile() records each call: commands
+                self._perform_commands(inputs, output_storage)
+                return
+            if self.direct:
+                lean = self.parts[0].lean
+                assert lean is not None
+                output_storage[0][0], output_storage[1][0] = lean(inputs)
+                return
+            total = np.zeros((), dtype=self.dtype)
+            flat = np.zeros(self.total, dtype=self.dtype)
+            for part in self.parts:
+                assert part.lean is not None
+                loglik, grad = part.lean([inputs[i] for i in part.positions])
+                total += loglik
+                flat[part.flat] += grad
+            output_storage[0][0] = total
+            output_storage[1][0] = flat
+        finally:
+            session.leave(took)
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
@@ -308,6 +470,7 @@ class RowSum(Op):
 
     def release(self) -> None:
         """Free the rows' shared memory now (otherwise when the Op is collected)."""
+        self.released = True
         for part in self.parts:
             for item in part.row_data:
                 item.free_memory()
@@ -337,7 +500,8 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
          *group.potentials], model)]
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    return _Part(fn, row_data, slices, positions, entries), read
+    lean = _Lean.of(fn, row_data, slices) if size == 1 else None
+    return _Part(fn, row_data, slices, positions, entries, lean), read
 
 
 def _build(pm, model, split, grainsize, jacobian: bool = True):

@@ -149,13 +149,27 @@ def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) 
     """Slices per process: its rows (the most any process has) in blocks of
     ``grainsize`` rows; by default one block up to ``_SLICE_FROM_BYTES`` of row data a
     process, else blocks of about ``_GRAIN_BYTES``."""
+    return _slices_of(sum(d.data[:1].nbytes for d in row_data), rows, n, grainsize)
+
+
+def _slices_of(row_bytes: int, rows: int, n: int, grainsize: int | None) -> int:
+    """``_num_slices`` for rows of ``row_bytes`` bytes each."""
     per_process = -(-rows // n)
     if grainsize is None:
-        row_bytes = sum(d.data[:1].nbytes for d in row_data) or 1
+        row_bytes = row_bytes or 1
         if per_process * row_bytes <= _SLICE_FROM_BYTES:
             return 1
         grainsize = max(1, _GRAIN_BYTES // row_bytes)
     return max(1, -(-per_process // grainsize))
+
+
+def _one_block(plan, grainsize: int | None) -> bool:
+    """Whether one process runs every group's rows in one block (nothing to slice)."""
+    for group in plan.groups:
+        row_bytes = sum(np.asarray(_data_value(var))[:1].nbytes for var in group.roots)
+        if _slices_of(row_bytes, group.rows, 1, grainsize) != 1:
+            return False
+    return True
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
@@ -507,7 +521,8 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
 def _build(pm, model, split, grainsize, jacobian: bool = True):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
-    Jacobians, as ``pm.find_MAP`` optimises)."""
+    Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
+    1 with one block of rows, PyMC's own function and no Op (None)."""
     size = _session_size()
     if size is None:
         raise RuntimeError("synk.fork() must be called before "
@@ -525,6 +540,13 @@ def _build(pm, model, split, grainsize, jacobian: bool = True):
         if not values:
             raise ValueError("the observed log-likelihood depends on no free variable")
         point = model.initial_point()
+        if size == 1 and _one_block(plan, grainsize):
+            # One process, one block: nothing to divide or slice, so PyMC's own graph
+            # in PyMC's own function. The Op's boundary alone (a second compiled
+            # function, a Python Op, on Numba its object mode) costs about 10 us an
+            # evaluation, 5-12% of PyMC's at 10^4 rows.
+            return compat.value_grad_function(model.logp(jacobian=jacobian), model,
+                                              point), None
         shapes = [np.shape(point[v.name]) for v in values]
         offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
         read: list = []
@@ -601,7 +623,11 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
     Notes
     -----
     Collective: every process takes part in each evaluation. The rows are copied into
-    shared memory once; after ``pm.set_data`` build a new function.
+    shared memory once; after ``pm.set_data`` build a new function. With one process
+    (``n_parallel=1``) and one block of rows (the default up to 16 MiB of rows) there is
+    nothing to divide: the function is PyMC's own, which follows ``pm.set_data`` as
+    in PyMC; with slices, the compiled likelihood is called in place, without a
+    command.
     """
     grainsize = _check_grainsize(grainsize)
     pm = compat.import_pymc()

@@ -124,7 +124,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                 return _sample_nutpie(pm, model, vgf, cores, kwargs)
             return _sample_nuts(pm, model, vgf, cores, kwargs)
         finally:
-            op.release()
+            if op is not None:
+                op.release()
     finally:
         if own_session:
             close()

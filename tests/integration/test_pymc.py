@@ -269,8 +269,9 @@ def one():
 
 @pytest.mark.timeout(900)
 def test_likelihood_of_a_closed_session_refuses_to_run(one):
-    # n=1 calls the compiled function in place, never reading the freed rows after close
-    fn = synk_pymc.logp_dlogp_function(bounded_model())
+    # n=1 in slices calls the compiled function in place, never reading the freed rows
+    # after close (in one block it would be PyMC's own function, without rows to free)
+    fn = synk_pymc.logp_dlogp_function(bounded_model(), grainsize=100)
     fn.set_extra_values({})
     good = np.array([0.5, 2.0])
     assert np.isfinite(fn(good)[0])

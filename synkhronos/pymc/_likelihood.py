@@ -263,21 +263,24 @@ class _Lean:
     """One process, no workers: a part's compiled PyTensor function, called directly.
 
     The session's command path (stage the values in shared memory, a command, the
-    master's share, the reduction of one reply) costs tens of microseconds an
-    evaluation, which at 10^4 rows is a third of PyMC's own evaluation. With nobody to
-    send the values to, the Op calls the master's compiled function on the rows' arrays
-    in place: the rows were checked once (their dtype is the row inputs'), the values
-    come from PyMC's graph with the value variables' types (checked here in a few
-    comparisons; anything else goes through the type's ``filter``, as PyTensor would),
-    so PyTensor's own per-call checks are skipped (``trust_input``). Its slices are run
-    and summed as every process runs its own (``_shard``).
+    master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
+    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
+    calls the master's compiled function on the rows' arrays in place: the rows were
+    checked once (their dtype is the row inputs'), the values come from PyMC's graph
+    with the value variables' types (checked here in a few comparisons; anything else
+    goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
+    checks are skipped (``trust_input``). Its slices are run and summed as every process
+    runs its own (``_shard``).
     """
 
     def __init__(self, fn: Function, row_data: list[Data], slices: int):
         local = fn._local
         self.local = local
         self.row_data = row_data
-        self.types = [(var.type, np.dtype(var.type.dtype), var.ndim) for var in fn.bcast_inputs]
+        # each value's type, dtype, ndim and static shape (None where not all known)
+        self.types = [(var.type, np.dtype(var.type.dtype), var.ndim,
+                       None if None in var.type.shape else var.type.shape)
+                      for var in fn.bcast_inputs]
         self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
         # The compiled function's own storage, filled and run as its trusted call does
         # (PyTensor 2.38 and 3.x alike: one container a variable, a VM that returns
@@ -331,9 +334,10 @@ class _Lean:
     def __call__(self, values: list) -> tuple[np.ndarray, np.ndarray]:
         """``(log-likelihood, gradient)`` of all the rows, in this process."""
         arrays = [item.data for item in self.row_data]
-        for value, (kind, dtype, ndim) in zip(values, self.types, strict=True):
+        for value, (kind, dtype, ndim, shape) in zip(values, self.types, strict=True):
             if type(value) is not np.ndarray or value.ndim != ndim or (
-                    value.dtype is not dtype and value.dtype != dtype):
+                    value.dtype is not dtype and value.dtype != dtype) or (
+                    shape is not None and value.shape != shape):
                 # not from PyTensor's own graph: its type checks it, as PyTensor would
                 value = kind.filter(value, strict=False, allow_downcast=False)
             arrays.append(value)

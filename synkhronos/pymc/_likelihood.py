@@ -195,7 +195,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
                                      dtype=np.asarray(value).dtype)
                     for name, value in start.items()}
         point = [jittered[v.name] for v in values]
-        whole_loglik, whole_grad = fn.as_pytensor(*[d.data for d in row_data], *point)
+        whole_loglik, whole_grad = _unpack(fn.as_pytensor(*[d.data for d in row_data], *point))
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
         if pymc_logp is not None:
@@ -207,7 +207,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
                     f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
                     f"{float(want)!r}; pass split=[...] without them")
         try:
-            loglik, grad = fn(*row_data, *point, num_slices=slices)
+            loglik, grad = _unpack(fn(*row_data, *point, num_slices=slices))
         except WorkerError as exc:
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
@@ -233,8 +233,9 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
 @dataclasses.dataclass
 class _Part:
     """One group's compiled likelihood: ``fn(*row_data, *values)`` over its rows, in
-    ``slices`` blocks a process; ``positions`` picks its values among the Op's inputs,
-    ``flat`` the entries of the Op's flat gradient they fill."""
+    ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
+    vector (``_unpack``); ``positions`` picks its values among the Op's inputs, ``flat``
+    the entries of the Op's flat gradient they fill."""
 
     fn: Function
     row_data: list[Data]
@@ -244,6 +245,11 @@ class _Part:
     # Without workers (n_parallel 1): the compiled function itself, called in place
     # (``_Lean``); None where the session's command path runs it.
     lean: _Lean | None = None
+
+
+def _unpack(both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-likelihood (0-d) and the flat gradient, views of a part's one output."""
+    return both[:1].reshape(()), both[1:]
 
 
 def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
@@ -288,7 +294,7 @@ class _Lean:
         # storage after each call (allow_gc), every call's outputs are new arrays.
         self.vm = local.vm
         self.inputs = [container.storage for container in local.input_storage]
-        self.outputs = [container.storage for container in local.output_storage]
+        self.output = local.output_storage[0].storage
         self.fresh = bool(getattr(local.vm, "allow_gc", False))
 
     @classmethod
@@ -305,34 +311,31 @@ class _Lean:
         storage = getattr(local, "input_storage", None), getattr(local, "output_storage", None)
         if (storage[0] is None or storage[1] is None
                 or len(storage[0]) != len(fn.inputs) + len(fn.bcast_inputs)
-                or len(storage[1]) != 2):
+                or len(storage[1]) != 1):
             return None
         return cls(fn, row_data, slices)
 
-    def run(self, arrays: list) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, arrays: list) -> np.ndarray:
         """One call of the compiled function on ``arrays`` (rows, then values)."""
         inputs = self.inputs
         for storage, array in zip(inputs, arrays, strict=True):
             storage[0] = array
         try:
             outputs = self.vm()
-            if outputs is None:
-                outputs = [storage[0] for storage in self.outputs]
+            both = self.output[0] if outputs is None else outputs[0]
         except Exception:
             # PyTensor's own call again, for its error message naming the node
-            outputs = self.local(*arrays)
+            both = self.local(*arrays)
         finally:
             for storage in inputs:  # (no reference kept to the rows' shared memory)
                 storage[0] = None
             if self.fresh:
-                for storage in self.outputs:
-                    storage[0] = None
-        if self.fresh:
-            return outputs[0], outputs[1]
-        return np.array(outputs[0]), np.array(outputs[1])  # the next call reuses them
+                self.output[0] = None
+        return both if self.fresh else both.copy()  # (else the next call reuses it)
 
-    def __call__(self, values: list) -> tuple[np.ndarray, np.ndarray]:
-        """``(log-likelihood, gradient)`` of all the rows, in this process."""
+    def __call__(self, values: list) -> np.ndarray:
+        """The log-likelihood and flat gradient of all the rows in this process, in one
+        vector (``_unpack``)."""
         arrays = [item.data for item in self.row_data]
         for value, (kind, dtype, ndim, shape) in zip(values, self.types, strict=True):
             if type(value) is not np.ndarray or value.ndim != ndim or (
@@ -344,18 +347,16 @@ class _Lean:
         if self.bounds is None:
             return self.run(arrays)
         rows, values = arrays[:len(self.row_data)], arrays[len(self.row_data):]
-        loglik: Any = None
-        grad: Any = None
+        both: Any = None
         for start, stop in self.bounds:
             if stop == start:
                 continue
-            part_loglik, part_grad = self.run([*[r[start:stop] for r in rows], *values])
-            if grad is None:
-                loglik, grad = part_loglik, part_grad
+            part = self.run([*[r[start:stop] for r in rows], *values])
+            if both is None:
+                both = part
             else:
-                loglik += part_loglik
-                grad += part_grad
-        return loglik, grad
+                both += part
+        return both
 
 
 class RowSum(Op):
@@ -383,8 +384,7 @@ class RowSum(Op):
         # outputs, new arrays at every call, are the Op's as they come.
         first = parts[0]
         self.direct = (len(parts) == 1 and first.positions == list(range(len(shapes)))
-                       and first.fn._local.maker.fgraph.outputs[0].type.dtype == dtype
-                       and first.fn._local.maker.fgraph.outputs[1].type.dtype == dtype)
+                       and first.fn._local.maker.fgraph.outputs[0].type.dtype == dtype)
 
     @property
     def num_slices(self) -> int | tuple[int, ...]:
@@ -416,16 +416,17 @@ class RowSum(Op):
 
     def _perform_commands(self, inputs, output_storage) -> None:
         """``perform`` through the session: one parallel call for each part."""
-        if self.direct:  # (the call's reduced outputs are new arrays)
+        if self.direct:  # (the call's reduced output is a new array: its views are kept)
             part = self.parts[0]
-            output_storage[0][0], output_storage[1][0] = part.fn(
-                *part.row_data, *inputs, num_slices=part.slices)
+            output_storage[0][0], output_storage[1][0] = _unpack(part.fn(
+                *part.row_data, *inputs, num_slices=part.slices))
             return
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
         for part in self.parts:
-            loglik, grad = part.fn(*part.row_data, *[inputs[i] for i in part.positions],
-                                   num_slices=part.slices)
+            loglik, grad = _unpack(part.fn(*part.row_data,
+                                           *[inputs[i] for i in part.positions],
+                                           num_slices=part.slices))
             total += loglik
             flat[part.flat] += grad
         output_storage[0][0] = total
@@ -442,13 +443,13 @@ class RowSum(Op):
             if self.direct:
                 lean = self.parts[0].lean
                 assert lean is not None
-                output_storage[0][0], output_storage[1][0] = lean(inputs)
+                output_storage[0][0], output_storage[1][0] = _unpack(lean(inputs))
                 return
             total = np.zeros((), dtype=self.dtype)
             flat = np.zeros(self.total, dtype=self.dtype)
             for part in self.parts:
                 assert part.lean is not None
-                loglik, grad = part.lean([inputs[i] for i in part.positions])
+                loglik, grad = _unpack(part.lean([inputs[i] for i in part.positions]))
                 total += loglik
                 flat[part.flat] += grad
             output_storage[0][0] = total
@@ -502,10 +503,13 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     positions = [i for i, v in enumerate(values) if v in used]
     mine = [values[i] for i in positions]
     grads: Any = pytensor.grad(loglik, mine)
-    flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
-    fn = function(inputs=list(rows.values()), bcast_inputs=mine,
-                  outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),
-                  name="pymc_loglik")
+    # One output, the log-likelihood then the flat gradient: one reduction and one
+    # array to send a call, not two (``_unpack`` takes it apart)
+    both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
+    if both.dtype != loglik.dtype:
+        both = pt.cast(both, loglik.dtype)
+    fn = function(inputs=list(rows.values()), bcast_inputs=mine, outputs=(both, "sum"),
+                  mode=compat.pymc_mode(model), name="pymc_loglik")
     distribute()
     row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
     slices = _num_slices(row_data, group.rows, size, grainsize)

@@ -3,12 +3,16 @@
 Two unmodified PyMC models of a large data set: a logistic regression (10 features) and
 a hierarchical GLM (100 groups, 5 features, a Normal likelihood). For each, in one run:
 
-- per evaluation of logp + gradient: PyMC's own compiled function
-  (``model.logp_dlogp_function``) at one BLAS thread and at its default threads,
-  ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores (its default
-  slices of about 1 MiB of rows, and one block a process: ``grainsize=rows``), and the
-  machine's ceiling at each n: PyMC's own function on rows/n in n independent processes
-  at once (one per core), the slowest's time; in interleaved rounds (``--rounds``);
+- per evaluation of logp + gradient, swept over 10^3 .. 10^6 rows (``--rows``): PyMC's
+  own compiled function (``model.logp_dlogp_function``) at one BLAS thread and at its
+  default threads, ``synkhronos.pymc.logp_dlogp_function`` at n_parallel = 1 .. cores
+  (its default slices of about 1 MiB of rows, and one block a process:
+  ``grainsize=rows``), and the machine's ceiling at each n: PyMC's own function on
+  rows/n in n independent processes at once (one per core), the slowest's time; in
+  interleaved rounds (``--rounds``), each series with its median over rounds, its 99th
+  percentile over every call and every round's median; and per model the break-even
+  row count at each n, against PyMC at one BLAS thread and at its defaults (from the
+  sweep, interpolated in log rows);
 - whole sampling (``--sample-rows`` rows), every run with PyMC's default number of
   chains (or ``--chains``): ``pm.sample`` with PyMC's defaults (its default sampler:
   nutpie on PyMC 6 where it is installed; its cores and BLAS threads), ``pm.sample``'s
@@ -101,8 +105,8 @@ def machine() -> dict:
         pytensor_linker=type(pytensor.compile.mode.get_mode(None).linker).__name__)
 
 
-def per_call(fn, points: list[np.ndarray], repeats: int) -> float:
-    """Median seconds of one ``fn(point)`` call (after two warm-up calls)."""
+def call_times(fn, points: list[np.ndarray], repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` ``fn(point)`` calls (after two warm-up calls)."""
     fn(points[0])
     fn(points[-1])
     times = []
@@ -110,7 +114,12 @@ def per_call(fn, points: list[np.ndarray], repeats: int) -> float:
         start = time.perf_counter()
         fn(points[i % len(points)])
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def per_call(fn, points: list[np.ndarray], repeats: int) -> float:
+    """Median seconds of one ``fn(point)`` call (after two warm-up calls)."""
+    return statistics.median(call_times(fn, points, repeats))
 
 
 def points_for(model: pm.Model, count: int = 4) -> list[np.ndarray]:
@@ -171,43 +180,72 @@ def ceiling(make, rows: int, n: int, repeats: int) -> float:
 
 def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int,
                 rounds: int) -> dict:
-    """Per-evaluation logp + gradient seconds: PyMC's function, the machine's ceiling
-    (PyMC's function on rows/n in n processes at once) and synkhronos at each n, in
-    ``rounds`` interleaved rounds; medians over rounds, each round's ratios kept."""
+    """Per-evaluation logp + gradient seconds: PyMC's function (one BLAS thread and its
+    default threads), the machine's ceiling (PyMC's function on rows/n in n processes at
+    once) and synkhronos at each n, in ``rounds`` interleaved rounds.
+
+    Each series keeps every round's median (``every_round``), the median over rounds
+    and the 99th percentile over every call of every round (``p99_s``); the ratios are
+    each round's own, their median over rounds. The load average is recorded at every
+    round."""
     points = points_for(model)
     serial = model.logp_dlogp_function(ravel_inputs=True)
     serial.set_extra_values({})
-    record: dict = {"load_before": load()}
-    one, default = [], []
-    ceilings: dict = {str(n): [] for n in sizes if n > 1}
-    synks: dict = {str(n): [] for n in sizes}
-    blocks: dict = {str(n): [] for n in sizes}  # grainsize=rows: one slice a process
+    record: dict = {"rows": rows, "load_before": load(), "load_per_round": []}
+    series: dict = {"pymc_1_thread_s": [], "pymc_default_threads_s": []}
+    for n in sizes:
+        series[f"synkhronos_n{n}_s"] = []
+        series[f"synkhronos_one_block_n{n}_s"] = []  # grainsize=rows: one slice a process
+        if n > 1:
+            series[f"ceiling_n{n}_s"] = []
+    calls: dict = {key: [] for key in series}  # every call's seconds, for the p99
+
+    def timed(key: str, fn) -> None:
+        times = call_times(fn, points, repeats)
+        calls[key] += times
+        series[key].append(statistics.median(times))
+
     for _ in range(rounds):
+        record["load_per_round"].append(load())
         with threadpool_limits(limits=1):
-            one.append(per_call(serial, points, repeats))
-        default.append(per_call(serial, points, repeats))
+            timed("pymc_1_thread_s", serial)
+        timed("pymc_default_threads_s", serial)
         for n in sizes:
             if n > 1:
-                ceilings[str(n)].append(ceiling(make, rows, n, repeats))
+                series[f"ceiling_n{n}_s"].append(ceiling(make, rows, n, repeats))
             synk.fork(n)
             try:
-                for grainsize, times in ((None, synks), (rows, blocks)):
+                for grainsize, key in ((None, f"synkhronos_n{n}_s"),
+                                       (rows, f"synkhronos_one_block_n{n}_s")):
                     fn = synk_pymc.logp_dlogp_function(model, grainsize=grainsize)
                     fn.set_extra_values({})
-                    times[str(n)].append(per_call(fn, points, repeats))
+                    timed(key, fn)
                     del fn
             finally:
                 synk.close()
     del serial
     median = statistics.median
-    record["pymc_1_thread_s"] = median(one)
-    record["pymc_default_threads_s"] = median(default)
-    record["ceiling_s"] = {n: median(t) for n, t in ceilings.items()}
-    record["synkhronos_s"] = {n: median(t) for n, t in synks.items()}
-    record["synkhronos_one_block_s"] = {n: median(t) for n, t in blocks.items()}
-    record["every_round"] = {"pymc_1_thread_s": one, "pymc_default_threads_s": default,
-                             "ceiling_s": ceilings, "synkhronos_s": synks,
-                             "synkhronos_one_block_s": blocks}
+
+    def by_n(prefix: str, values: dict) -> dict:
+        return {str(n): values[f"{prefix}_n{n}_s"] for n in sizes
+                if f"{prefix}_n{n}_s" in values}
+
+    medians = {key: median(times) for key, times in series.items()}
+    p99 = {key: float(np.percentile(times, 99)) for key, times in calls.items() if times}
+    record["pymc_1_thread_s"] = medians["pymc_1_thread_s"]
+    record["pymc_default_threads_s"] = medians["pymc_default_threads_s"]
+    record["ceiling_s"] = by_n("ceiling", medians)
+    record["synkhronos_s"] = by_n("synkhronos", medians)
+    record["synkhronos_one_block_s"] = by_n("synkhronos_one_block", medians)
+    record["p99_s"] = {"pymc_1_thread_s": p99["pymc_1_thread_s"],
+                       "pymc_default_threads_s": p99["pymc_default_threads_s"],
+                       "synkhronos_s": by_n("synkhronos", p99),
+                       "synkhronos_one_block_s": by_n("synkhronos_one_block", p99)}
+    record["every_round"] = {"pymc_1_thread_s": series["pymc_1_thread_s"],
+                             "pymc_default_threads_s": series["pymc_default_threads_s"],
+                             "ceiling_s": by_n("ceiling", series),
+                             "synkhronos_s": by_n("synkhronos", series),
+                             "synkhronos_one_block_s": by_n("synkhronos_one_block", series)}
     record["load_after"] = load()
 
     def ratios(base: list[float], times: dict) -> dict:
@@ -215,14 +253,41 @@ def evaluations(model: pm.Model, make, rows: int, sizes: list[int], repeats: int
         return {n: round(median([a / b for a, b in zip(base, t, strict=True)]), 3)
                 for n, t in times.items()}
 
+    one, default = series["pymc_1_thread_s"], series["pymc_default_threads_s"]
+    synks, ceilings = by_n("synkhronos", series), by_n("ceiling", series)
     record["speedup_vs_pymc_1_thread"] = ratios(one, synks)
-    record["one_block_speedup_vs_pymc_1_thread"] = ratios(one, blocks)
+    record["one_block_speedup_vs_pymc_1_thread"] = ratios(one, by_n("synkhronos_one_block",
+                                                                    series))
     record["ceiling_speedup_vs_pymc_1_thread"] = ratios(one, ceilings)
     record["fraction_of_ceiling"] = {
         n: round(median([c / s for c, s in zip(t, synks[n], strict=True)]), 3)
         for n, t in ceilings.items()}
     record["speedup_vs_pymc_default_threads"] = ratios(default, synks)
     return record
+
+
+def break_even(records: dict, key: str) -> dict:
+    """Per n, the row count from which synkhronos is at least as fast as PyMC (``key``:
+    the speed-up series of the ``evaluations`` records, by row count), interpolated
+    between the swept sizes in log rows; None if it never is, the smallest size if it
+    always is. With the bracketing sizes and their ratios."""
+    rows = sorted(records, key=int)
+    out: dict = {}
+    for n in records[rows[0]][key]:
+        pairs = [(int(r), records[r][key][n]) for r in rows if n in records[r][key]]
+        found: dict = {"rows": None, "between": None}
+        for i, (r, ratio) in enumerate(pairs):
+            if ratio < 1.0:
+                continue
+            if i == 0:
+                found = {"rows": r, "between": [r, r, ratio, ratio]}
+            else:
+                (r0, q0), (r1, q1) = pairs[i - 1], (r, ratio)
+                x = np.log(r0) + (1.0 - q0) / (q1 - q0) * (np.log(r1) - np.log(r0))
+                found = {"rows": int(round(float(np.exp(x)))), "between": [r0, r1, q0, q1]}
+            break
+        out[n] = found
+    return out
 
 
 def sampling_time(idata) -> float | None:
@@ -382,7 +447,7 @@ def main() -> None:
     parser.add_argument("--no-evaluations", action="store_true",
                         help="whole sampling only (at --sample-rows), no per-evaluation figures")
     args = parser.parse_args()
-    rows = args.rows or ([20_000] if args.quick else [100_000, 1_000_000])
+    rows = args.rows or ([20_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000])
     sample_rows = args.sample_rows or max(rows)
     repeats = args.repeats or (5 if args.quick else 30)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -415,6 +480,10 @@ def main() -> None:
             if n_rows == sample_rows and not args.no_sampling:
                 result["sampling"] = {"rows": n_rows, **samplings(model, layouts, options)}
             del model
+        result["break_even_rows"] = {
+            "vs_pymc_1_thread": break_even(result["evaluations"], "speedup_vs_pymc_1_thread"),
+            "vs_pymc_default_threads": break_even(result["evaluations"],
+                                                  "speedup_vs_pymc_default_threads")}
         if "sampling" not in result and not args.no_sampling:
             result["sampling"] = {"rows": sample_rows,
                                   **samplings(MODELS[name](sample_rows), layouts, options)}

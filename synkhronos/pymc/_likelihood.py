@@ -150,13 +150,27 @@ def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) 
     """Slices per process: its rows (the most any process has) in blocks of
     ``grainsize`` rows; by default one block up to ``_SLICE_FROM_BYTES`` of row data a
     process, else blocks of about ``_GRAIN_BYTES``."""
+    return _slices_of(sum(d.data[:1].nbytes for d in row_data), rows, n, grainsize)
+
+
+def _slices_of(row_bytes: int, rows: int, n: int, grainsize: int | None) -> int:
+    """``_num_slices`` for rows of ``row_bytes`` bytes each."""
     per_process = -(-rows // n)
     if grainsize is None:
-        row_bytes = sum(d.data[:1].nbytes for d in row_data) or 1
+        row_bytes = row_bytes or 1
         if per_process * row_bytes <= _SLICE_FROM_BYTES:
             return 1
         grainsize = max(1, _GRAIN_BYTES // row_bytes)
     return max(1, -(-per_process // grainsize))
+
+
+def _one_block(plan, grainsize: int | None) -> bool:
+    """Whether one process runs every group's rows in one block (nothing to slice)."""
+    for group in plan.groups:
+        row_bytes = sum(np.asarray(_data_value(var))[:1].nbytes for var in group.roots)
+        if _slices_of(row_bytes, group.rows, 1, grainsize) != 1:
+            return False
+    return True
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
@@ -182,7 +196,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
                                      dtype=np.asarray(value).dtype)
                     for name, value in start.items()}
         point = [jittered[v.name] for v in values]
-        whole_loglik, whole_grad = fn.as_pytensor(*[d.data for d in row_data], *point)
+        whole_loglik, whole_grad = _unpack(fn.as_pytensor(*[d.data for d in row_data], *point))
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
         if pymc_logp is not None:
@@ -194,7 +208,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
                     f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
                     f"{float(want)!r}; pass split=[...] without them")
         try:
-            loglik, grad = fn(*row_data, *point, num_slices=slices)
+            loglik, grad = _unpack(fn(*row_data, *point, num_slices=slices))
         except WorkerError as exc:
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
@@ -220,14 +234,130 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
 @dataclasses.dataclass
 class _Part:
     """One group's compiled likelihood: ``fn(*row_data, *values)`` over its rows, in
-    ``slices`` blocks a process; ``positions`` picks its values among the Op's inputs,
-    ``flat`` the entries of the Op's flat gradient they fill."""
+    ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
+    vector (``_unpack``); ``positions`` picks its values among the Op's inputs, ``flat``
+    the entries of the Op's flat gradient they fill."""
 
     fn: Function
     row_data: list[Data]
     slices: int
     positions: list[int]
     flat: np.ndarray
+    # Without workers (n_parallel 1): the compiled function itself, called in place
+    # (``_Lean``); None where the session's command path runs it.
+    lean: _Lean | None = None
+
+
+def _unpack(both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-likelihood (0-d) and the flat gradient, views of a part's one output."""
+    return both[:1].reshape(()), both[1:]
+
+
+def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``slices`` consecutive slices of ``length`` rows, as a call
+    with ``num_slices`` cuts a process's rows: the first ``length % slices`` one row
+    longer."""
+    base, extra = divmod(length, slices)
+    bounds, start = [], 0
+    for k in range(slices):
+        stop = start + base + (k < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class _Lean:
+    """One process, no workers: a part's compiled PyTensor function, called directly.
+
+    The session's command path (stage the values in shared memory, a command, the
+    master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
+    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
+    calls the master's compiled function on the rows' arrays in place: the rows were
+    checked once (their dtype is the row inputs'), the values come from PyMC's graph
+    with the value variables' types (checked here in a few comparisons; anything else
+    goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
+    checks are skipped (``trust_input``). Its slices are run and summed as every process
+    runs its own (``_shard``).
+    """
+
+    def __init__(self, fn: Function, row_data: list[Data], slices: int):
+        local = fn._local
+        self.local = local
+        self.row_data = row_data
+        # each value's type, dtype, ndim and static shape (None where not all known)
+        self.types = [(var.type, np.dtype(var.type.dtype), var.ndim,
+                       None if None in var.type.shape else var.type.shape)
+                      for var in fn.bcast_inputs]
+        self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
+        # The compiled function's own storage, filled and run as its trusted call does
+        # (PyTensor 2.38 and 3.x alike: one container a variable, a VM that returns
+        # the outputs or leaves them in their containers). While the VM frees its
+        # storage after each call (allow_gc), every call's outputs are new arrays.
+        self.vm = local.vm
+        self.inputs = [container.storage for container in local.input_storage]
+        self.output = local.output_storage[0].storage
+        self.fresh = bool(getattr(local.vm, "allow_gc", False))
+
+    @classmethod
+    def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
+        """The lean call of ``fn``, or None where PyTensor must check every call's
+        inputs itself (types it cannot trust, rows of another dtype than the input's) or
+        the function's storage is laid out otherwise."""
+        local = fn._local
+        if not (fn._trusted and local.trust_input) or fn.sliceable_shareds:
+            return None
+        if any(item.dtype != var.type.dtype or item.ndim != var.ndim
+               for item, var in zip(row_data, fn.inputs, strict=True)):
+            return None
+        storage = getattr(local, "input_storage", None), getattr(local, "output_storage", None)
+        if (storage[0] is None or storage[1] is None
+                or len(storage[0]) != len(fn.inputs) + len(fn.bcast_inputs)
+                or len(storage[1]) != 1):
+            return None
+        return cls(fn, row_data, slices)
+
+    def run(self, arrays: list) -> np.ndarray:
+        """One call of the compiled function on ``arrays`` (rows, then values)."""
+        inputs = self.inputs
+        for storage, array in zip(inputs, arrays, strict=True):
+            storage[0] = array
+        try:
+            outputs = self.vm()
+            both = self.output[0] if outputs is None else outputs[0]
+        except Exception:
+            # PyTensor's own call again, for its error message naming the node
+            both = self.local(*arrays)
+        finally:
+            for storage in inputs:  # (no reference kept to the rows' shared memory)
+                storage[0] = None
+            if self.fresh:
+                self.output[0] = None
+        return both if self.fresh else both.copy()  # (else the next call reuses it)
+
+    def __call__(self, values: list) -> np.ndarray:
+        """The log-likelihood and flat gradient of all the rows in this process, in one
+        vector (``_unpack``)."""
+        arrays = [item.data for item in self.row_data]
+        for value, (kind, dtype, ndim, shape) in zip(values, self.types, strict=True):
+            if type(value) is not np.ndarray or value.ndim != ndim or (
+                    value.dtype is not dtype and value.dtype != dtype) or (
+                    shape is not None and value.shape != shape):
+                # not from PyTensor's own graph: its type checks it, as PyTensor would
+                value = kind.filter(value, strict=False, allow_downcast=False)
+            arrays.append(value)
+        if self.bounds is None:
+            return self.run(arrays)
+        rows, values = arrays[:len(self.row_data)], arrays[len(self.row_data):]
+        both: Any = None
+        for start, stop in self.bounds:
+            if stop == start:
+                continue
+            part = self.run([*[r[start:stop] for r in rows], *values])
+            if both is None:
+                both = part
+            else:
+                both += part
+        return both
 
 
 class RowSum(Op):
@@ -248,6 +378,24 @@ class RowSum(Op):
         self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
         self.total = sum(self.sizes)
         self.dtype = dtype
+        self.released = False
+        self.session: Any = None
+        self.direct = False
+        if parts is not None:
+            self._adopt(parts)
+
+    def _adopt(self, parts: list[_Part]) -> None:
+        """Take ``parts`` (at build, or at the first evaluation when deferred)."""
+        self.parts = parts
+        # Without workers, every part called in place (``_Lean``): the session it holds
+        # while it runs (None: each part is a parallel call).
+        lean = all(part.lean is not None for part in parts)
+        self.session = parts[0].fn._session if lean else None
+        # One part that takes every value in order and returns the Op's dtype: its
+        # outputs, new arrays at every call, are the Op's as they come.
+        first = parts[0]
+        self.direct = (len(parts) == 1 and first.positions == list(range(len(self.sizes)))
+                       and first.fn._local.maker.fgraph.outputs[0].type.dtype == self.dtype)
 
     @property
     def num_slices(self) -> int | tuple[int, ...]:
@@ -263,23 +411,69 @@ class RowSum(Op):
     def perform(self, node, inputs, output_storage):
         # (A process forked from the master, such as a PyMC chain process with
         # cores > 1, gets the session's RuntimeError from this call.)
+        if self.released:
+            raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
+                               "memory is freed); build a new one")
         if self.parts is None:  # deferred: this process's first evaluation builds them
-            self.parts = self._connect()
+            assert self._connect is not None
+            self._adopt(self._connect())
         for var, value in self.sources:
             if var.get_value(borrow=True) is not value:
                 raise RuntimeError(
                     f"the model's data {var.name!r} changed (pm.set_data) after "
                     "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
                 )
+        if self.session is not None:
+            self._perform_lean(self.session, inputs, output_storage)
+        else:
+            self._perform_commands(inputs, output_storage)
+
+    def _perform_commands(self, inputs, output_storage) -> None:
+        """``perform`` through the session: one parallel call for each part."""
+        parts = self.parts
+        assert parts is not None
+        if self.direct:  # (the call's reduced output is a new array: its views are kept)
+            part = parts[0]
+            output_storage[0][0], output_storage[1][0] = _unpack(part.fn(
+                *part.row_data, *inputs, num_slices=part.slices))
+            return
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
-        for part in self.parts:
-            loglik, grad = part.fn(*part.row_data, *[inputs[i] for i in part.positions],
-                                   num_slices=part.slices)
+        for part in parts:
+            loglik, grad = _unpack(part.fn(*part.row_data,
+                                           *[inputs[i] for i in part.positions],
+                                           num_slices=part.slices))
             total += loglik
             flat[part.flat] += grad
         output_storage[0][0] = total
         output_storage[1][0] = flat
+
+    def _perform_lean(self, session: Any, inputs, output_storage) -> None:
+        """``perform`` without workers: each part's compiled function in place (``_Lean``),
+        holding the session (usable, this thread's) as a command would."""
+        parts = self.parts
+        assert parts is not None
+        took = session.enter()
+        try:
+            if session.observer is not None:  # synk.profile() records each call: commands
+                self._perform_commands(inputs, output_storage)
+                return
+            if self.direct:
+                lean = parts[0].lean
+                assert lean is not None
+                output_storage[0][0], output_storage[1][0] = _unpack(lean(inputs))
+                return
+            total = np.zeros((), dtype=self.dtype)
+            flat = np.zeros(self.total, dtype=self.dtype)
+            for part in parts:
+                assert part.lean is not None
+                loglik, grad = _unpack(part.lean([inputs[i] for i in part.positions]))
+                total += loglik
+                flat[part.flat] += grad
+            output_storage[0][0] = total
+            output_storage[1][0] = flat
+        finally:
+            session.leave(took)
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
@@ -313,6 +507,7 @@ class RowSum(Op):
 
     def release(self) -> None:
         """Free the rows' shared memory now (otherwise when the Op is collected)."""
+        self.released = True
         for part in self.parts or ():
             for item in part.row_data:
                 item.free_memory()
@@ -326,10 +521,13 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     positions = [i for i, v in enumerate(values) if v in used]
     mine = [values[i] for i in positions]
     grads: Any = pytensor.grad(loglik, mine)
-    flat = pt.concatenate([g.ravel() for g in grads]) if len(grads) > 1 else grads[0].ravel()
-    fn = function(inputs=list(rows.values()), bcast_inputs=mine,
-                  outputs=[(loglik, "sum"), (flat, "sum")], mode=compat.pymc_mode(model),
-                  name="pymc_loglik")
+    # One output, the log-likelihood then the flat gradient: one reduction and one
+    # array to send a call, not two (``_unpack`` takes it apart)
+    both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
+    if both.dtype != loglik.dtype:
+        both = pt.cast(both, loglik.dtype)
+    fn = function(inputs=list(rows.values()), bcast_inputs=mine, outputs=(both, "sum"),
+                  mode=compat.pymc_mode(model), name="pymc_loglik")
     distribute()
     row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
     slices = _num_slices(row_data, group.rows, size, grainsize)
@@ -337,7 +535,8 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets:
     entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    return _Part(fn, row_data, slices, positions, entries)
+    lean = _Lean.of(fn, row_data, slices) if size == 1 else None
+    return _Part(fn, row_data, slices, positions, entries, lean)
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:
@@ -353,14 +552,16 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
            open_session: Callable[[], int] | None = None):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
-    Jacobians, as ``pm.find_MAP`` optimises).
+    Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
+    1 with one block of rows, PyMC's own function and no Op (None).
 
     With ``open_session`` (a function that forks this process's session and returns
     its size) no session is needed now: steps 3-4 wait for the first evaluation, in
     the process that makes it (a chain process forked from this one, which then has a
     session of its own), and the check's errors are raised there.
     """
-    if _session_size() is None and open_session is None:
+    size = _session_size()
+    if size is None and open_session is None:
         raise RuntimeError("synk.fork() must be called before "
                            "synkhronos.pymc.logp_dlogp_function()")
     discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
@@ -375,6 +576,13 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
         if not values:
             raise ValueError("the observed log-likelihood depends on no free variable")
         point = model.initial_point()
+        if size == 1 and open_session is None and _one_block(plan, grainsize):
+            # One process, one block: nothing to divide or slice, so PyMC's own graph
+            # in PyMC's own function. The Op's boundary alone (a second compiled
+            # function, a Python Op, on Numba its object mode) costs about 10 us an
+            # evaluation, 5-12% of PyMC's at 10^4 rows.
+            return compat.value_grad_function(model.logp(jacobian=jacobian), model,
+                                              point), None
         shapes = [np.shape(point[v.name]) for v in values]
         offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
@@ -460,7 +668,11 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
     Notes
     -----
     Collective: every process takes part in each evaluation. The rows are copied into
-    shared memory once; after ``pm.set_data`` build a new function.
+    shared memory once; after ``pm.set_data`` build a new function. With one process
+    (``n_parallel=1``) and one block of rows (the default up to 16 MiB of rows) there is
+    nothing to divide: the function is PyMC's own, which follows ``pm.set_data`` as
+    in PyMC; with slices, the compiled likelihood is called in place, without a
+    command.
     """
     grainsize = _check_grainsize(grainsize)
     pm = compat.import_pymc()

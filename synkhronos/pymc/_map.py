@@ -81,5 +81,6 @@ def find_MAP(model=None, *, split=None, grainsize=None, start=None, method="L-BF
             begin += size
         estimate = compat.map_point(model, found, include_transformed)
     finally:
-        op.release()
+        if op is not None:
+            op.release()
     return (estimate, result) if return_raw else estimate

@@ -201,7 +201,8 @@ def _in_master(pm, model, split, grainsize, processes, size, run):
         try:
             return run(vgf)
         finally:
-            op.release()
+            if op is not None:
+                op.release()
     finally:
         if own_session:
             close()

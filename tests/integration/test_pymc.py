@@ -10,6 +10,7 @@
   per-chain initvals on nutpie, ``pm.Minibatch`` data, a bad ``processes_per_chain``;
 - a process forked from the master (a PyMC chain process) gets a clear RuntimeError;
 - ``split`` and ``grainsize`` are validated, and a likelihood that mixes rows is refused;
+- a likelihood whose session was closed refuses to run (n_parallel 1: no command);
 - nutpie (where installed) samples the same posterior, calling from its own threads;
 - the demo runs.
 
@@ -264,6 +265,19 @@ def one():
         yield 1
     finally:
         synk.close()
+
+
+@pytest.mark.timeout(900)
+def test_likelihood_of_a_closed_session_refuses_to_run(one):
+    # n=1 in slices calls the compiled function in place, never reading the freed rows
+    # after close (in one block it would be PyMC's own function, without rows to free)
+    fn = synk_pymc.logp_dlogp_function(bounded_model(), grainsize=100)
+    fn.set_extra_values({})
+    good = np.array([0.5, 2.0])
+    assert np.isfinite(fn(good)[0])
+    synk.close()
+    with pytest.raises(RuntimeError, match="session is closed"):
+        fn(good)
 
 
 def _two_likelihoods(rows=50, groups=4):

@@ -4,8 +4,11 @@ At n_parallel 1, 2 and 3 (3 splits unevenly on 2 cores), rtol 1e-9, on the model
 ``test_pymc.py``: a logistic regression written with numpy arrays, a hierarchical GLM
 written with ``pm.Data`` containers and dims, the latter also in uneven slices of a few
 rows (``grainsize``); and out-of-support values give -inf, as in PyMC, never a
-``WorkerError``. One session per size builds every function once (a
-module of its own: the session lives for the whole module).
+``WorkerError``. At n_parallel 1 no command runs: in one block the function is PyMC's
+own, in slices the Op calls its compiled function in place; the Op converts values of
+another type by PyTensor's types and refuses bad ones with the same TypeError as a
+call; a released likelihood refuses to run. One session per size builds every function
+once (a module of its own: the session lives for the whole module).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ pm = pytest.importorskip(
 
 import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
+from synkhronos import testing  # noqa: E402
 
 from .test_pymc import bounded_model, hierarchical_model, logistic_model, reference  # noqa: E402
 
@@ -48,11 +52,16 @@ class Built:
         self.parallel["sliced"] = fn
 
 
-def _slices(fn) -> int:
-    """The number of slices a process runs, read from the RowSum Op in fn's graph."""
+def _row_sum(fn):
+    """The RowSum Op in fn's graph, or None (PyMC's own function)."""
     ops = [node.op for node in fn._pytensor_function.maker.fgraph.apply_nodes
            if type(node.op).__name__ == "RowSum"]
-    return ops[0].num_slices
+    return ops[0] if ops else None
+
+
+def _slices(fn) -> int:
+    """The number of slices a process runs, read from the RowSum Op in fn's graph."""
+    return _row_sum(fn).num_slices
 
 
 built = session_fixture(Built)
@@ -75,8 +84,12 @@ def test_logp_dlogp_equal_pymc(built, name):
 def test_slices_follow_the_grain(built):
     n = synk.n_parallel()
     assert _slices(built.parallel["sliced"]) == math.ceil(math.ceil(1203 / n) / 97)  # 13, 7, 5
-    # by default rows that fit in the cache (at most 16 MiB a process) run in one block
-    assert _slices(built.parallel["hierarchical"]) == 1
+    # by default rows that fit in the cache (at most 16 MiB a process) run in one block;
+    # one process in one block has nothing to divide: PyMC's own function, no Op
+    if n == 1:
+        assert _row_sum(built.parallel["hierarchical"]) is None
+    else:
+        assert _slices(built.parallel["hierarchical"]) == 1
 
 
 @pytest.mark.timeout(900)
@@ -90,3 +103,51 @@ def test_out_of_support_gives_minus_inf(built):
     good = np.array([0.5, 2.0])
     np.testing.assert_allclose(built.parallel["bounded"](good)[0], built.serial["bounded"](good)[0],
                                rtol=1e-9)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["hierarchical", "sliced"])
+def test_one_process_runs_in_place(built, name):
+    n = synk.n_parallel()
+    point = np.random.default_rng(5).normal(
+        scale=0.5, size=sum(np.size(v) for v in built.models[name].initial_point().values()))
+    before = testing.commands_run()
+    logp, dlogp = built.parallel[name](point)
+    # n=1: no command (PyMC's own function in one block, the compiled likelihood called
+    # in place in slices); else one command a group of rows
+    assert testing.commands_run() - before == (0 if n == 1 else 1)
+    want_logp, want_dlogp = built.serial[name](point)
+    np.testing.assert_allclose(logp, want_logp, rtol=1e-9)
+    np.testing.assert_allclose(dlogp, want_dlogp, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.timeout(900)
+def test_the_op_checks_values_it_is_given(built):
+    # The Op called with values that no PyTensor graph hands it: lists and floats are
+    # converted by the value variables' types, a wrong shape or dtype refused as a call
+    # refuses it (at n=1 in place, in slices; else through the command)
+    op = _row_sum(built.parallel["sliced"])
+    values = [np.asarray(v) for v in built.models["sliced"].initial_point().values()][2:]
+    assert [v.shape for v in values] == [(6,), (), ()]  # a, b, sigma_log__
+    out: list = [[None], [None]]
+    op.perform(None, values, out)
+    loglik, grad = out[0][0], out[1][0].copy()
+    op.perform(None, [values[0].tolist(), float(values[1]), float(values[2])], out)
+    np.testing.assert_allclose(out[0][0], loglik, rtol=1e-12)
+    np.testing.assert_allclose(out[1][0], grad, rtol=1e-12)
+    with pytest.raises(TypeError, match="Wrong number of dimensions"):
+        op.perform(None, [values[0][:, None], values[1], values[2]], out)
+    with pytest.raises(TypeError):
+        op.perform(None, [values[0].astype("complex128"), values[1], values[2]], out)
+
+
+@pytest.mark.timeout(900)
+def test_released_likelihood_refuses_to_run(built):
+    # grainsize: an Op at every n (4 slices of 100 rows at n=1)
+    fn = synk_pymc.logp_dlogp_function(built.models["bounded"], grainsize=100)
+    fn.set_extra_values({})
+    good = np.array([0.5, 2.0])
+    np.testing.assert_allclose(fn(good)[0], built.serial["bounded"](good)[0], rtol=1e-9)
+    _row_sum(fn).release()
+    with pytest.raises(RuntimeError, match="was released"):
+        fn(good)

@@ -17,8 +17,9 @@ scaling figures, which are fractions of the ceiling, above 1 is better).
 The figures:
 
 - ``call_overhead``: a tiny call's overhead over the plain PyTensor call (numpy
-  input, ``Data`` input), microseconds.
-- ``command_roundtrip``: the median empty command at n=2, spinning and not.
+  input, ``Data`` input), microseconds; both calls' own medians.
+- ``command_roundtrip``: the median empty command at n=2, spinning and not, and at n=1;
+  the semaphore ping-pong beside it (the machine's wake-up floor).
 - ``collectives``: the resident all-reduce of 4 bytes and of 64 MiB.
 - ``scaling``: one SGD step of the MLP at n=2 (shuffled, all-reduce on) as a fraction
   of two independent plain programs; for a checkout with the sharded update also the
@@ -68,10 +69,13 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "overhead_numpy_input_us": lambda d: d["overhead_numpy_input_us"],
         "overhead_data_input_us": lambda d: d["overhead_data_input_us"],
         "plain_pytensor_median_us": lambda d: d["plain_pytensor_median_us"],
+        "synk_numpy_input_median_us": lambda d: d["synk_numpy_input_median_us"],
     }),
     "command_roundtrip": (["--rounds", "3000", "--blocks", "3"], {
         "n2_empty_command_us": lambda d: d["n2_ping_median_us"],
         "n2_nospin_empty_command_us": lambda d: d["n2_nospin_ping_median_us"],
+        "n1_empty_command_us": lambda d: d["n1_ping_median_us"],
+        "semaphore_pingpong_us": lambda d: d["semaphore_pingpong_median_us"],
     }),
     "collectives": (["--scale", "0.5", "--out", "{tmp}"], {
         "all_reduce_4B_us": _collectives_4b,

@@ -181,11 +181,6 @@ class ControlBlock:
         """Wait until every rank whose done field is in ``fields`` (``done_fields``) has
         finished command ``seq``; spin first, then block, as ``wait``."""
         header = self.header
-        for field in fields:
-            if header[field] != seq:
-                break
-        else:
-            return
         if self.spin > 0:
             deadline = time.perf_counter() + self.spin
             count = 0
@@ -264,11 +259,7 @@ class ControlBlock:
             # The same object as the last command's (a training loop): no hash, no pickle.
             message_id = last[1]
             if self._in_mailbox != message_id:
-                self._in_mailbox = 0  # see ``_publish``
-                data = last[2]
-                self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
-                header[_PAYLOAD_LEN] = len(data)
-                self._in_mailbox = message_id
+                self._fill_mailbox(message_id, last[2])
         else:
             message_id = self._publish(message, arena, key)
         header[_PAYLOAD_ID] = message_id
@@ -287,22 +278,27 @@ class ControlBlock:
                 memo = self._memo.find(key)
             except TypeError:  # not hashable after all: pickle it every time
                 key = None
-        data: bytes | None
+        if memo is not None:
+            message_id, remembered = memo
+            if self._in_mailbox != message_id:
+                self._fill_mailbox(message_id, remembered)
+            return message_id
         # The mailbox is about to change: until the post ends it holds no known message
         # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
-        in_mailbox, self._in_mailbox = self._in_mailbox, 0
-        if memo is not None:
-            message_id, data = memo
-            if in_mailbox != message_id:
-                self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
-                self.header[_PAYLOAD_LEN] = len(data)
-        else:
-            data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
-            message_id = 0
-            if key is not None and data is not None:
-                message_id = self._memo.add(key, data)[0]
+        self._in_mailbox = 0
+        data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
+        message_id = 0
+        if key is not None and data is not None:
+            message_id = self._memo.add(key, data)[0]
         self._in_mailbox = message_id
         return message_id
+
+    def _fill_mailbox(self, message_id: int, data: bytes) -> None:
+        """A remembered message's bytes into the mailbox (which holds another)."""
+        self._in_mailbox = 0  # until the copy is whole (a Ctrl-C half-way: see _publish)
+        self._buffer[self._mailbox_at : self._mailbox_at + len(data)] = data
+        self.header[_PAYLOAD_LEN] = len(data)
+        self._in_mailbox = message_id
 
     def read_command(self, arena: Arena) -> object:
         """A worker's view of the current command's message."""
@@ -337,10 +333,7 @@ class ControlBlock:
                     wire.write_places(written[1], arrays)
                 else:
                     self._written = (None, [])  # until the slot holds ``head``
-                    places = wire.places(self._buffer, at, head, arrays)
-                    self._buffer[at : at + len(head)] = head
-                    wire.write_places(places, arrays)
-                    self._written = (head, places)
+                    self._written = (head, wire.write_arrays(self._buffer, at, head, arrays))
                 header[base + _REPLY_LEN] = len(head)
                 header[base + _REPLY_KIND] = wire.ARRAYS
             else:

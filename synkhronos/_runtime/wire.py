@@ -18,7 +18,8 @@ tuples, so a tuple always stands for an array.
 Decoded arrays are copies (the slot is overwritten by the next command), unless the
 reader asks for views it is done with before then. A reply that repeats (a training
 loop's) has the description of the last one: the writer keeps the last description it
-pickled and the reader what it unpickled, so neither pickles again.
+pickled, so it does not pickle it again (the control block keeps the places and the
+reader's decoded views for it).
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ _DTYPE_STR: dict[np.dtype, str] = {}  # dtype -> dtype.str, which numpy builds a
 
 _last_head: list = [None, None, b""]  # the writer's last (description, scalar types,
 # the description pickled)
-_read_heads: dict[bytes, tuple] = {}  # the reader's description pickles, unpickled
-_READ_HEADS_KEPT = 64
 
 
 def _aligned(n: int) -> int:
@@ -101,19 +100,21 @@ def size(head: bytes, data_bytes: int) -> int:
     return _aligned(len(head)) + data_bytes
 
 
-def write_arrays(buffer: memoryview, at: int, head: bytes, arrays: list[np.ndarray]) -> None:
-    """Write a ``describe``d object at ``at`` (the caller checked that it fits)."""
+def write_arrays(buffer: memoryview, at: int, head: bytes, arrays: list[np.ndarray],
+                 ) -> list[np.ndarray | None]:
+    """Write a ``describe``d object at ``at`` (the caller checked that it fits); return
+    the ``places`` of its arrays, where a writer whose replies repeat copies the next
+    ones (``write_places``)."""
+    kept = places(buffer, at, head, arrays)
     buffer[at : at + len(head)] = head
-    for place, a in zip(places(buffer, at, head, arrays), arrays, strict=True):
-        if place is not None:
-            place[...] = a
+    write_places(kept, arrays)
+    return kept
 
 
 def places(buffer: memoryview, at: int, head: bytes, arrays: list[np.ndarray],
            ) -> list[np.ndarray | None]:
     """Where ``write_arrays`` puts each of a ``describe``d object's ``arrays`` in the
-    slot at ``at``: a view of the slot for each (None for an empty one). A writer whose
-    replies repeat keeps these and copies into them (``write_places``)."""
+    slot at ``at``: a view of the slot for each (None for an empty one)."""
     start = at + _aligned(len(head))
     out: list[np.ndarray | None] = []
     for a in arrays:
@@ -151,13 +152,7 @@ def read_arrays(buffer: memoryview, at: int, length: int, copy: bool = True) -> 
     ``copy=False``: the arrays are views of the slot, valid until it is written again
     (a caller that reduces them at once)."""
     start = at + _aligned(length)
-    head = bytes(buffer[at : at + length])
-    items = _read_heads.get(head)
-    if items is None:
-        items = pickle.loads(head)
-        if len(_read_heads) >= _READ_HEADS_KEPT:
-            _read_heads.clear()
-        _read_heads[head] = items
+    items = pickle.loads(buffer[at : at + length])
     out: list[Any] = []
     for item in items:
         kind = type(item)

@@ -44,7 +44,7 @@ PREPARED: RankVar[dict[int, Prepared]] = RankVar("prepared calls", lambda ctx: {
 
 
 _NOT_REDUCED = ReduceOp.NONE  # (an enum member costs a lookup in Python 3.11)
-_SEQUENCES = (list, tuple)
+_NO_PLAN: tuple = (None, None, (), 0, False)  # _CallViews.plan when there is none
 _NO_LAST: tuple[None, tuple[list, list, int]] = (None, ([], [], 0))
 
 
@@ -60,7 +60,7 @@ class _CallViews:
         self.generation = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
         self.last: tuple[Call | None, tuple[list, list, int]] = _NO_LAST  # by identity
-        self.plan: tuple[Call | None, Any, tuple, int, Any] = (None, None, (), 0, False)
+        self.plan: tuple[Call | None, Any, tuple, int, Any] = _NO_PLAN
 
 
 _VIEWS: RankVar[_CallViews] = RankVar("call views", lambda ctx: _CallViews())
@@ -78,12 +78,12 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     if views.generation != generation:  # a segment was released: let go of every view
         views.by_call.clear()
         views.last = _NO_LAST
-        views.plan = (None, None, (), 0, False)
+        views.plan = _NO_PLAN
         views.generation = generation
     last, entry = views.last
     if last is call:  # the same repeated message again: no hash of the whole Call
         return entry
-    views.plan = (None, None, (), 0, False)
+    views.plan = _NO_PLAN
     found = views.by_call.get(call)
     if found is not None:
         views.last = (call, found)
@@ -163,6 +163,11 @@ def _as_list(outputs: Any) -> list:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
+def _reduced_only(outputs: list, ops: tuple) -> list:
+    """A worker's outputs without those whose op is None (the master keeps its own)."""
+    return [out for out, op in zip(outputs, ops, strict=True) if op is not _NOT_REDUCED]
+
+
 def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast: list,
                 sliceable: list, ctx: RankContext) -> list:
     """Run ``num_slices`` consecutive slices; accumulate outputs and update values."""
@@ -200,12 +205,8 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         if plan[0] is call and views.generation == ctx.arena.generation:
             # The last call again (a training loop): what the first run worked out.
             _, fn, args, weight, strip = plan
-            outputs = fn(*args)
-            outputs = list(outputs) if type(outputs) in _SEQUENCES else [outputs]
-            if strip:
-                outputs = [out for out, op in zip(outputs, strip, strict=True)
-                           if op is not _NOT_REDUCED]
-            return weight, outputs
+            outputs = _as_list(fn(*args))
+            return weight, _reduced_only(outputs, strip) if strip else outputs
     return _run_call(ctx, call)
 
 
@@ -241,8 +242,7 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     # not reduced: the master keeps its own, a worker sends nothing of it
     strip = _NOT_REDUCED in prepared.output_ops and not ctx.is_master
     if strip:
-        outputs = [out for out, op in zip(outputs, prepared.output_ops, strict=True)
-                   if op is not _NOT_REDUCED]
+        outputs = _reduced_only(outputs, prepared.output_ops)
     if call.views_only and call.num_slices == 1 and not call.profile:
         views = _VIEWS.get(ctx)
         if views.last[0] is call:  # its views are the ones kept: run it so next time

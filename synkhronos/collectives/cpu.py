@@ -406,9 +406,16 @@ class CpuBackend(Backend[Group]):
             pieces = [values[i][lo:hi] if k == rank else flats[k][i][lo:hi] for k in range(n)]
             first = pieces.pop(root)
             combine_into(out[i][lo:hi], first, pieces, op)
-        if in_place and rank == root:  # every piece of its slot is the result
-            rebind(ctx, group.variables, group.slots[root])
+        if in_place:
+            self.pieces_written(ctx)
+            if rank == root:  # every piece of its slot is the result
+                rebind(ctx, group.variables, group.slots[root])
         return True
+
+    def pieces_written(self, ctx: RankContext) -> None:
+        """Every rank, before the root binds its slot after a large in-place
+        ``reduce``: nothing to wait for here, since the root's variables view the slot
+        and the command returns only once every rank has written its piece."""
 
     def broadcast(self, ctx: RankContext, group: Group) -> None:
         root = ctx.master_rank

@@ -11,7 +11,10 @@ exchange slot, as it does on CPU. Two consequences, both declared here:
 - no group is ever *resident* (the master's values never live in its slot), so every
   collective copies its values in;
 - the two-process ``pair`` path is off: it lets the worker rebind the master's slot in
-  place, which only host values allow.
+  place, which only host values allow;
+- a large in-place ``reduce`` waits for every rank's piece (a barrier) before the root
+  copies its slot to the device: on CPU the root's variables view the slot, which the
+  other ranks finish filling before the command returns.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class StagedBackend(CpuBackend):
 
     def current(self, ctx: RankContext, targets: Targets) -> Group | None:
         return None  # device values never live in a host slot
+
+    def pieces_written(self, ctx: RankContext) -> None:
+        ctx.barrier()  # the root copies its slot to the device: every piece must be in
 
     def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> Any:
         group = super().group(ctx, key, spec)

@@ -74,7 +74,7 @@ __all__ = [
     "skip_watcher",
 ]
 
-Crash = Literal["raise", "sys_exit", "exit", "kill", "segv", "abort", "stop"]
+Crash = Literal["raise", "sys_exit", "exit", "kill", "segv", "abort", "stop", "slow"]
 CRASHES: tuple[str, ...] = faults.HOWS
 """Every way :func:`crash` can break a process."""
 
@@ -182,7 +182,8 @@ def crash(rank: int, how: Crash = "kill", code: int = 3) -> Any:
     ``"kill"``, ``"segv"``, ``"abort"`` end the process: ``WorkerDiedError``, and the
     session is broken until ``close()``. ``"stop"`` (SIGSTOP) never finishes: only a
     ``fork(timeout=...)`` ends the wait (``WorkerTimeoutError``). On the master's own
-    rank the process-ending ways end the program itself.
+    rank the process-ending ways end the program itself. ``"slow"`` breaks nothing: the
+    process lags 0.3 s behind the others, then goes on (a race's test).
 
     Returns what the command returns (it raises in every case but a stopped process
     that a test later continues).

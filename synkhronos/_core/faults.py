@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
-__all__ = ["POINTS", "HOWS", "ARMED", "PENDING", "arm", "activate", "disarm", "hit",
+__all__ = ["POINTS", "HOWS", "SLOW_SECONDS", "ARMED", "PENDING", "arm", "activate", "disarm", "hit",
            "break_process"]
 
 POINTS = ("unpickle", "gather", "function", "reply", "collective", "exchange")
-HOWS = ("raise", "sys_exit", "exit", "kill", "segv", "abort", "stop")
+HOWS = ("raise", "sys_exit", "exit", "kill", "segv", "abort", "stop", "slow")
+SLOW_SECONDS = 0.3  # how long a "slow" process lags, then goes on
 
 ARMED: dict[str, tuple[str, int]] = {}  # point -> (how, exit code), in this process
 PENDING: dict[str, tuple[str, int]] = {}  # armed from the next command on (see ``arm``)
@@ -64,7 +66,11 @@ def hit(point: str) -> None:
 
 
 def break_process(how: str, code: int) -> None:
-    """Fail now: raise, ``sys.exit``, ``os._exit``, or a signal to this process."""
+    """Fail now: raise, ``sys.exit``, ``os._exit``, or a signal to this process; or
+    (``"slow"``) lag behind the others, then go on."""
+    if how == "slow":
+        time.sleep(SLOW_SECONDS)
+        return
     if how == "raise":
         raise RuntimeError("synkhronos.testing: raised on purpose")
     if how == "sys_exit":

@@ -21,7 +21,7 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.errors import WorkerError
-from synkhronos.testing import on_variable, program_prefix
+from synkhronos.testing import fault_at, on_variable, program_prefix
 
 from ..conftest import DEVICE, sizes_to_run
 
@@ -230,6 +230,19 @@ class TestCollectives:
                 assert_close(now[0] if in_place else result[i], expected)
                 for rank in range(1 if in_place else 0, synk.n_parallel()):
                     assert_close(now[rank], before[i][rank])
+
+    @pytest.mark.parametrize("op", ["avg", "sum"])
+    def test_reduce_waits_for_a_slow_rank(self, env, op):
+        """The master's in-place result is whole when the last worker folds its piece
+        0.3 s after the others (on the GPU stand-in the master copies its slot to the
+        device: it once copied a piece mid-average)."""
+        n = synk.n_parallel()
+        if n == 1:
+            pytest.skip("needs a worker")
+        before = fill(env.big, 46)
+        with fault_at("exchange", "slow", ranks=[n - 1]):
+            synk.reduce([env.big], op)
+        assert_close(per_rank(env.big)[0], expected_reduce(op, before))
 
     def test_broadcast_master_values(self, env):
         variables = env.mixed + [env.big]

@@ -231,18 +231,21 @@ class TestCollectives:
                 for rank in range(1 if in_place else 0, synk.n_parallel()):
                     assert_close(now[rank], before[i][rank])
 
-    @pytest.mark.parametrize("op", ["avg", "sum"])
-    def test_reduce_waits_for_a_slow_rank(self, env, op):
-        """The master's in-place result is whole when the last worker folds its piece
-        0.3 s after the others (on the GPU stand-in the master copies its slot to the
-        device: it once copied a piece mid-average)."""
+    @pytest.mark.parametrize("collective, op", [("reduce", "avg"), ("reduce", "sum"),
+                                                ("all_reduce", "avg")])
+    def test_folds_wait_for_a_slow_rank(self, env, collective, op):
+        """In-place results are whole when the last worker folds its piece 0.3 s after
+        the others (on the GPU stand-in the master copies its slot to the device: a
+        reduce once copied a piece mid-average)."""
         n = synk.n_parallel()
         if n == 1:
             pytest.skip("needs a worker")
         before = fill(env.big, 46)
         with fault_at("exchange", "slow", ranks=[n - 1]):
-            synk.reduce([env.big], op)
-        assert_close(per_rank(env.big)[0], expected_reduce(op, before))
+            getattr(synk, collective)([env.big], op)
+        now = per_rank(env.big)
+        for rank in range(n if collective == "all_reduce" else 1):
+            assert_close(now[rank], expected_reduce(op, before))
 
     def test_broadcast_master_values(self, env):
         variables = env.mixed + [env.big]

@@ -33,7 +33,7 @@ import numpy as np
 
 from ._core.protocol import Message
 from ._dataref import DataRef
-from ._reducers import ReduceOp, reduce_one, reduce_values
+from ._reducers import ReduceOp, reduce_one, reduce_two, reduce_values
 from ._scatter import block
 from ._validate import Checked
 from .data import Data, data
@@ -312,6 +312,12 @@ def combine(ops: tuple[ReduceOp, ...], replies: list, master: int) -> list:
         results = []
         for i, op in enumerate(ops):
             results.append(reduce_one(op, outputs[i], weight))
+        return results
+    if len(ran) == 2 and _NOT_REDUCED not in ops:  # two processes ran (n=2)
+        (first_weight, first), (second_weight, second) = ran[0][:2], ran[1][:2]
+        results = []
+        for i, op in enumerate(ops):
+            results.append(reduce_two(op, first[i], first_weight, second[i], second_weight))
         return results
     weights = [reply[0] for reply in ran]
     if _NOT_REDUCED not in ops:

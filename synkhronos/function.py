@@ -425,6 +425,18 @@ class Function:
             return results[0]
         return results
 
+    def _in_place(self) -> tuple[Callable[..., list], bool] | None:
+        """This process's compiled function called directly on trusted inputs (rows,
+        then broadcast values; ``_pytensor.trusted_call``) and whether its outputs may
+        be overwritten by its next call; None where PyTensor must check the inputs.
+        For ``synkhronos.pymc`` without workers, which calls it with no command."""
+        if not self._trusted:
+            return None
+        call = _pytensor.trusted_call(self._local)
+        if call is self._local:
+            return None
+        return call, _pytensor.keeps_outputs(self._local)
+
     def as_pytensor(self, *args, output_subset=None, **kwargs):
         """Run the plain PyTensor function in the master alone, on the whole inputs.
 

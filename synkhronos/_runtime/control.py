@@ -65,6 +65,7 @@ __all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES", "ReleaseLog"]
 
 MAILBOX_BYTES = 1 << 20
 REPLY_BYTES = 1 << 16
+_REPLY_FITS = REPLY_BYTES - 64  # description and array bytes that surely fit (its padding)
 
 _SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
@@ -326,7 +327,8 @@ class ControlBlock:
         else:
             at = self._replies_at + REPLY_BYTES * rank
             described = wire.describe(reply)
-            if described is not None and wire.size(described[0], described[2]) <= REPLY_BYTES:
+            if described is not None and (
+                    len(described[0]) + described[2] <= _REPLY_FITS):  # wire.size, bounded
                 head, arrays = described[0], described[1]
                 written = self._written
                 if written[0] is head:  # the last reply's description: its places kept

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
-           "reduce_one", "reduce_values", "ufunc_of"]
+           "reduce_one", "reduce_two", "reduce_values", "ufunc_of"]
 
 
 class ReduceOp(enum.Enum):
@@ -284,6 +284,24 @@ def reduce_one(op: ReduceOp, value: Any, weight: int) -> Any:
             and value.dtype.kind in ("fc" if op is _AVG else "biufc")):
         return value.copy()
     return reduce_values(op, [value], [weight])
+
+
+def reduce_two(op: ReduceOp, first: Any, first_weight: int, second: Any,
+               second_weight: int) -> Any:
+    """``reduce_values(op, [first, second], [first_weight, second_weight])`` (two
+    processes' replies, the common case of a call), with ``_uniform``'s checks written
+    out for two values."""
+    if type(first) is np.ndarray and type(second) is np.ndarray and op not in _PER_PROCESS:
+        dtype = first.dtype
+        if ((second.dtype is dtype or second.dtype == dtype) and first.shape == second.shape
+                and dtype.kind in "biufc" and type(first_weight) is int
+                and type(second_weight) is int and first_weight > 0 and second_weight > 0):
+            if op is not _AVG:  # ``combined``, written out
+                out = np.empty(first.shape, dtype)
+                _UFUNCS[op](first, second, out=out)
+                return out
+            return _reduce_uniform(op, [first, second], [first_weight, second_weight])
+    return reduce_values(op, [first, second], [first_weight, second_weight])
 
 
 def _uniform(op: ReduceOp, values: list, weights: list) -> bool:

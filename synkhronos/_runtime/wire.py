@@ -34,6 +34,7 @@ __all__ = ["PICKLE", "ARRAYS", "describe", "size", "write_arrays", "places", "wr
 
 PICKLE, ARRAYS = 0, 1
 _ALIGN = 64
+_MASK = ~(_ALIGN - 1)
 _SCALARS = (int, float, bool, type(None))
 _NUMERIC = frozenset("biufc")
 _DTYPE_STR: dict[np.dtype, str] = {}  # dtype -> dtype.str, which numpy builds afresh
@@ -66,33 +67,37 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
     offset = 0
     items: list[Any] = []
     scalars: list[type] = []
+    known = _DTYPE_STR  # (names and ``_aligned`` written out: every reply comes here)
     for item in obj:
         kind = type(item)
         if kind is list:
             described = []
             for a in item:
-                if type(a) is not np.ndarray or (text := _dtype_str(a.dtype)) is None:
+                if type(a) is not np.ndarray:
+                    return None
+                text = known.get(a.dtype) or _dtype_str(a.dtype)
+                if text is None:
                     return None
                 described.append((text, a.shape, offset))
                 arrays.append(a)
-                offset += _aligned(a.nbytes)
+                offset += (a.nbytes + _ALIGN - 1) & _MASK
             items.append(described)
         elif kind is np.ndarray:
-            text = _dtype_str(item.dtype)
+            text = known.get(item.dtype) or _dtype_str(item.dtype)
             if text is None:
                 return None
             items.append((text, item.shape, offset))
             arrays.append(item)
-            offset += _aligned(item.nbytes)
+            offset += (item.nbytes + _ALIGN - 1) & _MASK
         elif kind in _SCALARS:
             items.append(item)
             scalars.append(kind)  # 1 == 1.0 == True: equal descriptions, other pickles
         else:
             return None
-    if items != _last_head[0] or scalars != _last_head[1]:  # else: the last reply's
-        _last_head[:] = items, scalars, pickle.dumps(tuple(items),
-                                                     protocol=pickle.HIGHEST_PROTOCOL)
-    return _last_head[2], arrays, offset
+    last = _last_head
+    if items != last[0] or scalars != last[1]:  # else: the last reply's
+        last[:] = items, scalars, pickle.dumps(tuple(items), protocol=pickle.HIGHEST_PROTOCOL)
+    return last[2], arrays, offset
 
 
 def size(head: bytes, data_bytes: int) -> int:

@@ -280,59 +280,38 @@ class _Lean:
     runs its own (``_shard``).
     """
 
-    def __init__(self, fn: Function, row_data: list[Data], slices: int):
-        local = fn._local
-        self.local = local
+    def __init__(self, fn: Function, row_data: list[Data], slices: int, call: Any,
+                 keeps_outputs: bool):
+        self.call = call  # the compiled function on trusted inputs (``Function._in_place``)
         self.row_data = row_data
         # each value's type, dtype, ndim and static shape (None where not all known)
         self.types = [(var.type, np.dtype(var.type.dtype), var.ndim,
                        None if None in var.type.shape else var.type.shape)
                       for var in fn.bcast_inputs]
         self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
-        # The compiled function's own storage, filled and run as its trusted call does
-        # (PyTensor 2.38 and 3.x alike: one container a variable, a VM that returns
-        # the outputs or leaves them in their containers). While the VM frees its
-        # storage after each call (allow_gc), every call's outputs are new arrays.
-        self.vm = local.vm
-        self.inputs = [container.storage for container in local.input_storage]
-        self.output = local.output_storage[0].storage
-        self.fresh = bool(getattr(local.vm, "allow_gc", False))
+        # A VM that keeps its storage between calls (no allow_gc) may reuse an output's
+        # array in the next call: keep a copy of it then.
+        self.fresh = not keeps_outputs
 
     @classmethod
     def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
         """The lean call of ``fn``, or None where PyTensor must check every call's
         inputs itself (types it cannot trust, rows of another dtype than the input's) or
-        the function's storage is laid out otherwise."""
-        local = fn._local
-        if not (fn._trusted and local.trust_input) or fn.sliceable_shareds:
+        its call does more than run the VM (``Function._in_place``)."""
+        if fn.sliceable_shareds:
             return None
         if any(item.dtype != var.type.dtype or item.ndim != var.ndim
                for item, var in zip(row_data, fn.inputs, strict=True)):
             return None
-        storage = getattr(local, "input_storage", None), getattr(local, "output_storage", None)
-        if (storage[0] is None or storage[1] is None
-                or len(storage[0]) != len(fn.inputs) + len(fn.bcast_inputs)
-                or len(storage[1]) != 1):
+        in_place = fn._in_place()
+        if in_place is None:
             return None
-        return cls(fn, row_data, slices)
+        return cls(fn, row_data, slices, *in_place)
 
     def run(self, arrays: list) -> np.ndarray:
         """One call of the compiled function on ``arrays`` (rows, then values)."""
-        inputs = self.inputs
-        for storage, array in zip(inputs, arrays, strict=True):
-            storage[0] = array
-        try:
-            outputs = self.vm()
-            both = self.output[0] if outputs is None else outputs[0]
-        except Exception:
-            # PyTensor's own call again, for its error message naming the node
-            both = self.local(*arrays)
-        finally:
-            for storage in inputs:  # (no reference kept to the rows' shared memory)
-                storage[0] = None
-            if self.fresh:
-                self.output[0] = None
-        return both if self.fresh else both.copy()  # (else the next call reuses it)
+        both = self.call(*arrays)[0]
+        return both if self.fresh else both.copy()
 
     def __call__(self, values: list) -> np.ndarray:
         """The log-likelihood and flat gradient of all the rows in this process, in one

@@ -13,6 +13,7 @@ from synkhronos._reducers import (
     combine_into,
     combined,
     parse_op,
+    reduce_two,
     reduce_values,
     ufunc_of,
 )
@@ -270,6 +271,40 @@ def test_reduce_values_equals_the_accumulator_bit_for_bit(dtype, shape, weights)
         assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
         assert all(v is not got for v in values)  # never an input handed back
+
+
+_PAIRS = [
+    (np.arange(3.0), np.full(3, 2.5)),  # the common case: same dtype and shape
+    (np.float32(1.5) * np.ones((2, 2), "f4"), np.ones((2, 2), "f4")),
+    (np.array(2.0), np.array(3.5)),  # 0-d
+    (np.array([1, 2], "i4"), np.array([3, 5], "i4")),
+    (np.array([True, False]), np.array([True, True])),
+    (np.array([1 + 2j]), np.array([3 - 1j])),
+    (np.arange(3.0), np.arange(3, dtype="f4")),  # dtypes differ: the general path
+    (np.arange(3.0), np.arange(4.0)),  # shapes differ: the general path raises
+    (np.float64(1.5), 2.0),  # not arrays
+]
+
+
+@pytest.mark.parametrize("pair", range(len(_PAIRS)))
+@pytest.mark.parametrize("weights", [(1, 1), (3, 2), (0, 4), (2, 0)])
+def test_reduce_two_equals_reduce_values_bit_for_bit(pair, weights):
+    """Two replies (n=2) take their own shortcut: it must change nothing."""
+    first, second = _PAIRS[pair]
+    for op in ReduceOp:
+        if op is ReduceOp.GATHER:
+            continue
+        try:
+            want = reduce_values(op, [first, second], list(weights))
+        except (TypeError, ValueError) as exc:
+            with pytest.raises(type(exc)):
+                reduce_two(op, first, weights[0], second, weights[1])
+            continue
+        got = reduce_two(op, first, weights[0], second, weights[1])
+        assert type(got) is type(want)
+        assert np.asarray(got).dtype == np.asarray(want).dtype
+        np.testing.assert_array_equal(got, want)
+        assert got is not first and got is not second
 
 
 def test_reduce_values_never_changes_its_inputs():

@@ -160,7 +160,10 @@ def _sliceable_rows(ctx: RankContext, call: Call, prepared: Prepared) -> list[np
 
 
 def _as_list(outputs: Any) -> list:
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    """A function's outputs as a list (a trusted call's list is new each call: kept)."""
+    if type(outputs) is list:
+        return outputs
+    return list(outputs) if isinstance(outputs, tuple) else [outputs]
 
 
 def _reduced_only(outputs: list, ops: tuple) -> list:

@@ -4,7 +4,8 @@ Layout (all in one segment, mapped by every process before the fork)::
 
     header   int64[16 + 8 * n]   sequence number, payload length, abort flag, payload
                                  id; per rank: done-seq, status, sleeping, barrier
-                                 epoch, reply length, reply format, vote
+                                 epoch, reply length, reply format, vote, reply
+                                 description number
     log      int64[1 + ring]     the arena's release log (``arena.ReleaseLog``)
     mailbox  bytes[MAILBOX]      the pickled message of the current command
     replies  bytes[n][REPLY]     each rank's reply (result or failure)
@@ -70,7 +71,7 @@ _REPLY_FITS = REPLY_BYTES - 64  # description and array bytes that surely fit (i
 _SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
-_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE = 0, 1, 2, 3, 4, 5, 6
+_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
 _EXTERNAL = -1
 _NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
@@ -115,8 +116,11 @@ class ControlBlock:
         # Replies of arrays whose description repeats (a training loop's) reuse the
         # views of the slot made for the last one: the worker's places to write, the
         # master's decoded reply of views, per rank (``wire.py``).
+        # The worker numbers each description it writes into its slot (the header's
+        # reply description number): the master reuses its views while it is the same.
         self._written: tuple[bytes | None, list] = (None, [])
-        self._replies_read: list[tuple[bytes | None, tuple]] = [(None, ())] * n
+        self._heads_written = 0
+        self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * n
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
@@ -335,6 +339,8 @@ class ControlBlock:
                     wire.write_places(written[1], arrays)
                 else:
                     self._written = (None, [])  # until the slot holds ``head``
+                    self._heads_written += 1
+                    header[base + _REPLY_HEAD] = self._heads_written
                     self._written = (head, wire.write_arrays(self._buffer, at, head, arrays))
                 header[base + _REPLY_LEN] = len(head)
                 header[base + _REPLY_KIND] = wire.ARRAYS
@@ -364,9 +370,9 @@ class ControlBlock:
             return None
         at = self._replies_at + REPLY_BYTES * rank
         if self.header[base + _REPLY_KIND] == wire.ARRAYS:
-            head = bytes(self._buffer[at : at + length])
+            head = self.header[base + _REPLY_HEAD]
             kept = self._replies_read[rank]
-            if kept[0] == head:  # as the last reply of this rank: the same views
+            if kept[0] == head:  # the description this rank last wrote: the same views
                 reply = kept[1]
             else:
                 reply = wire.read_arrays(self._buffer, at, length, copy=False)

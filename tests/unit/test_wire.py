@@ -109,3 +109,18 @@ def test_views_share_the_slot_and_copies_do_not():
     wire.write_arrays(buffer, 0, head, [np.zeros(4)])
     np.testing.assert_array_equal(view, np.zeros(4))
     np.testing.assert_array_equal(copy, np.arange(4.0))
+
+
+def test_a_sequence_of_call_replies_each_round_trips():
+    """A call's reply like the last one takes the writer's shortcut; any change (rows,
+    count, dtype, shape, a reply of another form between) must be described anew."""
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(4, dtype="f4")
+    replies = [(3, [a]), (3, [a + 1]), (4, [a]), (4, [b]), (4, [b, a]), (4, [b, a * 2]),
+               (True, [a]), (4, [a]), (2, 1.5), (4, [a]), (4, [a.astype(">f8")]),
+               (4, [a[:1]]), (4, [np.zeros((0, 3))]), (4, [a])]
+    for reply in replies:
+        got, _ = _round_trip(reply)
+        assert len(got) == len(reply)
+        for g, w in zip(got, reply, strict=True):
+            _same(g, w)
+        assert type(got[0]) is type(reply[0])

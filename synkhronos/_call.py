@@ -214,7 +214,7 @@ class PreparedCall:
         self._prefix = prefix
         self._replicated = split is not None  # several machines: staged values' replicas
         self._staging = Staging(split=split)
-        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
+        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}  # (slices, key) ->
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
@@ -255,9 +255,10 @@ class PreparedCall:
                 )
 
     # -- repeats -----------------------------------------------------------------------------
-    def repeat(self, key: tuple, args: tuple) -> Call | None:
-        """The Call of an earlier plain call with inputs like ``args`` (refilled), or None."""
-        entry = self._repeats.get(key)
+    def repeat(self, key: tuple, args: tuple, num_slices: int = 1) -> Call | None:
+        """The Call of an earlier plain call with inputs like ``args`` in as many slices
+        (refilled), or None."""
+        entry = self._repeats.get((num_slices, key))
         if entry is None:
             return None
         call, arrays = entry
@@ -273,7 +274,8 @@ class PreparedCall:
             self._repeats.clear()
         if call.prepared is not None:  # it has been registered by running
             call = replace(call, prepared=None)
-        self._repeats[key] = (call, [i for i, item in enumerate(key) if item[0] is None])
+        self._repeats[(call.num_slices, key)] = (
+            call, [i for i, item in enumerate(key) if item[0] is None])
 
 
 def repeat_key(args: tuple) -> tuple | None:

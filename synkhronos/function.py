@@ -197,6 +197,7 @@ class Function:
         self._variants: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
+        self._sliced: PreparedCall | None = None  # and the (None, True) variant's
 
     def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
         """The Theano tutorials' pattern (``_givens``): the scalar inputs become
@@ -266,6 +267,8 @@ class Function:
         )
         if key == (None, False):
             self._plain = prepared
+        elif key == (None, True):
+            self._sliced = prepared
         return prepared
 
     # -- calling ---------------------------------------------------------------------------
@@ -324,16 +327,18 @@ class Function:
         session = self._session
         took = session.enter()  # staging and the command: one thread at a time
         try:
-            if (self._plain is not None and not kwargs and batch is None and batch_s is None
-                    and num_slices == 1 and output_subset is None and session.observer is None
+            plain = self._plain if num_slices == 1 else (
+                self._sliced if type(num_slices) is int else None)
+            if (plain is not None and not kwargs and batch is None and batch_s is None
+                    and output_subset is None and session.observer is None
                     and self._slices is None and shares is None):
                 key = repeat_key(args)
-                call = self._plain.repeat(key, args) if key is not None else None
+                call = plain.repeat(key, args, num_slices) if key is not None else None
                 if call is not None:
                     # Inputs like an earlier call's and nothing else asked: what that call
                     # validated still holds, the arrays copied where that call's went.
                     replies = session.run_held(call, repeats=True)
-                    return self._returned(replies, self._plain.prepared.output_ops, None)
+                    return self._returned(replies, plain.prepared.output_ops, None)
             call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
                                         shares)
             replies = session.run_held(call, repeats=call.batch_s is None)
@@ -381,7 +386,7 @@ class Function:
         call = prepared.message(checked, selections, num_slices, observer is not None or profile,
                                 session.commands, rows, empty, cuts)
         key = repeat_key(args) if (
-            not kwargs and batch is None and batch_s is None and num_slices == 1
+            not kwargs and batch is None and batch_s is None
             and subset is None and observer is None and self._slices is None
             and shares is None and not profile) else None
         ops = prepared.prepared.output_ops

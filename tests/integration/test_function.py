@@ -273,6 +273,30 @@ def test_repeated_numpy_calls_alternating_shapes_and_dtypes(model):
         assert_all_close(model.reduce(rows_d, Y), want)  # Data calls in between
 
 
+def test_repeated_sliced_calls_follow_slices_and_changes(model, monkeypatch):
+    """Sliced calls repeat too (PyMC's likelihood runs in slices): the second call like
+    the first is not validated again, and a change of num_slices, of the rows or of
+    their size must show."""
+    prepared = []
+    prepare = model.reduce.prepare
+    monkeypatch.setattr(model.reduce, "prepare",
+                        lambda *a, **k: prepared.append(a[-4]) or prepare(*a, **k))
+    xd = synk.data(X[:300], oversize=2)
+    cases = [(X[:300], 3), (X[:300], 3), (X[:300], 2), (X[:300], 1), (X[:300] + 1, 3),
+             (X[:50], 3), (X[:900], 4), (X[:900], 4), (X[:300], 3)]
+    for rows, slices in cases:
+        want = model.reduce.as_pytensor(rows, Y)
+        assert_all_close(model.reduce(rows, Y, num_slices=slices), want)
+        xd.set_value(rows)
+        assert_all_close(model.reduce(xd, Y, num_slices=slices), want)
+    # validated: the first call of each (slices, shape) pair, numpy and Data each; a
+    # Data that moved to a bigger segment (900 rows) once more
+    assert 0 < len(prepared) < 2 * len(cases)
+    before = len(prepared)
+    model.reduce(X[:300], Y, num_slices=3)
+    assert len(prepared) == before  # repeated: no validation
+
+
 def test_as_pytensor_still_checks_its_inputs(model):
     """Parallel calls skip PyTensor's per-call input check; the serial one must not."""
     with pytest.raises(TypeError):

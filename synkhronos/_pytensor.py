@@ -236,6 +236,7 @@ def trusted_call(fn: Any) -> Any:
     if parts is None:
         return fn
     inputs, vm, outputs, updated, cut, required, produced = parts
+    collects = hasattr(vm, "allow_gc")  # (2.38's VMs need not say)
 
     def run(*args: Any) -> list:
         for cell, arg in zip(inputs, args):  # noqa: B905 (the explicit inputs come first)
@@ -243,13 +244,11 @@ def trusted_call(fn: Any) -> Any:
         try:
             results = vm()
         except Exception:
-            position = getattr(vm, "position_of_error", None)
-            if position is None:
-                raise
-            thunks = getattr(vm, "thunks", None)
-            raise_with_op(fn.maker.fgraph, node=vm.nodes[position],
-                          thunk=None if thunks is None else thunks[position],
-                          storage_map=getattr(vm, "storage_map", None))
+            try:
+                _raise_as_pytensor(fn, vm)
+            finally:
+                for cell in required:
+                    cell[0] = None
         if results is None:  # a VM that leaves its outputs in their cells
             results = [cell[0] for cell in outputs]
         if cut is not None:
@@ -258,12 +257,24 @@ def trusted_call(fn: Any) -> Any:
             results = results[:cut]
         for cell in required:
             cell[0] = None
-        if vm.allow_gc:  # (PyTensor reads it every call: it may change)
+        if collects and vm.allow_gc:  # (PyTensor reads it every call: it may change)
             for cell in produced:
                 cell[0] = None
         return results
 
     return run
+
+
+def _raise_as_pytensor(fn: Any, vm: Any) -> None:
+    """Inside the handler of the VM's exception: raise it as ``Function.__call__`` does,
+    naming the node that failed where the VM knows it."""
+    position = getattr(vm, "position_of_error", None)
+    if position is None:
+        raise  # noqa: PLE0704 (the VM's exception, being handled by the caller)
+    thunks = getattr(vm, "thunks", None)
+    raise_with_op(fn.maker.fgraph, node=vm.nodes[position],
+                  thunk=None if thunks is None else thunks[position],
+                  storage_map=getattr(vm, "storage_map", None))
 
 
 def keeps_outputs(fn: Any) -> bool:

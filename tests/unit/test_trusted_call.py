@@ -72,3 +72,14 @@ def test_an_error_is_raised_as_the_functions_own_call_raises_it():
 def test_a_function_that_checks_its_inputs_is_called_as_it_is():
     fn, _ = _compiled(trusted=False)
     assert _pytensor.trusted_call(fn) is fn
+
+
+def test_the_input_cells_are_cleared_after_an_error():
+    """PyTensor's own call leaves a failed call's arguments in its input cells; the
+    trusted call clears them (Data views must not outlive a freed segment there)."""
+    a, b = pt.vector("a"), pt.vector("b")
+    fn = pytensor.function([a, b], a + b)
+    fn.trust_input = True
+    with pytest.raises(ValueError):
+        _pytensor.trusted_call(fn)(np.ones(3), np.ones(4))
+    assert all(c.storage[0] is None for c in fn.input_storage if c.required)

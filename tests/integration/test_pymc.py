@@ -88,6 +88,18 @@ def bounded_model(rows=400, seed=3):
     return model
 
 
+def rows_mixing_model(rows=200, seed=0):
+    """A likelihood that is not a sum over its rows: it standardises by their mean."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(3.0, 2.0, size=rows)
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1)
+        standardised = (xd - xd.mean()) / xd.std()  # a mean over rows: not a sum of rows
+        pm.Normal("y", b * standardised, 1, observed=rng.normal(size=rows))
+    return model
+
+
 def reference(model):
     fn = model.logp_dlogp_function(ravel_inputs=True)
     fn.set_extra_values({})
@@ -350,13 +362,7 @@ def test_container_read_by_rows_but_not_divided_is_refused(two):
 
 @pytest.mark.timeout(900)
 def test_likelihood_that_mixes_rows_is_refused(two):
-    rng = np.random.default_rng(0)
-    x = rng.normal(3.0, 2.0, size=200)
-    with pm.Model() as model:
-        xd = pm.Data("x", x)
-        b = pm.Normal("b", 0, 1)
-        standardised = (xd - xd.mean()) / xd.std()  # a mean over rows: not a sum of rows
-        pm.Normal("y", b * standardised, 1, observed=rng.normal(size=200))
+    model = rows_mixing_model()
     with pytest.raises(ValueError, match="not a sum over the divided rows"):
         synk_pymc.logp_dlogp_function(model)
     # one process, in slices: each slice would standardise by its own rows' mean

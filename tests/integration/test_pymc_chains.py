@@ -44,21 +44,10 @@ import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.testing import child_pids, leftover_segments, session_open  # noqa: E402
 
 from ..processes import leader_alive, poll  # noqa: E402
+from .test_pymc import logistic_model, rows_mixing_model  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).parent / "scripts" / "pymc_chains_ctrl_c.py"
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
-
-
-def logistic_model(rows=601, seed=1):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 3))
-    y = (rng.random(rows) < 1 / (1 + np.exp(-(x @ np.array([-1.0, 0.0, 1.0]) + 0.3)))
-         ).astype("int64")
-    with pm.Model() as model:
-        b = pm.Normal("b", 0, 1, shape=3)
-        a = pm.Normal("a", 0, 2)
-        pm.Bernoulli("y", logit_p=a + x @ b, observed=y)
-    return model
 
 
 def grouped_model(rows=120, groups=3, seed=2):
@@ -98,7 +87,7 @@ class ChainWatch:
 
 @pytest.mark.timeout(600)
 def test_chains_at_once_draw_as_pm_sample():
-    model = logistic_model()
+    model = logistic_model(rows=601)
     watch = ChainWatch(running=2)
     options = dict(draws=60, tune=60, chains=2, random_seed=4, **QUIET)
     got = synk_pymc.sample(model=model, cores=2, processes_per_chain=2, callback=watch,
@@ -131,13 +120,7 @@ def test_more_chains_than_run_at_once_keep_dims():
 
 @pytest.mark.timeout(600)
 def test_chains_at_once_refuse_what_they_cannot_run():
-    rng = np.random.default_rng(0)
-    x = rng.normal(3.0, 2.0, size=200)
-    with pm.Model() as mixing:
-        xd = pm.Data("x", x)
-        b = pm.Normal("b", 0, 1)
-        standardised = (xd - xd.mean()) / xd.std()  # a mean over rows: not a sum of rows
-        pm.Normal("y", b * standardised, 1, observed=rng.normal(size=200))
+    mixing = rows_mixing_model()
     # the check runs in each chain's process, at its first evaluation
     with pytest.raises(ValueError, match="not a sum over the divided rows"):
         synk_pymc.sample(10, model=mixing, tune=10, chains=2, cores=2, processes_per_chain=2,

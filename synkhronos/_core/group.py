@@ -114,15 +114,19 @@ class LocalGroup:
         """Fork the workers, each running ``main(ctx, local rank, forked seq)`` after
         ``setup``; then pin this process to its core (``cores`` by local rank), bind
         its device, limit its threads (``limits()``, which returns what ``restore``s
-        them) and take over SIGINT/SIGTERM (both undone by ``release``)."""
+        them) and take over SIGINT/SIGTERM (all three undone by ``release``: a process
+        left pinned to one core would put every later session's processes, and the
+        user's own, on that core)."""
         ctx = self.ctx
         if ctx.control is not None:
             forked_seq = ctx.control.seq
             self.workers = processes.fork_workers(
                 self.ranks, ctx.prefix, lambda rank: main(ctx, rank, forked_seq), cores,
                 setup=setup)
-        if cores is not None:
+        if cores is not None:  # pinned: this process too, until ``release``
+            before = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {cores[ctx.local_rank]})
+            self._restores.append(lambda: os.sched_setaffinity(0, before))
         ctx.placement.bind(ctx.local_rank)  # the workers bound theirs as they started
         self._restores.append(limits().restore)
         old_handlers = signals.install()

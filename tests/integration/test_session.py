@@ -193,6 +193,29 @@ def test_fork_default_n_is_usable_cores(monkeypatch, setting):
         synk.close()
 
 
+def _affinity() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_pin_puts_each_process_on_its_core_and_close_unpins_the_master():
+    usable = _affinity()
+    if len(usable) < 2:
+        pytest.skip("pinning two processes to two cores needs 2 usable cores; "
+                    f"this process may use {usable}")
+    synk.fork(2, pin=True)
+    try:
+        cores = run_on_ranks(_affinity)
+        assert cores == [[usable[0]], [usable[1]]]
+    finally:
+        synk.close()
+    assert _affinity() == usable  # the master may use every core again
+    synk.fork(2)  # so a later session's workers are not all on the master's old core
+    try:
+        assert run_on_ranks(_affinity) == [usable, usable]
+    finally:
+        synk.close()
+
+
 def test_fork_reads_synk_n_parallel(monkeypatch):
     monkeypatch.setenv("SYNK_N_PARALLEL", " 3 ")
     n = synk.fork()

@@ -7,7 +7,9 @@ splits one evaluation into the parts that add up to it, so that the gap has name
 - ``pymc``: PyMC's own compiled function (``model.logp_dlogp_function``) on all rows;
 - ``pymc_half``: the same on a model of rows/2 (what one process computes: PyMC's whole
   evaluation of half the data, its graph outside the likelihood included);
-- ``ours``: ``synkhronos.pymc.logp_dlogp_function`` at ``--n`` processes, untouched;
+- ``ours``: ``synkhronos.pymc.logp_dlogp_function`` at ``--n`` processes, untouched,
+  in a session of its own each round, unpinned (``fork()``'s default) and pinned
+  (``fork(pin=True)``: each process on its core) in turn;
 - ``ours_parts``: the same with timers around three nested pieces of the master's
   evaluation: the likelihood Op (``RowSum``'s call through the session: staging the
   values, the command, combining the replies), the command on this machine
@@ -16,11 +18,11 @@ splits one evaluation into the parts that add up to it, so that the gap has name
   compiled function). The timers cost about a microsecond; ``ours_parts`` is the
   total with them on.
 
-From those, per round: ``outside_op`` (PyMC's graph around the likelihood: splitting the
+From those, per round and mode: ``outside_op`` (PyMC's graph around the likelihood: splitting the
 parameter vector, the priors, the gradient's assembly) = ours_parts - op;
 ``staging_and_combining`` = op - round; ``post_wait_collect`` = round - own_share
 (includes waiting for a worker slower than the master); ``own_share``. The ratio
-``pymc / pymc_half`` is the speedup two processes would give if dividing the rows cost
+``pymc_over_pymc_half`` is the speedup two processes would give if dividing the rows cost
 nothing and every process were as fast as one alone.
 
 All series are interleaved over ``--rounds`` rounds (one block of ``--calls`` calls each),
@@ -113,47 +115,74 @@ def pymc_function(model):
     return fn
 
 
+def session_round(model, points: list[np.ndarray], n: int, pin: bool, calls: int) -> dict:
+    """One round of ``ours`` and ``ours_parts`` in a session of its own (``pin``: each
+    process on its core); seconds per call."""
+    synk.fork(n, pin=pin)
+    try:
+        ours = synk_pymc.logp_dlogp_function(model)
+        ours.set_extra_values({})
+        block(ours, points, max(50, calls // 10))  # warm: staged, caches filled
+        got = {"ours": block(ours, points, calls)}
+        with Timers() as timers:
+            got["ours_parts"] = block(ours, points, calls)
+        got.update({name: timers.spent[name] / calls for name in PARTS})
+        return got
+    finally:
+        synk.close()
+
+
+def parts_of(us: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The named parts of each round (see the module docstring), from the timers."""
+    def minus(a: str, b: str) -> list[float]:
+        return [round(x - y, 2) for x, y in zip(us[a], us[b], strict=True)]
+
+    return {"outside_op": minus("ours_parts", "op"),
+            "staging_and_combining": minus("op", "round"),
+            "post_wait_collect": minus("round", "own_share"),
+            "own_share": us["own_share"]}
+
+
 def measure(make, rows: int, n: int, rounds: int, calls: int) -> dict:
     model, half = make(rows), make(rows // 2)
     points = pymc_sampling.points_for(model)
     plain, plain_half = pymc_function(model), pymc_function(half)
-    synk.fork(n)
-    try:
-        ours = synk_pymc.logp_dlogp_function(model)
-        ours.set_extra_values({})
-        for fn in (plain, plain_half, ours):  # warm: compiled, staged, caches filled
-            block(fn, points, max(50, calls // 10))
-        series: dict[str, list[float]] = {
-            name: [] for name in ("pymc", "pymc_half", "ours", "ours_parts", *PARTS)}
-        for _ in range(rounds):
-            series["pymc"].append(block(plain, points, calls))
-            series["pymc_half"].append(block(plain_half, points, calls))
-            series["ours"].append(block(ours, points, calls))
-            with Timers() as timers:
-                series["ours_parts"].append(block(ours, points, calls))
-            for name in PARTS:
-                series[name].append(timers.spent[name] / calls)
-    finally:
-        synk.close()
-    us = {name: [round(value * 1e6, 2) for value in values] for name, values in series.items()}
-    parts = {
-        "outside_op": [t - op for t, op in zip(us["ours_parts"], us["op"], strict=True)],
-        "staging_and_combining": [op - r for op, r in zip(us["op"], us["round"], strict=True)],
-        "post_wait_collect": [r - own for r, own in zip(us["round"], us["own_share"], strict=True)],
-        "own_share": us["own_share"],
-    }
-    ratios = {
-        "pymc_over_ours": [p / o for p, o in zip(us["pymc"], us["ours"], strict=True)],
-        "pymc_over_pymc_half": [p / h for p, h in zip(us["pymc"], us["pymc_half"], strict=True)],
-    }
-    return {
-        "rows": rows,
-        "n": n,
-        "median_us": {name: round(statistics.median(v), 2) for name, v in us.items()},
-        "parts_median_us": {name: round(statistics.median(v), 2) for name, v in parts.items()},
-        "ratios_median": {name: round(statistics.median(v), 3) for name, v in ratios.items()},
-        "every_round_us": us,
-    }
+    for fn in (plain, plain_half):
+        block(fn, points, max(50, calls // 10))
+    pymc: dict[str, list[float]] = {"pymc": [], "pymc_half": []}
+    modes: dict[str, dict[str, list[float]]] = {
+        mode: {name: [] for name in ("ours", "ours_parts", *PARTS)}
+        for mode in ("unpinned", "pinned")}
+    for _ in range(rounds):
+        pymc["pymc"].append(block(plain, points, calls))
+        pymc["pymc_half"].append(block(plain_half, points, calls))
+        for mode, series in modes.items():
+            for name, value in session_round(model, points, n, mode == "pinned",
+                                             calls).items():
+                series[name].append(value)
+
+    def micro(values: list[float]) -> list[float]:
+        return [round(value * 1e6, 2) for value in values]
+
+    def median(values: list[float]) -> float:
+        return round(statistics.median(values), 3)
+
+    base = {name: micro(values) for name, values in pymc.items()}
+    record: dict = {"rows": rows, "n": n,
+                    "median_us": {name: median(v) for name, v in base.items()},
+                    "every_round_us": dict(base),
+                    "pymc_over_pymc_half": median(
+                        [p / h for p, h in zip(base["pymc"], base["pymc_half"], strict=True)])}
+    for mode, series in modes.items():
+        us = {name: micro(values) for name, values in series.items()}
+        record[mode] = {
+            "median_us": {name: median(v) for name, v in us.items()},
+            "parts_median_us": {name: median(v) for name, v in parts_of(us).items()},
+            "pymc_over_ours": median(
+                [p / o for p, o in zip(base["pymc"], us["ours"], strict=True)]),
+            "every_round_us": us,
+        }
+    return record
 
 
 def main() -> None:

@@ -106,7 +106,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     Notes
     -----
     Without a session and with one running chain it forks one
-    (``synk.fork(processes_per_chain)``) and closes it when sampling ends; with
+    (``synk.fork(processes_per_chain)``, each process pinned to its core when they
+    take every usable core, PyMC's NUTS route) and closes it when sampling ends; with
     several, each chain's process forks and closes its own. With a session, it uses
     that one. Ctrl-C behaves as in ``pm.sample`` (the draws so far come back); every
     chain process and its session end with it.
@@ -166,8 +167,14 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                                      compat.default_cores())
     sampling = _Sampling(chains, seeds, random_seed, kwargs)
     if running == 1:
+        # A session of its own on every usable core, with nothing else running in this
+        # process while it samples: each process on its core. The worker then keeps
+        # pace with the master (benchmarks/pymc_parts.py: at n=2, 10^4-10^5 rows, the
+        # wait for it fell by half or more); close() unpins this process again.
+        # (nutpie's route is not pinned: its chains are threads of this process.)
+        pin = size is None and processes == len(os.sched_getaffinity(0))
         return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1))
+                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1), pin)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
@@ -190,12 +197,12 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         op.release()
 
 
-def _in_master(pm, model, split, grainsize, processes, size, run):
+def _in_master(pm, model, split, grainsize, processes, size, run, pin: bool = False):
     """``run(vgf)`` with the chains in this process: over the open session, or over one
-    forked here (``processes``) and closed at the end."""
+    forked here (``processes``, each on its core with ``pin``) and closed at the end."""
     own_session = size is None
     if own_session:
-        fork(processes)
+        fork(processes, pin=pin)
     try:
         vgf, op = _build(pm, model, split, grainsize)
         try:

@@ -21,6 +21,7 @@ PyMC is not in the ``test`` extra: CI runs this module in its environments with 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pathlib
 import subprocess
 import sys
@@ -155,11 +156,22 @@ def test_sample_matches_pm_sample(two, build):
 @pytest.mark.timeout(900)
 def test_sample_forks_and_closes_its_own_session():
     assert not session_open()
+    usable = sorted(os.sched_getaffinity(0))
+    during: set[tuple[int, ...]] = set()
+
+    def affinity(trace, draw):  # PyMC calls it in the master after every draw
+        during.add(tuple(sorted(os.sched_getaffinity(0))))
+
     model = logistic_model(rows=301)
     result = synk_pymc.sample(model=model, random_seed=1, draws=50, tune=50, chains=1,
-                              progressbar=False, compute_convergence_checks=False)
+                              progressbar=False, compute_convergence_checks=False,
+                              callback=affinity)
     assert result.posterior["b"].shape == (1, 50, 3)
     assert not session_open()
+    # its session took every usable core, one process on each, the master on the first
+    # while it sampled; afterwards this process may use every core again
+    assert during == {(usable[0],)}
+    assert sorted(os.sched_getaffinity(0)) == usable
 
 
 @pytest.mark.timeout(900)

@@ -214,7 +214,8 @@ class PreparedCall:
         self._prefix = prefix
         self._replicated = split is not None  # several machines: staged values' replicas
         self._staging = Staging(split=split)
-        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}  # (slices, key) ->
+        # (slices, profiled, key) -> (Call, positions of numpy arguments)
+        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
@@ -255,10 +256,11 @@ class PreparedCall:
                 )
 
     # -- repeats -----------------------------------------------------------------------------
-    def repeat(self, key: tuple, args: tuple, num_slices: int = 1) -> Call | None:
-        """The Call of an earlier plain call with inputs like ``args`` in as many slices
-        (refilled), or None."""
-        entry = self._repeats.get((num_slices, key))
+    def repeat(self, key: tuple, args: tuple, num_slices: int = 1,
+               profile: bool = False) -> Call | None:
+        """The Call of an earlier plain call with inputs like ``args`` in as many slices,
+        timed or not (``profile``), refilled; or None."""
+        entry = self._repeats.get((num_slices, profile, key))
         if entry is None:
             return None
         call, arrays = entry
@@ -274,7 +276,7 @@ class PreparedCall:
             self._repeats.clear()
         if call.prepared is not None:  # it has been registered by running
             call = replace(call, prepared=None)
-        self._repeats[(call.num_slices, key)] = (
+        self._repeats[(call.num_slices, call.profile, key)] = (
             call, [i for i, item in enumerate(key) if item[0] is None])
 
 

@@ -208,9 +208,21 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         if plan[0] is call and views.generation == ctx.arena.generation:
             # The last call again (a training loop): what the first run worked out.
             _, fn, args, weight, strip = plan
+            if call.profile:
+                start = time.perf_counter()
             outputs = _as_list(fn(*args))
-            return weight, _reduced_only(outputs, strip) if strip else outputs
+            if strip:
+                outputs = _reduced_only(outputs, strip)
+            if call.profile:  # its rows were gathered when the plan was made
+                return weight, outputs, _timings(0.0, time.perf_counter() - start)
+            return weight, outputs
     return _run_call(ctx, call)
+
+
+def _timings(gather: float, function: float) -> np.ndarray:
+    """A timed reply's seconds, as one array: the reply is then written raw, as one
+    without them (a tuple of floats would make it a pickle at every call)."""
+    return np.array((gather, function))
 
 
 def _run_call(ctx: RankContext, call: Call) -> tuple | None:
@@ -246,11 +258,11 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     strip = _NOT_REDUCED in prepared.output_ops and not ctx.is_master
     if strip:
         outputs = _reduced_only(outputs, prepared.output_ops)
-    if call.views_only and call.num_slices == 1 and not call.profile:
+    if call.views_only and call.num_slices == 1:
         views = _VIEWS.get(ctx)
         if views.last[0] is call:  # its views are the ones kept: run it so next time
             views.plan = (call, fn, (*scattered, *bcast), weight,
                           prepared.output_ops if strip else False)
     if call.profile:
-        return weight, outputs, (gathered - start, time.perf_counter() - gathered)
+        return weight, outputs, _timings(gathered - start, time.perf_counter() - gathered)
     return weight, outputs

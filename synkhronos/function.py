@@ -330,15 +330,21 @@ class Function:
             plain = self._plain if num_slices == 1 else (
                 self._sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
-                    and output_subset is None and session.observer is None
-                    and self._slices is None and shares is None):
+                    and output_subset is None and self._slices is None and shares is None):
+                observer = session.observer
+                if observer is not None:  # synk.profile(): the same path, timed
+                    start = time.perf_counter()
                 key = repeat_key(args)
-                call = plain.repeat(key, args, num_slices) if key is not None else None
+                call = (plain.repeat(key, args, num_slices, observer is not None)
+                        if key is not None else None)
                 if call is not None:
                     # Inputs like an earlier call's and nothing else asked: what that call
                     # validated still holds, the arrays copied where that call's went.
+                    ops = plain.prepared.output_ops
+                    if observer is not None:
+                        return self._timed(observer, start, call, ops, None)
                     replies = session.run_held(call, repeats=True)
-                    return self._returned(replies, plain.prepared.output_ops, None)
+                    return self._returned(replies, ops, None)
             call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
                                         shares)
             replies = session.run_held(call, repeats=call.batch_s is None)
@@ -387,7 +393,7 @@ class Function:
                                 session.commands, rows, empty, cuts)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
-            and subset is None and observer is None and self._slices is None
+            and subset is None and self._slices is None
             and shares is None and not profile) else None
         ops = prepared.prepared.output_ops
         if observer is not None:
@@ -399,15 +405,27 @@ class Function:
                 prepared.remember(key, call)
             if observer is None:
                 return self._returned(replies, ops, subset)
-            ran = time.perf_counter()
-            results = self._returned(replies, ops, subset)
-            timings = [reply[2] for reply in replies if reply is not None]
-            observer.call(self.name, start=start, staged=staged, ran=ran,
-                          done=time.perf_counter(), straggler=session.last_timing[1],
-                          gather=[t[0] for t in timings], function=[t[1] for t in timings])
-            return results
+            return self._report(observer, start, staged, replies, ops, subset)
 
         return call, finish
+
+    def _timed(self, observer: Any, start: float, call: Call, ops, subset) -> Any:
+        """A staged call run and reported to ``observer`` (``synk.profile()``)."""
+        staged = time.perf_counter()
+        replies = self._session.run_held(call, repeats=True)
+        return self._report(observer, start, staged, replies, ops, subset)
+
+    def _report(self, observer: Any, start: float, staged: float, replies: list, ops,
+                subset) -> Any:
+        """The call's results; its phases told to ``observer``."""
+        ran = time.perf_counter()
+        results = self._returned(replies, ops, subset)
+        timings = [reply[2] for reply in replies if reply is not None]
+        observer.call(self.name, start=start, staged=staged, ran=ran,
+                      done=time.perf_counter(), straggler=self._session.last_timing[1],
+                      gather=[float(t[0]) for t in timings],
+                      function=[float(t[1]) for t in timings])
+        return results
 
     def _check_sliceable_outputs(self, subset: tuple[int, ...] | None) -> None:
         """An output with op None has no rule to combine the master's slices by: its

@@ -4,7 +4,8 @@ A ``Profile`` is an observer of the session: while a ``synk.profile()`` block is
 active, the session tells it about every command, and each function call about its
 phases:
 
-- ``stage``: the master's binding, validation and copying into shared memory;
+- ``stage``: the master's binding, validation and copying into shared memory (for a
+  call that repeats an earlier one, the refill of its arrays, as outside the block);
 - ``gather``: each process's building of its rows (the parallel shuffle of a
   ``batch`` index list), per rank;
 - ``function``: each process's PyTensor function time (all slices), per rank;

@@ -69,7 +69,7 @@ def call(function: Function, *args: Any, output_subset: Any = None, batch: Any =
 
         def timed(replies: list) -> Any:
             result = finish(replies)  # raises first if the call failed
-            timings([None if reply is None else (reply[0], reply[2][0] + reply[2][1])
+            timings([None if reply is None else (reply[0], float(reply[2][0] + reply[2][1]))
                      for reply in replies])
             return result
 

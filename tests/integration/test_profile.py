@@ -41,3 +41,34 @@ def test_profile_records_every_phase(n):
         assert len(prof.records) == 3
     finally:
         synk.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_profiled_repeated_calls_take_the_path_they_take_unprofiled(n, monkeypatch):
+    """A call that repeats an earlier one skips validation and staging (its inputs are
+    refilled where the earlier call's went); under synk.profile() it must too, or the
+    profile would time a path the program does not take."""
+    synk.fork(n)
+    try:
+        x, w = pt.dmatrix("x"), pt.dvector("w")
+        f = synk.function([x], ((x * w).sum(axis=0), "sum"), bcast_inputs=[w])
+        synk.distribute()
+        rng = np.random.default_rng(3)
+        values = [(rng.normal(size=(7, 2)), rng.normal(size=2)) for _ in range(4)]
+        prepared = []
+        original = f.prepare
+        monkeypatch.setattr(f, "prepare", lambda *a, **k: prepared.append(1) or original(*a, **k))
+        for xs, ws in values[:2]:  # unprofiled: the first prepares, the second repeats
+            np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))
+        assert len(prepared) == 1
+        with profile() as prof:
+            for xs, ws in values:  # the first profiled call prepares (its replies are
+                np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))  # timed)
+        assert len(prepared) == 2
+        assert [r.kind for r in prof.records] == ["call"] * 4
+        assert all(len(r.function) == n and r.stage > 0 for r in prof.records)
+        xs, ws = values[0]
+        np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))  # unprofiled again
+        assert len(prepared) == 2 and len(prof.records) == 4
+    finally:
+        synk.close()

@@ -17,7 +17,7 @@ tuples, so a tuple always stands for an array.
 
 Decoded arrays are copies (the slot is overwritten by the next command), unless the
 reader asks for views it is done with before then. A reply that repeats (a training
-loop's) has the description of the last one: the writer keeps the last description it
+loop's, timed or not) has the description of the last one: the writer keeps the last description it
 pickled, so it does not pickle it again (the control block keeps the places and the
 reader's decoded views for it).
 """
@@ -42,8 +42,10 @@ _DTYPE_STR: dict[np.dtype, str] = {}  # dtype -> dtype.str, which numpy builds a
 
 _last_head: list = [None, None, b""]  # the writer's last (description, scalar types,
 # the description pickled)
-_last_call: list = [None, [], 0]  # and, for a call's reply: (rows, [(dtype, shape)] of
-# its outputs, bytes of array data); rows None when the last was not a call's reply
+_last_call: list = [None, [], 0, None]  # and, for a call's reply: (rows, [(dtype, shape)]
+# of its outputs, bytes of array data, (dtype, shape) of the timings array of a timed
+# reply ``(rows, [outputs], timings)`` or None); rows None when the last was not a
+# call's reply
 
 
 def _aligned(n: int) -> int:
@@ -66,21 +68,40 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
     if type(obj) is not tuple:
         return None
     call = _last_call
-    if len(obj) == 2 and call[0] is not None:  # a call's reply ``(rows, [outputs])``
-        rows, outputs = obj
+    timed = call[3]
+    if call[0] is not None and len(obj) == (2 if timed is None else 3):
+        # a call's reply ``(rows, [outputs])`` or ``(rows, [outputs], timings)``
+        rows, outputs = obj[0], obj[1]
         if type(rows) is int and rows == call[0] and type(outputs) is list and (
                 len(outputs) == len(call[1])):
             for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
                 if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
                     break
             else:  # as the last one: its description
-                return _last_head[2], outputs, call[2]
+                if timed is None:
+                    return _last_head[2], outputs, call[2]
+                timings = obj[2]
+                if (type(timings) is np.ndarray and timings.dtype is timed[0]
+                        and timings.shape == timed[1]):
+                    return _last_head[2], [*outputs, timings], call[2]
     described = _describe(obj)
     if described is not None:
-        rows, outputs = obj if len(obj) == 2 else (None, None)
-        _last_call[:] = ((rows, [(a.dtype, a.shape) for a in outputs], described[2])
-                         if type(rows) is int and type(outputs) is list else (None, [], 0))
+        _last_call[:] = _call_form(obj, described[2])
     return described
+
+
+def _call_form(obj: tuple, data_bytes: int) -> list:
+    """``_last_call`` for a described ``obj``: the form of a call's reply, else none."""
+    rows, outputs = obj[0], obj[1] if len(obj) > 1 else None
+    if len(obj) > 3 or type(rows) is not int or type(outputs) is not list:
+        return [None, [], 0, None]
+    timed = None
+    if len(obj) == 3:
+        timings = obj[2]
+        if type(timings) is not np.ndarray:
+            return [None, [], 0, None]
+        timed = (timings.dtype, timings.shape)
+    return [rows, [(a.dtype, a.shape) for a in outputs], data_bytes, timed]
 
 
 def _describe(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:

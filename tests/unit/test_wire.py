@@ -115,9 +115,13 @@ def test_a_sequence_of_call_replies_each_round_trips():
     """A call's reply like the last one takes the writer's shortcut; any change (rows,
     count, dtype, shape, a reply of another form between) must be described anew."""
     a, b = np.arange(6.0).reshape(2, 3), np.arange(4, dtype="f4")
+    t, t4 = np.array([0.5, 1.5]), np.array([0.5, 1.5], dtype="f4")  # a timed reply's
     replies = [(3, [a]), (3, [a + 1]), (4, [a]), (4, [b]), (4, [b, a]), (4, [b, a * 2]),
                (True, [a]), (4, [a]), (2, 1.5), (4, [a]), (4, [a.astype(">f8")]),
-               (4, [a[:1]]), (4, [np.zeros((0, 3))]), (4, [a])]
+               (4, [a[:1]]), (4, [np.zeros((0, 3))]), (4, [a]),
+               (4, [a], t), (4, [a + 1], t * 2), (4, [a], t4), (4, [a], t[:1]), (4, [a], t),
+               (4, [a]), (4, [a], t), (4, [b], t), (5, [b], t), (5, [b], 1.5), (5, [b], t),
+               (5, [b], t, t), (5, [b], t)]
     for reply in replies:
         got, _ = _round_trip(reply)
         assert len(got) == len(reply)

@@ -10,20 +10,18 @@ splits one evaluation into the parts that add up to it, so that the gap has name
 - ``ours``: ``synkhronos.pymc.logp_dlogp_function`` at ``--n`` processes, untouched,
   in a session of its own each round, unpinned (``fork()``'s default) and pinned
   (``fork(pin=True)``: each process on its core) in turn;
-- ``ours_parts``: the same with timers around three nested pieces of the master's
-  evaluation: the likelihood Op (``RowSum``'s call through the session: staging the
-  values, the command, combining the replies), the command on this machine
-  (``LocalGroup.round``: post, the master's own share, waiting for the workers,
-  collecting their replies) and the master's own share (its rows through its
-  compiled function). The timers cost about a microsecond; ``ours_parts`` is the
-  total with them on.
-
-From those, per round and mode: ``outside_op`` (PyMC's graph around the likelihood: splitting the
-parameter vector, the priors, the gradient's assembly) = ours_parts - op;
-``staging_and_combining`` = op - round; ``post_wait_collect`` = round - own_share
-(includes waiting for a worker slower than the master); ``own_share``. The ratio
-``pymc_over_pymc_half`` is the speedup two processes would give if dividing the rows cost
-nothing and every process were as fast as one alone.
+- ``ours_parts``: the same under ``synk.profile()`` (which times each call's phases on
+  the path it takes unprofiled) and a timer around the likelihood Op's call through the
+  session (``op``), per call: ``outside_op`` = ours_parts - op (PyMC's graph around the
+  likelihood: splitting the parameter vector, the priors, the gradient's assembly);
+  ``op_glue`` = op - the call (the Op's own work around the call); ``staging`` (the
+  values refilled into shared memory); ``own_share`` (the master's rows through its
+  compiled function); ``wait_for_worker`` (after its own share, for a worker slower
+  than the master or later to start); ``combining`` (the replies reduced into the
+  result); ``post_and_collect`` = the call - the four before (posting the command,
+  reading the replies). The ratio ``pymc_over_pymc_half`` is the speedup two processes
+  would give if dividing the rows cost nothing and every process were as fast as one
+  alone.
 
 All series are interleaved over ``--rounds`` rounds (one block of ``--calls`` calls each),
 one BLAS thread everywhere; the JSON has every round's figure and the median over rounds.
@@ -45,60 +43,45 @@ from threadpoolctl import threadpool_limits
 
 import synkhronos as synk
 import synkhronos.pymc as synk_pymc
-from synkhronos._core import group as _group
-from synkhronos.pymc import _likelihood
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pymc_sampling  # noqa: E402  (the models and the machine's description)
 
-PARTS = ("op", "round", "own_share")
+PARTS = ("op", "call", "staging", "own_share", "wait_for_worker", "combining")
 
 
-class Timers:
-    """Seconds spent in the Op, the round and the master's own share, summed over calls;
-    installed around the library's methods only while ``ours_parts`` runs."""
+def likelihood_op(vgf):
+    """The divided likelihood's Op in PyMC's compiled function (its only ``RowSum``)."""
+    nodes = [node for node in vgf._pytensor_function.maker.fgraph.apply_nodes
+             if type(node.op).__name__ == "RowSum"]
+    assert len(nodes) == 1, "expected one divided likelihood"
+    return nodes[0].op
 
-    def __init__(self) -> None:
-        self.spent = dict.fromkeys(PARTS, 0.0)
-        self._saved: list = []
 
-    def __enter__(self) -> Timers:
-        spent = self.spent
-        # (the compiled graph holds the Op's bound ``perform``: the method it calls on
-        # every evaluation at n > 1 is wrapped instead)
-        perform, round_ = _likelihood.RowSum._perform_commands, _group.LocalGroup.round
+class OpTimer:
+    """Seconds spent in the Op's call through the session, summed over calls: a timer
+    around that one Op's method (the compiled graph holds its bound ``perform``, which
+    calls this method at n > 1), on the instance, removed on exit."""
 
-        def timed_perform(op, inputs, output_storage):
+    def __init__(self, op) -> None:
+        self.op = op
+        self.spent = 0.0
+
+    def __enter__(self) -> OpTimer:
+        inner = self.op._perform_commands
+
+        def timed(inputs, output_storage):
             start = time.perf_counter()
             try:
-                return perform(op, inputs, output_storage)
+                return inner(inputs, output_storage)
             finally:
-                spent["op"] += time.perf_counter() - start
+                self.spent += time.perf_counter() - start
 
-        def timed_round(group, message, own_share, *args, **kwargs):
-            def own(message):
-                start = time.perf_counter()
-                try:
-                    return own_share(message)
-                finally:
-                    spent["own_share"] += time.perf_counter() - start
-
-            start = time.perf_counter()
-            try:
-                return round_(group, message, own, *args, **kwargs)
-            finally:
-                spent["round"] += time.perf_counter() - start
-
-        self._saved = [(_likelihood.RowSum, "_perform_commands", perform),
-                       (_group.LocalGroup, "round", round_)]
-        for (owner, name, _), timed in zip(self._saved, (timed_perform, timed_round),
-                                           strict=True):
-            setattr(owner, name, timed)
+        self.op._perform_commands = timed
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, name, original in self._saved:
-            setattr(owner, name, original)
+        del self.op._perform_commands
 
 
 def block(fn, points: list[np.ndarray], calls: int) -> float:
@@ -124,23 +107,41 @@ def session_round(model, points: list[np.ndarray], n: int, pin: bool, calls: int
         ours.set_extra_values({})
         block(ours, points, max(50, calls // 10))  # warm: staged, caches filled
         got = {"ours": block(ours, points, calls)}
-        with Timers() as timers:
+        with OpTimer(likelihood_op(ours)) as timer, synk.profile() as profile:
+            block(ours, points, max(50, calls // 10))  # the timed path's first call
+            timer.spent, profile.records = 0.0, []
             got["ours_parts"] = block(ours, points, calls)
-        got.update({name: timers.spent[name] / calls for name in PARTS})
+        got["op"] = timer.spent / calls
+        records = profile.records
+        assert len(records) == calls and all(r.kind == "call" for r in records)
+        got["call"] = statistics.fmean(r.total for r in records)
+        got["staging"] = statistics.fmean(r.stage for r in records)
+        got["own_share"] = statistics.fmean(r.gather[0] + r.function[0] for r in records)
+        got["wait_for_worker"] = statistics.fmean(r.straggler for r in records)
+        got["combining"] = statistics.fmean(r.reduce for r in records)
         return got
     finally:
         synk.close()
 
 
 def parts_of(us: dict[str, list[float]]) -> dict[str, list[float]]:
-    """The named parts of each round (see the module docstring), from the timers."""
-    def minus(a: str, b: str) -> list[float]:
-        return [round(x - y, 2) for x, y in zip(us[a], us[b], strict=True)]
+    """The named parts of each round (see the module docstring)."""
+    rounds = range(len(us["ours"]))
 
-    return {"outside_op": minus("ours_parts", "op"),
-            "staging_and_combining": minus("op", "round"),
-            "post_wait_collect": minus("round", "own_share"),
-            "own_share": us["own_share"]}
+    def part(fn) -> list[float]:
+        return [round(fn(k), 2) for k in rounds]
+
+    return {
+        "outside_op": part(lambda k: us["ours_parts"][k] - us["op"][k]),
+        "op_glue": part(lambda k: us["op"][k] - us["call"][k]),
+        "staging": us["staging"],
+        "post_and_collect": part(lambda k: us["call"][k] - sum(
+            us[name][k] for name in ("staging", "own_share", "wait_for_worker",
+                                     "combining"))),
+        "own_share": us["own_share"],
+        "wait_for_worker": us["wait_for_worker"],
+        "combining": us["combining"],
+    }
 
 
 def measure(make, rows: int, n: int, rounds: int, calls: int) -> dict:

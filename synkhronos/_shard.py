@@ -209,14 +209,18 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
             # The last call again (a training loop): what the first run worked out.
             _, fn, args, weight, strip = plan
             if call.profile:
-                start = time.perf_counter()
+                return _timed_plan(fn, args, weight, strip)
             outputs = _as_list(fn(*args))
-            if strip:
-                outputs = _reduced_only(outputs, strip)
-            if call.profile:  # its rows were gathered when the plan was made
-                return weight, outputs, _timings(0.0, time.perf_counter() - start)
-            return weight, outputs
+            return weight, _reduced_only(outputs, strip) if strip else outputs
     return _run_call(ctx, call)
+
+
+def _timed_plan(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:
+    """``run_call``'s plan, timed (its rows were gathered when the plan was made)."""
+    start = time.perf_counter()
+    outputs = _as_list(fn(*args))
+    seconds = time.perf_counter() - start
+    return weight, _reduced_only(outputs, strip) if strip else outputs, _timings(0.0, seconds)
 
 
 def _timings(gather: float, function: float) -> np.ndarray:

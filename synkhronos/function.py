@@ -331,20 +331,18 @@ class Function:
                 self._sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
                     and output_subset is None and self._slices is None and shares is None):
-                observer = session.observer
-                if observer is not None:  # synk.profile(): the same path, timed
-                    start = time.perf_counter()
-                key = repeat_key(args)
-                call = (plain.repeat(key, args, num_slices, observer is not None)
-                        if key is not None else None)
-                if call is not None:
-                    # Inputs like an earlier call's and nothing else asked: what that call
-                    # validated still holds, the arrays copied where that call's went.
-                    ops = plain.prepared.output_ops
-                    if observer is not None:
-                        return self._timed(observer, start, call, ops, None)
-                    replies = session.run_held(call, repeats=True)
-                    return self._returned(replies, ops, None)
+                if session.observer is not None:  # synk.profile(): the same path, timed
+                    done, result = self._timed_repeat(plain, args, num_slices)
+                    if done:
+                        return result
+                else:
+                    key = repeat_key(args)
+                    call = plain.repeat(key, args, num_slices) if key is not None else None
+                    if call is not None:
+                        # Inputs like an earlier call's and nothing else asked: what that
+                        # call validated still holds, the arrays copied where its went.
+                        replies = session.run_held(call, repeats=True)
+                        return self._returned(replies, plain.prepared.output_ops, None)
             call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
                                         shares)
             replies = session.run_held(call, repeats=call.batch_s is None)
@@ -409,11 +407,19 @@ class Function:
 
         return call, finish
 
-    def _timed(self, observer: Any, start: float, call: Call, ops, subset) -> Any:
-        """A staged call run and reported to ``observer`` (``synk.profile()``)."""
+    def _timed_repeat(self, plain: Any, args: tuple, num_slices: int) -> tuple[bool, Any]:
+        """Under ``synk.profile()``: ``(True, result)`` of a call that repeats an earlier
+        timed one, run as it would run unprofiled and reported to the profile; else
+        ``(False, None)``."""
+        start = time.perf_counter()
+        key = repeat_key(args)
+        call = plain.repeat(key, args, num_slices, True) if key is not None else None
+        if call is None:
+            return False, None
         staged = time.perf_counter()
         replies = self._session.run_held(call, repeats=True)
-        return self._report(observer, start, staged, replies, ops, subset)
+        return True, self._report(self._session.observer, start, staged, replies,
+                                  plain.prepared.output_ops, None)
 
     def _report(self, observer: Any, start: float, staged: float, replies: list, ops,
                 subset) -> Any:

@@ -42,10 +42,11 @@ _DTYPE_STR: dict[np.dtype, str] = {}  # dtype -> dtype.str, which numpy builds a
 
 _last_head: list = [None, None, b""]  # the writer's last (description, scalar types,
 # the description pickled)
-_last_call: list = [None, [], 0, None]  # and, for a call's reply: (rows, [(dtype, shape)]
-# of its outputs, bytes of array data, (dtype, shape) of the timings array of a timed
-# reply ``(rows, [outputs], timings)`` or None); rows None when the last was not a
-# call's reply
+_last_call: list = [None, [], 0]  # and, for a call's reply ``(rows, [outputs])``: (rows,
+# [(dtype, shape)] of its outputs, bytes of array data); rows None when the last
+# described was not one
+_last_timed: list = [None, [], 0, None]  # the same for a timed call's reply ``(rows,
+# [outputs], timings)``, with the timings array's (dtype, shape)
 
 
 def _aligned(n: int) -> int:
@@ -68,40 +69,53 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
     if type(obj) is not tuple:
         return None
     call = _last_call
-    timed = call[3]
-    if call[0] is not None and len(obj) == (2 if timed is None else 3):
-        # a call's reply ``(rows, [outputs])`` or ``(rows, [outputs], timings)``
-        rows, outputs = obj[0], obj[1]
-        if type(rows) is int and rows == call[0] and type(outputs) is list and (
-                len(outputs) == len(call[1])):
-            for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
-                if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
-                    break
-            else:  # as the last one: its description
-                if timed is None:
+    if len(obj) == 2:
+        if call[0] is not None:  # a call's reply ``(rows, [outputs])``
+            rows, outputs = obj
+            if type(rows) is int and rows == call[0] and type(outputs) is list and (
+                    len(outputs) == len(call[1])):
+                for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
+                    if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
+                        break
+                else:  # as the last one: its description
                     return _last_head[2], outputs, call[2]
-                timings = obj[2]
-                if (type(timings) is np.ndarray and timings.dtype is timed[0]
-                        and timings.shape == timed[1]):
-                    return _last_head[2], [*outputs, timings], call[2]
+    elif len(obj) == 3 and _last_timed[0] is not None:
+        described = _as_last_timed(obj)
+        if described is not None:
+            return described
     described = _describe(obj)
     if described is not None:
-        _last_call[:] = _call_form(obj, described[2])
+        _remember_form(obj, described[2])
     return described
 
 
-def _call_form(obj: tuple, data_bytes: int) -> list:
-    """``_last_call`` for a described ``obj``: the form of a call's reply, else none."""
-    rows, outputs = obj[0], obj[1] if len(obj) > 1 else None
-    if len(obj) > 3 or type(rows) is not int or type(outputs) is not list:
-        return [None, [], 0, None]
-    timed = None
-    if len(obj) == 3:
-        timings = obj[2]
-        if type(timings) is not np.ndarray:
-            return [None, [], 0, None]
-        timed = (timings.dtype, timings.shape)
-    return [rows, [(a.dtype, a.shape) for a in outputs], data_bytes, timed]
+def _as_last_timed(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:
+    """``describe``'s shortcut for a timed call's reply like the last one, else None."""
+    rows, outputs, timings = obj
+    call = _last_timed
+    if type(rows) is not int or rows != call[0] or type(outputs) is not list or (
+            len(outputs) != len(call[1])):
+        return None
+    for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
+        if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
+            return None
+    if type(timings) is not np.ndarray or (timings.dtype, timings.shape) != call[3]:
+        return None
+    return _last_head[2], [*outputs, timings], call[2]
+
+
+def _remember_form(obj: tuple, data_bytes: int) -> None:
+    """After a whole description: whether ``obj`` was a call's reply (timed or not), for
+    ``describe``'s shortcuts."""
+    _last_call[:] = None, [], 0
+    _last_timed[:] = None, [], 0, None
+    if len(obj) not in (2, 3) or type(obj[0]) is not int or type(obj[1]) is not list:
+        return
+    form = [obj[0], [(a.dtype, a.shape) for a in obj[1]], data_bytes]
+    if len(obj) == 2:
+        _last_call[:] = form
+    elif type(obj[2]) is np.ndarray:
+        _last_timed[:] = [*form, (obj[2].dtype, obj[2].shape)]
 
 
 def _describe(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:

@@ -169,7 +169,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     if running == 1:
         # A session of its own on every usable core, with nothing else running in this
         # process while it samples: each process on its core (benchmarks/pymc_parts.py
-        # and paired sessions at n=2, 10^4-10^5 rows: evaluations faster in 9 of 12
+        # and paired sessions at n=2, 10^4-10^5 rows: evaluations faster in 11 of 16
         # comparisons, by 9% at the median); close() unpins this process again.
         # (nutpie's route is not pinned: its chains are threads of this process.)
         pin = size is None and processes == len(os.sched_getaffinity(0))

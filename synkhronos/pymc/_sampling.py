@@ -156,6 +156,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     chains, seeds = _chains_and_seeds(random_seed, _check_count("chains",
                                                                 kwargs.pop("chains", None)),
                                       cores)
+    usable = len(os.sched_getaffinity(0))
     if size is not None:
         if cores is not None and cores > 1:
             warnings.warn(f"cores={cores}: with a session already forked the chains run "
@@ -163,7 +164,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                           "the cores for the likelihood", stacklevel=2)
         running = 1
     else:
-        running, processes = _layout(chains, cores, processes, len(os.sched_getaffinity(0)),
+        running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
     sampling = _Sampling(chains, seeds, random_seed, kwargs)
     if running == 1:
@@ -172,9 +173,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         # and paired sessions at n=2, 10^4-10^5 rows: evaluations faster in 11 of 16
         # comparisons, by 9% at the median); close() unpins this process again.
         # (nutpie's route is not pinned: its chains are threads of this process.)
-        pin = size is None and processes == len(os.sched_getaffinity(0))
         return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1), pin)
+                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1),
+                          pin=processes == usable)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
@@ -183,7 +184,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                          "here); pass cores=1 to run them one after another instead")
     # Each chain's process forks its own session at its first evaluation. Oversubscribed
     # cores (more processes than cores) must not spin while they wait.
-    spin = 0.0 if running * processes > len(os.sched_getaffinity(0)) else None
+    spin = 0.0 if running * processes > usable else None
     vgf, op = _build(pm, model, split, grainsize, open_session=_chain_session(processes, spin))
     try:
         return _sample_nuts(pm, model, vgf, sampling, running)

@@ -699,6 +699,7 @@ def main() -> None:
     report: dict = {"benchmark": "device_check", "mode": "local" if args.local else "gpu",
                     "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                     "settings": cfg, "parts": {}}
+    filename = "device_check_local.json" if args.local else "device_check.json"
     start = time.monotonic()
     try:
         for i, name in enumerate(PARTS):
@@ -714,13 +715,14 @@ def main() -> None:
             print(f"[{time.monotonic() - start:6.1f} s] {name} (at most {timeout:.0f} s)",
                   file=sys.stderr, flush=True)
             report["parts"][name] = run_part(name, cfg, timeout)
+            # what is done so far, in case the whole run is killed before the end
+            _harness.write_report(report, out, filename)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     report["wall_s"] = round(time.monotonic() - start, 1)
     statuses = [p["status"] for p in report["parts"].values()]
     report["summary"] = {s: statuses.count(s) for s in ("passed", "failed", "skipped")}
-    path = _harness.write_report(report, out,
-                                 "device_check_local.json" if args.local else "device_check.json")
+    path = _harness.write_report(report, out, filename)
     lines = [f"device check ({report['mode']}), {report['wall_s']} s -> {path}"]
     for name, record in report["parts"].items():
         lines.append(f"  {name:16s} {record['status']:8s} "

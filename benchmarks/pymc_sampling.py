@@ -270,9 +270,11 @@ def break_even(records: dict, key: str) -> dict:
     """Per n, the row count from which synkhronos is at least as fast as PyMC (``key``:
     the speed-up series of the ``evaluations`` records, by row count), interpolated
     between the swept sizes in log rows; None if it never is, the smallest size if it
-    always is. With the bracketing sizes and their ratios."""
+    always is. With the bracketing sizes and their ratios; empty without evaluations."""
     rows = sorted(records, key=int)
     out: dict = {}
+    if not rows:  # --no-evaluations
+        return out
     for n in records[rows[0]][key]:
         pairs = [(int(r), records[r][key][n]) for r in rows if n in records[r][key]]
         found: dict = {"rows": None, "between": None}

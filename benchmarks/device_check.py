@@ -47,10 +47,13 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   at most 1.05). The first step's losses of both must agree.
 - ``gpu_tests``: ``tests/integration/test_function.py``, ``test_collectives.py`` and
   ``test_train.py`` with ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
-  pytest process per size, both at once on the GPU machine, one after the other with
-  ``--local``; ``PYTENSOR_FLAGS=mode=JAX``); at 2, two processes share the GPU, so
+  pytest process per module and size, since a master that ran JAX cannot fork again:
+  all at once on the GPU machine, one after the other with ``--local``;
+  ``PYTENSOR_FLAGS=mode=JAX``); at 1, the one process has the GPU to itself, so its
+  collectives run on NCCL (one rank); at 2, two processes share the GPU, so
   collectives are staged through host memory. A run killed at its time limit still
-  reports the tests it finished (from pytest's verbose output).
+  reports the tests it finished (from pytest's verbose output); a failed run records
+  its first distinct tracebacks (``reasons``).
 - ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 2, 4,
   8, 16, each against the ceiling of n plain programs running at once.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
@@ -252,7 +255,11 @@ def part_nccl_unit(cfg: dict) -> dict:
     problem = cuda_problem()
     if problem:
         raise PartSkipped(problem)
-    return pytest_run(["tests/unit/test_nccl.py"], cfg["_timeout"], child_env(), "nccl_unit")
+    record = pytest_run(["tests/unit/test_nccl.py"], cfg["_timeout"], child_env(),
+                        "nccl_unit")
+    if record["returncode"] != 0 or record["counts"].get("passed", 0) == 0:
+        raise PartFailed(record)
+    return record
 
 
 PROBE = "tests/unit/nccl_probe.py"  # the private NCCL layer stays behind the unit tests
@@ -420,14 +427,20 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
         done = run_logged(command, timeout, env)
         counts: dict = {}
         failed: list[str] = []
+        reasons: list[str] = []
         if xml.exists():
             root = ElementTree.parse(xml).getroot()
             suites = [root] if root.tag == "testsuite" else list(root)
             for key in ("tests", "failures", "errors", "skipped"):
                 counts[key] = sum(int(s.get(key, 0)) for s in suites)
             for case in root.iter("testcase"):
-                if case.find("failure") is not None or case.find("error") is not None:
+                bad = case.find("failure")
+                bad = case.find("error") if bad is None else bad
+                if bad is not None:
                     failed.append(f"{case.get('classname')}::{case.get('name')}")
+                    why = (bad.text or bad.get("message") or "")[-1500:]
+                    if len(reasons) < 3 and why not in reasons:
+                        reasons.append(why)  # the first distinct tracebacks
         else:  # killed: what -v printed so far
             outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)",
                                   done["stdout"], flags=re.MULTILINE)
@@ -444,6 +457,7 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
               "summary": lines[-1].strip("= ") if lines and not done["timed_out"] else
               f"killed after {done['seconds']} s: {counts}", "command": done["command"]}
     if done["returncode"] != 0:
+        record["reasons"] = reasons
         record["output_tail"] = done["stdout"][-6000:]
         record["stderr_tail"] = done["stderr_tail"]
     return record
@@ -452,23 +466,26 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
 def part_gpu_tests(cfg: dict) -> dict:
     platform = os.environ.get("SYNKHRONOS_GPU_PLATFORM") or None
 
-    def one(n: int, timeout: float) -> dict:
+    def one(job: tuple[str, int], timeout: float) -> dict:
+        module, n = job
         env = child_env(SYNKHRONOS_TEST_DEVICE="gpu", SYNKHRONOS_TEST_SIZES=str(n),
                         PYTENSOR_FLAGS="mode=JAX", SYNKHRONOS_GPU_PLATFORM=platform)
-        return dict(pytest_run(cfg["test_modules"], timeout, env, f"n_parallel={n}",
-                               cfg["test_k"]), n_parallel=n)
+        return dict(pytest_run([module], timeout, env, f"{Path(module).stem} n_parallel={n}",
+                               cfg["test_k"]), module=module, n_parallel=n)
 
-    sizes = cfg["test_sizes"]
-    if cfg["test_concurrent"]:  # one pytest process per size, at once (the GPU is shared)
+    # A master that ran JAX cannot fork again (SPEC 2): one pytest process per module
+    # and size, as .ci/gpu_standin.sh runs them.
+    jobs = [(module, n) for module in cfg["test_modules"] for n in cfg["test_sizes"]]
+    if cfg["test_concurrent"]:  # all at once (the GPU is shared)
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(sizes)) as pool:
-            runs = list(pool.map(lambda n: one(n, cfg["_timeout"]), sizes))
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            runs = list(pool.map(lambda job: one(job, cfg["_timeout"]), jobs))
     else:
         runs = []
         deadline = time.monotonic() + cfg["_timeout"]
-        for i, n in enumerate(sizes):
-            runs.append(one(n, (deadline - time.monotonic()) / (len(sizes) - i)))
+        for i, job in enumerate(jobs):
+            runs.append(one(job, (deadline - time.monotonic()) / (len(jobs) - i)))
     ok = all(r["returncode"] == 0 and r["counts"].get("passed", 0) > 0 for r in runs)
     result = {"platform": platform or "cuda", "concurrent": cfg["test_concurrent"],
               "runs": runs, "all_passed": ok}
@@ -644,7 +661,7 @@ def headline(name: str, record: dict) -> str:
         return (f"synk/plain: MLP {r['mlp']['ratio_synk_over_plain']}, ResNet "
                 f"{r['resnet']['ratio_synk_over_plain']} (target <= 1.05)")
     if name == "gpu_tests":
-        return "; ".join(f"n={x['n_parallel']}: {x['summary']}" for x in r["runs"])
+        return "; ".join(f"{x['label']}: {x['summary']}" for x in r["runs"])[:300]
     if name == "cpu_scaling":
         per_n = r["vs_ceiling_per_n"] or {}
         return "of the ceiling: " + ", ".join(f"n={n} {v['median']}" for n, v in per_n.items())

@@ -59,8 +59,18 @@ def supports(dtype: Any) -> bool:
 
 
 def unique_id() -> tuple[int, ...]:
-    """A new communicator's id, made by the master and sent to every process."""
+    """A new communicator's id, made by the master and sent to every process: 128
+    integers (CuPy 14 makes the id as ``bytes``, earlier versions as a tuple of signed
+    chars; a tuple of ints pickles and prints as JSON either way)."""
     return tuple(_nccl().get_unique_id())
+
+
+def _communicator(nccl: Any, size: int, uid: Sequence[int], rank: int) -> Any:
+    """CuPy's ``NcclCommunicator``, given the id in the form this CuPy takes."""
+    try:
+        return nccl.NcclCommunicator(size, tuple(uid), rank)
+    except TypeError:  # CuPy 14 takes bytes ("expected bytes, got tuple")
+        return nccl.NcclCommunicator(size, bytes(v & 0xFF for v in uid), rank)
 
 
 class Communicator:
@@ -80,7 +90,7 @@ class Communicator:
         self._cupy = cupy
         self._nccl = _nccl()
         self.size, self.rank = size, rank
-        self._comm = self._nccl.NcclCommunicator(size, tuple(uid), rank)
+        self._comm = _communicator(self._nccl, size, uid, rank)
 
     def close(self) -> None:
         comm, self._comm = self._comm, None

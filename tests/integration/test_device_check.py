@@ -2,7 +2,7 @@
 
 The script is meant for a GPU machine that is rarely at hand; this test keeps it from
 rotting in between: it runs every part on this machine (JAX's CPU platform standing in
-for the GPU, n = 2 only, tiny sizes, one test of the device suite), in a subprocess, and
+for the GPU, n = 2 only, tiny sizes, one test of each of two device suites), in a subprocess, and
 checks the JSON it writes: every part is recorded, the NCCL parts are skipped with the
 reason "needs CUDA GPUs", and every other part passed (PyMC's part may be skipped where
 PyMC is not installed, and says so). Marked ``devicecheck`` (``-m devicecheck`` runs it
@@ -29,8 +29,12 @@ PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_
 NCCL_PARTS = ["nccl_unit", "nccl_all_reduce", "nccl_two_ranks"]
 TINY = {
     "deadline": 900,
-    "test_modules": ["tests/integration/test_collectives.py"],
-    "test_k": "test_all_reduce_twice_and_after_function_updates", "test_sizes": [2],
+    # two modules, each of which computes on the device: a master that ran JAX cannot
+    # fork again, so they must run in processes of their own
+    "test_modules": ["tests/integration/test_collectives.py",
+                     "tests/integration/test_train.py"],
+    "test_k": "test_all_reduce_twice_and_after_function_updates or "
+              "test_a_training_step_is_one_command", "test_sizes": [2],
     "step_mlp_rows": 8, "step_rounds": 1, "step_seconds": 0.02,
     "step_resnet": {"blocks": [1], "width": 2, "image_size": 16, "rows": 4},
     "scaling_sizes": [2], "scaling_rows": 8, "scaling_rounds": 1, "scaling_seconds": 0.02,
@@ -100,7 +104,9 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
         assert step[model]["first_losses"][0] == pytest.approx(step[model]["first_losses"][1],
                                                                rel=1e-4)
     runs = parts["gpu_tests"]["result"]["runs"]
-    assert [r["n_parallel"] for r in runs] == [2]  # two processes: staged collectives
+    # one pytest process per module; two processes: staged collectives
+    assert [(Path(r["module"]).name, r["n_parallel"]) for r in runs] == [
+        ("test_collectives.py", 2), ("test_train.py", 2)]
     for run in runs:
         assert run["returncode"] == 0 and run["counts"]["passed"] >= 1, run
         assert run["counts"]["failures"] == run["counts"]["errors"] == 0, run

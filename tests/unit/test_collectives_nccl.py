@@ -206,3 +206,30 @@ def test_dtypes_nccl_lacks_take_the_staged_exchange():
     assert not nccl._on_nccl(lacking)  # type: ignore[arg-type]
     assert nccl_runtime.supports("float16") and not nccl_runtime.supports("bool")
 
+
+
+class _CupyNccl:
+    """CuPy's ``cupy.cuda.nccl`` as far as building a communicator goes: CuPy 14 takes
+    the id as ``bytes`` (a tuple is a TypeError), earlier versions as a tuple."""
+
+    def __init__(self, takes: type) -> None:
+        self.takes, self.built = takes, []
+
+    def NcclCommunicator(self, size, comm_id, rank):  # noqa: N802 (CuPy's name)
+        if not isinstance(comm_id, self.takes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected "
+                            f"{self.takes.__name__}, got {type(comm_id).__name__})")
+        self.built.append((size, comm_id, rank))
+        return object()
+
+
+@pytest.mark.parametrize("takes", [tuple, bytes])
+def test_communicator_id_in_the_form_each_cupy_takes(takes):
+    made = bytes(range(120, 248))  # CuPy 14's get_unique_id(): 128 bytes
+    uid = tuple(made)  # what unique_id() sends to every process
+    module = _CupyNccl(takes)
+    nccl_runtime._communicator(module, 2, uid, 1)
+    ((size, comm_id, rank),) = module.built
+    assert (size, rank) == (2, 1)
+    # the same 128 bytes in either form (a tuple of signed chars before CuPy 14)
+    assert bytes(v & 0xFF for v in comm_id) == made

@@ -142,6 +142,10 @@ class Communicator:
         ``"prod"``, ``"max"``, ``"min"``); the results, as new JAX arrays."""
         if op not in _OPS:
             raise ValueError(f"op must be one of {', '.join(_OPS)}; got {op!r}")
+        if op == "avg":  # the sum is divided in place, in the buffer's own dtype
+            for array in arrays:
+                if np.dtype(array.dtype).kind not in "fc":
+                    raise TypeError(f"'avg' needs floating-point values; got {array.dtype}")
         code = getattr(self._nccl, _OPS[op])
         fused = self._fuse(arrays)
         for buffer, _ in fused:

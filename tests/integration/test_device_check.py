@@ -101,6 +101,7 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     assert step["device"] == "gpu" and step["jax_devices"] == ["cpu:0"]
     for model in ("mlp", "resnet"):  # equal first losses are checked inside the part
         assert step[model]["ratio_synk_over_plain"] > 0
+        assert step[model]["ratio_synk_data_over_plain"] > 0
         assert step[model]["first_losses"][0] == pytest.approx(step[model]["first_losses"][1],
                                                                rel=1e-4)
     runs = parts["gpu_tests"]["result"]["runs"]

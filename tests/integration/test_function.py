@@ -297,6 +297,28 @@ def test_repeated_sliced_calls_follow_slices_and_changes(model, monkeypatch):
     assert len(prepared) == before  # repeated: no validation
 
 
+def test_repeated_numpy_calls_read_the_callers_arrays_as_they_are_now(model):
+    """At n_parallel 1 a repeated call reads its numpy inputs where they are (nobody else
+    needs a copy in shared memory): a change the caller makes between calls, in place
+    or by passing another array of the same shape, must show, and an array the call
+    cannot read as it is (another dtype, Fortran order) is copied as before. (Arrays
+    of over 32 KiB, even in float32: smaller ones are copied, which costs less.)"""
+    x, y = np.tile(X, (4, 1)), Y.copy()
+    other = x[::-1].copy()
+    calls = [x, x, x, "x += 1", x, other, x, "y *= 2", x, other]
+    for step in calls:
+        if isinstance(step, str):
+            exec(step, {}, {"x": x, "y": y})  # in place: the same arrays, new values
+            continue
+        assert_all_close(model.reduce(step, y), model.reduce.as_pytensor(step, y))
+    for odd in (np.asfortranarray(x), x.astype(np.float32)):  # copied, and cast
+        for k in range(3):
+            odd[0, 0] = k
+            want = model.reduce.as_pytensor(np.asarray(odd, dtype=np.float64), y)
+            assert_all_close(model.reduce(odd, y), want)
+    assert_all_close(model.reduce(x, y), model.reduce.as_pytensor(x, y))
+
+
 def test_as_pytensor_still_checks_its_inputs(model):
     """Parallel calls skip PyTensor's per-call input check; the serial one must not."""
     with pytest.raises(TypeError):

@@ -217,33 +217,46 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
 
 def read_in_place(ctx: RankContext, call: Call, positions: list[int],
                   args: tuple) -> tuple | None:
-    """One process in all (``n_parallel=1``): make the plan kept for ``call`` read the
-    caller's numpy arrays (``args`` at ``positions``, of the dtypes and shapes its
-    first run had) where they are, instead of copies in shared memory that no other
-    process reads. Returns the plan to put back after the run (``put_back``), or None:
-    no plan is kept for ``call``, or an array is not what its copy would be (another
+    """One process in all (``n_parallel=1``): make ``call`` run at once (as a kept
+    plan) on the caller's numpy arrays (``args`` at ``positions``, of the dtypes and
+    shapes its first run had) where they are, instead of on copies in shared memory
+    that no other process reads. Returns what ``put_back`` needs after the run, or
+    None: this process has not kept ``call``'s views (it has not run it since the
+    arena last dropped a mapping), or an array is not what its copy would be (another
     dtype, which the copy casts, or not C-contiguous), so the caller copies."""
     views = _VIEWS.get(ctx)
-    plan = views.plan
-    if plan[0] is not call or views.generation != ctx.arena.generation or faults.ARMED:
+    if views.generation != ctx.arena.generation or faults.ARMED:
         return None
+    kept = views.plan
+    if kept[0] is call:
+        fn, arrays, weight = kept[1], list(kept[2]), kept[3]
+    else:  # another call ran last (the plan is the last call's): plan this one too
+        entry = views.by_call.get(call)
+        if entry is None:
+            return None
+        scattered, bcast, weight = entry
+        reg = REGISTRY.get(ctx)
+        fn_id = PREPARED.get(ctx)[call.prepared_id].fn_id
+        fn = reg.runners.get(fn_id) or reg.runner(ctx, fn_id)
+        arrays = [*scattered, *bcast]
     refs = call.scattered + call.bcast
-    arrays = list(plan[2])
     for i in positions:
         arg = args[i]
         if arg.dtype.str != refs[i].dtype or not arg.flags.c_contiguous:
             return None
         arrays[i] = arg
-    views.plan = (call, plan[1], tuple(arrays), plan[3], plan[4])
-    return plan
+    # the master keeps every output (nothing to strip)
+    plan = views.plan = (call, fn, tuple(arrays), weight, False)
+    return kept, plan
 
 
-def put_back(ctx: RankContext, plan: tuple) -> None:
-    """After a run on the caller's arrays: the plan reads its own copies again, and no
+def put_back(ctx: RankContext, token: tuple) -> None:
+    """After a run on the caller's arrays: the plan kept before it again, so that no
     reference to the caller's arrays stays (as PyTensor's own call keeps none)."""
     views = _VIEWS.get(ctx)
-    if views.plan[0] is plan[0]:
-        views.plan = plan
+    kept, plan = token
+    if views.plan is plan:
+        views.plan = kept
 
 
 def _timed_plan(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:

@@ -428,13 +428,13 @@ class Function:
         it); else ``(False, None)``, and the call copies as always."""
         call, positions = entry
         session = self._session
-        kept = _shard.read_in_place(session.ctx, call, positions, args)
-        if kept is None:
+        token = _shard.read_in_place(session.ctx, call, positions, args)
+        if token is None:
             return False, None
         try:
             replies = session.run_held(call, repeats=True)
         finally:
-            _shard.put_back(session.ctx, kept)
+            _shard.put_back(session.ctx, token)
         return True, self._returned(replies, plain.prepared.output_ops, None)
 
     def _timed_repeat(self, plain: Any, args: tuple, num_slices: int) -> tuple[bool, Any]:

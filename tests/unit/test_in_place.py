@@ -70,3 +70,28 @@ def test_no_reference_to_the_callers_arrays_stays():
             assert gone() is None, f"call {k} kept the caller's array"
     finally:
         synk.close()
+
+
+def test_calls_in_turn_each_read_in_place():
+    """A training step and a validation call in turn: each finds the other's plan kept
+    (a process keeps the last call's), yet neither copies, and each sees the arrays'
+    latest values."""
+    synk.fork(1)
+    try:
+        x, w = pt.dmatrix("x"), pt.dvector("w")
+        total = synk.function([x], ((x * w).sum(axis=0), "sum"), bcast_inputs=[w])
+        peak = synk.function([x], (x.max(axis=0), "max"))
+        synk.distribute()
+        a, b = np.arange(8192.0).reshape(4096, 2), np.ones((4096, 2))
+        weights = np.array([1.0, -1.0])
+        with pytest.MonkeyPatch.context() as patch:
+            for k in range(6):
+                if k == 3:
+                    copies = _forbid_copies(patch)  # from here on: read in place
+                a[k] += 1.0
+                b[-1, 0] = 100.0 + k
+                np.testing.assert_allclose(total(a, weights), (a * weights).sum(axis=0))
+                np.testing.assert_allclose(peak(b), b.max(axis=0))
+            assert copies == []
+    finally:
+        synk.close()

@@ -216,9 +216,17 @@ def fork(
     if several:
         return _fork_machines(launch, n_parallel, device, master_rank, spin, timeout,
                               _cores_of(cores, n_parallel, pin), exact)
-    gpu_ids = devices.prepare_gpu(n_parallel) if device == "gpu" else []
-    group = LocalGroup.create(n_parallel, device, master_rank, master_rank, spin, timeout,
-                              gpu_ids=gpu_ids)
+    restore = devices.saved_environment() if device == "gpu" else None
+    try:
+        gpu_ids = devices.prepare_gpu(n_parallel) if restore is not None else []
+        group = LocalGroup.create(n_parallel, device, master_rank, master_rank, spin,
+                                  timeout, gpu_ids=gpu_ids)
+    except BaseException:
+        if restore is not None:
+            restore()
+        raise
+    if restore is not None:
+        group.on_release(restore)  # after close, the master's environment as it was
     _build(group, _cores_of(cores, n_parallel, pin), mpi_job=False)
     if not _atexit_registered:
         atexit.register(_at_exit)

@@ -109,6 +109,10 @@ class LocalGroup:
         )
         return cls(ctx, lock, timeout)
 
+    def on_release(self, restore: Callable[[], None]) -> None:
+        """Call ``restore`` when the group is released (after what ``fork`` undoes)."""
+        self._restores.append(restore)
+
     def fork(self, main: Callable[[RankContext, int, int], None], cores: list[int] | None,
              setup: Callable[[], object], limits: Callable[[], Any]) -> None:
         """Fork the workers, each running ``main(ctx, local rank, forked seq)`` after

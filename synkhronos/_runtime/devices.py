@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 
 __all__ = [
     "usable_cores",
@@ -25,11 +26,16 @@ __all__ = [
     "gpu_platform",
     "device_count",
     "prepare_gpu",
+    "saved_environment",
     "GPU_PLATFORM_ENV",
 ]
 
 GPU_PLATFORM_ENV = "SYNKHRONOS_GPU_PLATFORM"
 _PLATFORMS = ("cuda", "cpu")
+# what a device session sets in the master's environment (``prepare_gpu``, and
+# ``placement.JaxPlacement.bind`` for the master's own GPU)
+_SESSION_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "CUDA_VISIBLE_DEVICES")
 
 
 def usable_cores() -> list[int]:
@@ -117,6 +123,22 @@ def prepare_gpu(n_processes: int) -> list[str]:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     return [ids[rank % len(ids)] for rank in range(n_processes)]
 
+
+
+def saved_environment() -> Callable[[], None]:
+    """What puts back, when the session closes, the variables a device session sets in
+    the master (set as they were, or removed): programs the user starts afterwards
+    must see every GPU and the platform they would have seen."""
+    before = {name: os.environ.get(name) for name in _SESSION_ENV}
+
+    def restore() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    return restore
 
 
 def jax_initialised() -> bool:

@@ -29,7 +29,12 @@ def value_kind(var_name):
     return None
 
 
+SESSION_ENV = ("JAX_PLATFORMS", "XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE",
+               "CUDA_VISIBLE_DEVICES")
+environment = {name: os.environ.get(name) for name in SESSION_ENV}
+
 n = synk.fork(int(sys.argv[1]), device="gpu")
+assert os.environ["JAX_PLATFORMS"] == "cpu" and "eigen=false" in os.environ["XLA_FLAGS"]
 assert synk.device() == "gpu" and synk.n_parallel() == n
 
 x, t = pt.dmatrix("x"), pt.dvector("t")
@@ -84,6 +89,8 @@ for _ in range(3):
 np.testing.assert_allclose(np.asarray(p.get_value()), p_serial, rtol=1e-10)
 np.testing.assert_allclose(synk.get_value(n - 1, p), p_serial, rtol=1e-10)
 synk.close()
+# the master's environment as it was: programs started now see what they would have
+assert {name: os.environ.get(name) for name in SESSION_ENV} == environment
 
 # the master ran JAX: it cannot fork again, and says why
 with pytest.raises(RuntimeError, match="earlier device='gpu' session"):

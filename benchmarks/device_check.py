@@ -1,9 +1,9 @@
 """The device check: everything a GPU machine (one H100 or H200, 16 cores) can tell us,
-in one run of at most 8 minutes, written to one JSON file.
+in one run of at most 9 minutes, written to one JSON file.
 
 Usage::
 
-    python benchmarks/device_check.py [--out DIR] [--deadline 480] [--only PART,...]
+    python benchmarks/device_check.py [--out DIR] [--deadline 500] [--only PART,...]
                                       [--skip PART,...] [--set KEY=JSON ...]
     python benchmarks/device_check.py --local     # this machine: the CPU stand-in
 
@@ -22,7 +22,7 @@ command is::
 from the unpacked wheel; without it the all-reduce part has no mpi4py peer.)
 
 with ``carry=[".whl"]`` and ``timeout_s=600`` (the script stops starting parts after
-``--deadline`` seconds, 480 by default, and no part runs past it, so the wheels'
+``--deadline`` seconds, 500 by default, and no part runs past it, so the wheels'
 installation and the transfers fit in the call). It writes ``device_check.json``
 (``device_check_local.json`` with ``--local``) into ``--out`` (default: ``$OUT`` when
 set, else ``benchmarks/results``), prints a summary table on stdout, and exits with
@@ -54,8 +54,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   into shared memory at every call, Data inputs are not, so the two ratios tell what
   that copy costs on the GPU (at ``n=1`` on CPU cores synkhronos reads big numpy
   inputs in place; on the stand-in that was slower, so the GPU path still copies).
-- ``gpu_tests``: ``tests/integration/test_function.py``, ``test_collectives.py`` and
-  ``test_train.py`` with ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
+- ``gpu_tests``: the device suites of ``.ci/gpu_standin.sh`` (function, function
+  errors, data, collectives, steps, training, shares, checkpoints) with
+  ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
   pytest process per module and size, since a master that ran JAX cannot fork again:
   all at once on the GPU machine, one after the other with ``--local``;
   ``PYTENSOR_FLAGS=mode=JAX``); at 1, the one process has the GPU to itself, so its
@@ -63,18 +64,19 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   collectives are staged through host memory. A run killed at its time limit still
   reports the tests it finished (from pytest's verbose output); a failed run records
   its first distinct tracebacks (``reasons``).
-- ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 2, 4,
-  8, 16, each against the ceiling of n plain programs running at once.
+- ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
+  16, each against the ceiling of n plain programs running at once.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
   beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
-- ``pymc_evaluation``: ``benchmarks/pymc_sampling.py``'s logistic regression at 10^6
-  rows, logp and gradient per evaluation, synkhronos at n = 1, 2, 4, 8, 12, 16 beside
-  PyMC at one thread and the ceiling of n PyMC programs at once (no sampling; every n
-  from 1 to 16 does not fit the time); skipped, with the reason, where PyMC does not
+- ``pymc_evaluation``: ``benchmarks/pymc_sampling.py``'s logistic regression at
+  3x10^5 rows, logp and gradient per evaluation, synkhronos at n = 1, 4 and 16 beside
+  PyMC at one thread and the ceiling of n PyMC programs at once (no sampling; 10^6 rows
+  at six sizes ran past a minute there); skipped, with the reason, where PyMC does not
   import.
-- ``pymc_chains``: whole sampling of that model at 10^5 rows (100 draws, 100 tuning
-  steps) with PyMC's 4 chains: ``pm.sample`` at one thread and with its defaults, and
-  ``synkhronos.pymc.sample`` as 1 x 16, 2 x 8, 4 x 4 and 4 x 1 (chains at once x
+- ``pymc_chains``: whole sampling of that model at 3x10^4 rows (60 draws, 60 tuning
+  steps; 10^5 rows and 100 ran past 90 s there) with PyMC's 4 chains: ``pm.sample``
+  at one thread and with its defaults, and ``synkhronos.pymc.sample`` as 1 x 16,
+  4 x 4 and 4 x 1 (chains at once x
   processes per chain), to check the default layout rule (``docs/likelihoods.rst``)
   where it matters; skipped like ``pymc_evaluation``. Last: the deadline may leave it out.
 
@@ -118,29 +120,36 @@ NEEDS_GPU = "needs CUDA GPUs"
 MIB = 1 << 20
 
 # Settings of the full run (the GPU machine) and of --local (this machine, the stand-in).
+# Sized from the first runs on an H100 with 16 cores (docs/figures/device_check_h100.json):
+# at these sizes every part ran inside its budget there, and all of them fit one call.
 FULL = {
-    "deadline": 480.0,
+    "deadline": 500.0,
     "test_modules": ["tests/integration/test_function.py",
+                     "tests/integration/test_function_errors.py",
+                     "tests/integration/test_data.py",
                      "tests/integration/test_collectives.py",
-                     "tests/integration/test_train.py"],
+                     "tests/integration/test_steps.py",
+                     "tests/integration/test_train.py",
+                     "tests/integration/test_shares.py",
+                     "tests/integration/test_checkpoint.py"],
     "test_sizes": [1, 2], "test_k": None, "test_concurrent": True,
-    "nccl_bytes": 64 * MIB, "nccl_trials": 20, "probe_timeout": 30.0,
+    "nccl_bytes": 64 * MIB, "nccl_trials": 20, "probe_timeout": 20.0,
     "step_mlp_rows": 256, "step_resnet": {"blocks": [1, 1, 1, 1], "width": 16,
                                           "image_size": 32, "rows": 64},
-    "step_rounds": 7, "step_seconds": 1.0,
-    "scaling_sizes": [1, 2, 4, 8, 16], "scaling_rows": 256, "scaling_rounds": 3,
-    "scaling_seconds": 0.3, "scaling_attempts": 6,
+    "step_rounds": 5, "step_seconds": 1.0,
+    "scaling_sizes": [1, 4, 16], "scaling_rows": 256, "scaling_rounds": 2,
+    "scaling_seconds": 0.3, "scaling_attempts": 2,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
-    "pymc_rows": 1_000_000, "pymc_sizes": [1, 2, 4, 8, 12, 16], "pymc_repeats": 5,
+    "pymc_rows": 300_000, "pymc_sizes": [1, 4, 16], "pymc_repeats": 3,
     "pymc_rounds": 1,
     # chains x processes on 16 cores (issue 28): PyMC's 4 chains, whole sampling
-    "chains_rows": 100_000, "chains_draws": 100,
-    "chains_layouts": ["1x16", "2x8", "4x4", "4x1"],
+    "chains_rows": 30_000, "chains_draws": 60,
+    "chains_layouts": ["1x16", "4x4", "4x1"],
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
-                "nccl_two_ranks": 40, "step_overhead": 75, "gpu_tests": 100,
-                "cpu_scaling": 110, "cpu_all_reduce": 50, "pymc_evaluation": 80,
-                "pymc_chains": 120},
+                "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
+                "cpu_scaling": 90, "cpu_all_reduce": 45, "pymc_evaluation": 50,
+                "pymc_chains": 100},
 }
 LOCAL = dict(FULL, **{
     "deadline": 420.0,
@@ -703,7 +712,7 @@ def main() -> None:
                         help="this machine: the CPU stand-in, n <= 2, small sizes")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds after which no part starts (480; --local: 420)")
+                        help="seconds after which no part starts (500; --local: 420)")
     parser.add_argument("--only", default=None, help="comma-separated parts to run")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",

@@ -208,7 +208,8 @@ class PreparedCall:
     """One compiled variant's calls, seen from the master (see the module docstring)."""
 
     def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
-                 labels: list[str], prefix: str, split: Split | None = None):
+                 labels: list[str], prefix: str, split: Split | None = None,
+                 reads_in_place: bool = False):
         self.id = prepared_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
@@ -219,9 +220,10 @@ class PreparedCall:
         self._staging = Staging(split=split)
         # (slices, profiled, key) -> (Call, positions of numpy arguments)
         self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
-        # key -> the same, for plain calls in one slice whose numpy arguments are big
-        # enough that one process in all reads them in place (``Function``) rather than
-        # copying them
+        # ``reads_in_place`` (one process in all): key -> the same, for plain calls in
+        # one slice whose numpy arguments are big enough that ``Function`` reads them in
+        # place rather than copying them; always empty otherwise
+        self._reads_in_place = reads_in_place
         self.in_place: dict[tuple, tuple[Call, list[int]]] = {}
         self._warned: set[int] = set()
 
@@ -286,7 +288,7 @@ class PreparedCall:
             call = replace(call, prepared=None)
         arrays = [i for i, item in enumerate(key) if item[0] is None]
         self._repeats[(call.num_slices, call.profile, key)] = (call, arrays)
-        if call.num_slices == 1 and not call.profile:
+        if self._reads_in_place and call.num_slices == 1 and not call.profile:
             refs = call.scattered + call.bcast
             size = sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
                        for i in arrays)

@@ -235,9 +235,7 @@ def read_in_place(ctx: RankContext, call: Call, positions: list[int],
         if entry is None:
             return None
         scattered, bcast, weight = entry
-        reg = REGISTRY.get(ctx)
-        fn_id = PREPARED.get(ctx)[call.prepared_id].fn_id
-        fn = reg.runners.get(fn_id) or reg.runner(ctx, fn_id)
+        fn = REGISTRY.get(ctx).runner(ctx, PREPARED.get(ctx)[call.prepared_id].fn_id)
         arrays = [*scattered, *bcast]
     refs = call.scattered + call.bcast
     for i in positions:

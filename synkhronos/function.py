@@ -198,11 +198,6 @@ class Function:
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
         self._sliced: PreparedCall | None = None  # and the (None, True) variant's
-        # One process in all, on CPU cores: it reads big numpy inputs in place. (On
-        # device="gpu" it copies them: JAX's CPU platform reads the copy in shared
-        # memory without a copy of its own, but copies the caller's array at every call,
-        # which costs more; on a GPU it is not measured yet.)
-        self._alone = session.n == 1 and session.ctx.device == "cpu"
 
     def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
         """The Theano tutorials' pattern (``_givens``): the scalar inputs become
@@ -266,9 +261,15 @@ class Function:
             tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
             tuple(self._update_ops) if sliced else (),
         )
+        session = self._session
         prepared = self._prepared[fn_id] = PreparedCall(
-            fn_id, static, len(self.inputs), self._labels, self._session.ctx.prefix,
-            replica_rows(self._session.replica_groups, self._session.ctx.size),
+            fn_id, static, len(self.inputs), self._labels, session.ctx.prefix,
+            replica_rows(session.replica_groups, session.ctx.size),
+            # One process in all, on CPU cores: it reads big numpy inputs in place. (On
+            # device="gpu" it copies them: JAX's CPU platform reads the copy in shared
+            # memory without a copy of its own, but copies the caller's array at every
+            # call, which costs more; on a GPU it is not measured yet.)
+            reads_in_place=session.n == 1 and session.ctx.device == "cpu",
         )
         if key == (None, False):
             self._plain = prepared
@@ -344,7 +345,7 @@ class Function:
                         return result
                 else:
                     key = repeat_key(args)
-                    if self._alone and key is not None:
+                    if plain.in_place and key is not None:  # one process in all
                         entry = plain.in_place.get(key)
                         if entry is not None:
                             done, result = self._repeat_in_place(plain, entry, args)

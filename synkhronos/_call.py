@@ -116,6 +116,9 @@ class Staging:
 
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
     split: Split | None = None
+    # Bumped by every ``put``, the only change of a buffer's memory or shape: arrays
+    # kept from the buffers (``destinations``) are still theirs while it stays.
+    version: int = 0
     rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
     _epoch: int = -1
     _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
@@ -125,6 +128,7 @@ class Staging:
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref.
 
         ``rows``: over several machines, send each machine only these rows."""
+        self.version += 1
         if epoch != self._epoch:
             self._epoch, self._uses = epoch, {}
         use = self._uses.get(slot, 0)
@@ -146,23 +150,40 @@ class Staging:
             self.rows[key] = rows
         return buffer.ref()
 
-    def refill(self, args: tuple, refs: tuple, arrays: list[int]) -> bool:
-        """Copy a repeated call's arrays where an earlier call's went; False if that
-        memory is not where the earlier call reads any more.
+    def refill(self, args: tuple, refs: tuple, arrays: list[int], kept: Any) -> Any:
+        """Copy a repeated call's arrays where an earlier call's went; return where they
+        went (``destinations``, kept for the next time), or None if that memory is not
+        where the earlier call reads any more.
 
         ``refs`` are the earlier call's DataRefs of every input, ``arrays`` the
         positions of numpy arguments (of the same dtypes and shapes as then: the
-        caller's key says so). Any call in between may have regrown or moved a buffer;
+        caller's key says so), ``kept`` what the last refill returned. Any call in
+        between may have regrown or moved a buffer (a ``put``: then ``kept`` is stale);
         a buffer still on the same segment with the same shape is where the call
         reads, and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
         """
+        if kept is None or kept[0] != self.version:
+            kept = self.destinations(refs, arrays)
+            if kept is None:
+                return None
+        # setitem casts as copyto(casting="unsafe"), at a third of its cost
+        for i, buffer in zip(arrays, kept[1]):  # noqa: B905 (as many)
+            buffer.data[...] = args[i]
+        return kept
+
+    def destinations(self, refs: tuple, arrays: list[int]) -> tuple[int, list] | None:
+        """``(version, buffers)``: the buffers where a call whose ``refs`` this staging
+        holds copies its numpy arguments (at ``arrays``) when it repeats, valid while
+        ``version`` stays; None where a buffer does not hold its ref (the call was
+        staged as a later one in its command). The buffers, not their arrays: an array
+        kept would keep a regrown buffer's old memory mapped."""
+        kept = []
         for i in arrays:
             buffer = self.buffers.get((i, 0))
             if buffer is None or not buffer.holds(refs[i]):
-                return False
-        for i in arrays:  # setitem casts as copyto(casting="unsafe"), at a third of its cost
-            self.buffers[(i, 0)].data[...] = args[i]
-        return True
+                return None
+            kept.append(buffer)
+        return self.version, kept
 
     def sync(self, arrays: list[int]) -> None:
         """Over several machines: the refilled buffers to every machine's replica (the
@@ -218,8 +239,9 @@ class PreparedCall:
         self._prefix = prefix
         self._replicated = split is not None  # several machines: staged values' replicas
         self._staging = Staging(split=split)
-        # (slices, profiled, key) -> (Call, positions of numpy arguments)
-        self._repeats: dict[tuple, tuple[Call, list[int]]] = {}
+        # (slices, profiled, key) -> (Call, positions of numpy arguments, the refs of
+        # every input, where the arrays were last copied: ``Staging.refill``)
+        self._repeats: dict[tuple, tuple[Call, list[int], tuple, Any]] = {}
         # ``reads_in_place`` (one process in all): key -> the same, for plain calls in
         # one slice whose numpy arguments are big enough that ``Function`` reads them in
         # place rather than copying them; always empty otherwise
@@ -269,15 +291,19 @@ class PreparedCall:
                profile: bool = False) -> Call | None:
         """The Call of an earlier plain call with inputs like ``args`` in as many slices,
         timed or not (``profile``), refilled; or None."""
-        entry = self._repeats.get((num_slices, profile, key))
+        found = (num_slices, profile, key)
+        entry = self._repeats.get(found)
         if entry is None:
             return None
-        call, arrays = entry
-        if self._staging.refill(args, call.scattered + call.bcast, arrays):
-            if self._replicated:
-                self._staging.sync(arrays)
-            return call
-        return None
+        call, arrays, refs, kept = entry
+        refilled = self._staging.refill(args, refs, arrays, kept)
+        if refilled is None:
+            return None
+        if refilled is not kept:  # a buffer was put since: its arrays found again
+            self._repeats[found] = (call, arrays, refs, refilled)
+        if self._replicated:
+            self._staging.sync(arrays)
+        return call
 
     def remember(self, key: tuple, call: Call) -> None:
         """Keep a plain call's ``Call`` for the calls that repeat it (after it ran)."""
@@ -287,9 +313,9 @@ class PreparedCall:
         if call.prepared is not None:  # it has been registered by running
             call = replace(call, prepared=None)
         arrays = [i for i, item in enumerate(key) if item[0] is None]
-        self._repeats[(call.num_slices, call.profile, key)] = (call, arrays)
+        refs = call.scattered + call.bcast
+        self._repeats[(call.num_slices, call.profile, key)] = (call, arrays, refs, None)
         if self._reads_in_place and call.num_slices == 1 and not call.profile:
-            refs = call.scattered + call.bcast
             size = sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
                        for i in arrays)
             if size >= _IN_PLACE_BYTES:

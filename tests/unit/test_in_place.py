@@ -28,9 +28,9 @@ def _session(n):
 def _forbid_copies(monkeypatch):
     copies = []
 
-    def refill(self, args, refs, arrays):
+    def refill(self, args, refs, arrays, kept):
         copies.append(len(arrays))
-        return original(self, args, refs, arrays)
+        return original(self, args, refs, arrays, kept)
 
     original = _call.Staging.refill
     monkeypatch.setattr(_call.Staging, "refill", refill)

@@ -8,6 +8,14 @@ is warmed up first. With a core per process ``fork()`` spins 1 ms before it bloc
 so PING at n=2 is also timed with ``spin=0`` (``ratio_nospin``: the same block-and-wake
 path as the ping-pong). Prints JSON; ``--png PATH`` also draws the distributions.
 
+Spinning workers have a lower floor: a flag in shared memory that one process sets and
+the other spins on, and back. It is timed twice, as the least any command can cost:
+written in Python (``python_spin``: the language's own floor, what a command path in
+Python cannot beat) and compiled by Numba when it imports (``compiled_spin``: the
+machine's floor, called from Python once per round trip as a compiled command path
+would be). ``ratio_python_spin`` and ``ratio_compiled_spin`` are the median PING at
+n=2 over each.
+
     python benchmarks/command_roundtrip.py [--rounds 5000] [--blocks 5] [--warmup 300]
                                            [--png out.png]
 """
@@ -15,6 +23,7 @@ path as the ping-pong). Prints JSON; ``--png PATH`` also draws the distributions
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -114,6 +123,123 @@ def semaphore_pingpong_times(rounds: int, warmup: int) -> list[float]:
     return times
 
 
+def _spin_pair(post, serve, rounds: int, warmup: int) -> list[float]:
+    """Time ``rounds`` round trips of a flag in shared memory: ``post(flags, k)`` sets
+    word 0 to ``k`` and spins until word 8 says ``k``; a child runs ``serve(flags,
+    total)``, which answers each ``k`` and leaves after the last."""
+    import mmap
+
+    import numpy as np
+
+    memory = mmap.mmap(-1, mmap.PAGESIZE)
+    flags = np.frombuffer(memory, dtype=np.int64)
+    total = rounds + warmup
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            serve(flags, total)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    try:
+        for k in range(1, warmup + 1):
+            post(flags, k)
+        clock = time.perf_counter
+        times = []
+        for k in range(warmup + 1, total + 1):
+            start = clock()
+            post(flags, k)
+            times.append(clock() - start)
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError(f"the spinning child failed (wait status {status})")
+    return times
+
+
+def _post_python(flags, k: int) -> None:
+    words = flags.data.cast("B").cast("q")  # item access on a memoryview: the cheapest
+    words[0] = k
+    while words[8] != k:
+        pass
+
+
+def _serve_python(flags, total: int) -> None:
+    words = flags.data.cast("B").cast("q")
+    for k in range(1, total + 1):
+        while words[0] != k:
+            pass
+        words[8] = k
+
+
+def python_spin_times(rounds: int, warmup: int) -> list[float]:
+    """The spinning floor in Python (see the module docstring)."""
+    return _spin_pair(_post_python, _serve_python, rounds, warmup)
+
+
+def compiled_spin_times(rounds: int, warmup: int) -> list[float] | None:
+    """The spinning floor compiled by Numba (None where Numba does not import)."""
+    compiled = _compiled_spin()
+    return None if compiled is None else _spin_pair(*compiled, rounds, warmup)
+
+
+@functools.cache
+def _compiled_spin() -> tuple | None:
+    """``(post, serve)`` compiled by Numba, or None. The flags are read and written as
+    atomics (acquire, release): a plain load in a compiled loop may be hoisted out of
+    it, and the loop would never see the other process. Both are compiled here, before
+    any fork, so no child compiles."""
+    try:
+        import numba
+        from numba.core import cgutils
+        from numba.extending import intrinsic
+    except ImportError:
+        return None
+    import numpy as np
+
+    @intrinsic
+    def load_acquire(typingctx, array, index):  # pragma: no cover (compiled)
+        def codegen(context, builder, signature, args):
+            items = context.make_array(signature.args[0])(context, builder, args[0])
+            pointer = cgutils.get_item_pointer(context, builder, signature.args[0], items,
+                                               [args[1]])
+            return builder.load_atomic(pointer, "acquire", 8)
+
+        return numba.types.int64(array, index), codegen
+
+    @intrinsic
+    def store_release(typingctx, array, index, value):  # pragma: no cover (compiled)
+        def codegen(context, builder, signature, args):
+            items = context.make_array(signature.args[0])(context, builder, args[0])
+            pointer = cgutils.get_item_pointer(context, builder, signature.args[0], items,
+                                               [args[1]])
+            builder.store_atomic(args[2], pointer, "release", 8)
+            return context.get_dummy_value()
+
+        return numba.types.void(array, index, value), codegen
+
+    @numba.njit
+    def post(flags, k):  # pragma: no cover (compiled)
+        store_release(flags, 0, k)
+        while load_acquire(flags, 8) != k:
+            pass
+
+    @numba.njit
+    def serve(flags, total):  # pragma: no cover (compiled)
+        for k in range(1, total + 1):
+            while load_acquire(flags, 0) != k:
+                pass
+            store_release(flags, 8, k)
+
+    scratch = np.zeros(16, dtype=np.int64)
+    scratch[8] = 1
+    post(scratch, 1)  # compiled now
+    serve(np.zeros(16, dtype=np.int64), 0)
+    return post, serve
+
+
 def draw(path: str, series: dict[str, list[float]]) -> None:
     import matplotlib
 
@@ -143,12 +269,21 @@ def main() -> None:
 
     # Interleaved blocks: the machine's load (and its CPUs' idle states) changes both
     # kinds of round trip a lot, so every series gets a block in turn.
-    names = ["PING n=2", "PING n=3", "PING n=1", "PING n=2 spin=0", "semaphore ping-pong"]
-    series: dict[str, list[float]] = {name: [] for name in names}
+    names = ["PING n=2", "PING n=3", "PING n=1", "PING n=2 spin=0", "semaphore ping-pong",
+             "python spin ping-pong", "compiled spin ping-pong"]
     per_block = max(1, args.rounds // args.blocks)
+    compiled = _compiled_spin() is not None
+    if not compiled:
+        names.remove("compiled spin ping-pong")
+    series: dict[str, list[float]] = {name: [] for name in names}
     blocks: dict[str, list[list[float]]] = {name: [] for name in names}
     for _ in range(args.blocks):
         blocks["semaphore ping-pong"].append(semaphore_pingpong_times(per_block, args.warmup))
+        blocks["python spin ping-pong"].append(python_spin_times(per_block, args.warmup))
+        if compiled:
+            times = compiled_spin_times(per_block, args.warmup)
+            assert times is not None
+            blocks["compiled spin ping-pong"].append(times)
         for n in (2, 3, 1):
             blocks[f"PING n={n}"].append(ping_times(n, per_block, args.warmup))
         blocks["PING n=2 spin=0"].append(ping_times(2, per_block, args.warmup, spin=0.0))
@@ -161,6 +296,15 @@ def main() -> None:
         result.update(summary(f"n{n}_ping", series[f"PING n={n}"]))
     result.update(summary("n2_nospin_ping", series["PING n=2 spin=0"]))
     result.update(summary("semaphore_pingpong", floor))
+    result.update(summary("python_spin", series["python spin ping-pong"]))
+    result["ratio_python_spin"] = round(
+        result["n2_ping_median_us"] / result["python_spin_median_us"], 2)
+    if compiled:
+        result.update(summary("compiled_spin", series["compiled spin ping-pong"]))
+        result["ratio_compiled_spin"] = round(
+            result["n2_ping_median_us"] / result["compiled_spin_median_us"], 2)
+    else:
+        result["compiled_spin"] = "not measured: numba does not import"
     result["ratio"] = round(result["n2_ping_median_us"] / result["semaphore_pingpong_median_us"], 2)
     # the same wake-up path on both sides: every waiter blocks on its semaphore
     result["ratio_nospin"] = round(

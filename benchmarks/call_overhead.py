@@ -6,6 +6,12 @@ round is a fresh session, so a change of load or of core placement falls on ever
 series alike. The overhead is the difference of the medians. Reported per series: the
 median and p99 over every call, and every round's median (``_harness.rounds_summary``).
 
+At ``--n 2`` on PyTensor's Numba backend, each round also times the compiled floor
+(``_compiled.lane``, not the library): the same call's round with its graph run inside
+compiled code in both processes, after the session closed, each of its calls followed
+by a plain call timed in turn. ``ratio_compiled_lane_over_plain`` is how far below (or
+above) the plain PyTensor call a compiled command path could take a tiny call.
+
     python benchmarks/call_overhead.py [--n 2] [--calls 3000] [--rounds 5] [--rows 4]
 
 Prints JSON.
@@ -26,6 +32,7 @@ import pytensor.tensor as pt
 import synkhronos as synk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _compiled import lane, run_pair  # noqa: E402
 from _harness import machine, rounds_summary  # noqa: E402
 
 SERIES = ("plain", "numpy", "data")
@@ -64,6 +71,33 @@ def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
         synk.close()
 
 
+def lane_round(calls: int, rows: int) -> dict[str, list[float]] | None:
+    """The compiled floor at n=2 (see the module docstring): its calls and the plain
+    call's, in turn; None where PyTensor's function is not Numba's or Numba is absent."""
+    x = pt.matrix("x", dtype="float64")
+    plain = pytensor.function([x], (x * 2.0).sum(axis=0))
+    graph = getattr(plain.vm, "jit_fn", None)
+    if graph is None:
+        return None
+    values = np.ones((rows, 3))
+    half = (rows + 1) // 2
+    built = lane(graph, values[:half], values[half:])
+    if built is None:
+        return None
+    plain_times: list[float] = []
+    clock = time.perf_counter
+
+    def between() -> None:
+        start = clock()
+        plain(values)
+        plain_times.append(clock() - start)
+
+    times, result = run_pair(*built, calls, 200, width=3, mine=values[:half],
+                             theirs=values[half:], between=between)
+    np.testing.assert_allclose(result, plain(values))  # the floor computes the call
+    return {"lane": times, "plain": plain_times}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2)
@@ -73,12 +107,28 @@ def main() -> None:
     args = parser.parse_args()
 
     rounds: dict[str, list[list[float]]] = {name: [] for name in SERIES}
+    lanes: dict[str, list[list[float]]] = {"lane": [], "plain": []}
     for _ in range(args.rounds):
         for name, times in one_round(args.n, args.calls, args.rows).items():
             rounds[name].append(times)
+        floor = lane_round(args.calls, args.rows) if args.n == 2 else None
+        if floor is not None:
+            for name, times in floor.items():
+                lanes[name].append(times)
     summary = {name: rounds_summary(rounds[name]) for name in SERIES}
     med = {name: summary[name]["median_us"] for name in SERIES}
     per_round = {name: summary[name]["round_medians_us"] for name in SERIES}
+    compiled: dict = {"compiled_lane": "not measured: --n is not 2, or PyTensor's "
+                                       "functions are not Numba's, or Numba is absent"}
+    if lanes["lane"]:
+        floor = {name: rounds_summary(lanes[name]) for name in lanes}
+        compiled = {
+            "compiled_lane_median_us": floor["lane"]["median_us"],
+            "plain_beside_lane_median_us": floor["plain"]["median_us"],
+            "ratio_compiled_lane_over_plain": round(
+                floor["lane"]["median_us"] / floor["plain"]["median_us"], 2),
+            "compiled_lane_series": floor,
+        }
     print(json.dumps({
         "n_parallel": args.n,
         "rows": args.rows,
@@ -92,6 +142,7 @@ def main() -> None:
         "overhead_numpy_input_every_round_us": [
             round(a - b, 2) for a, b in zip(per_round["numpy"], per_round["plain"], strict=True)],
         "series": summary,
+        **compiled,
         "machine": machine(),
     }, indent=2))
 

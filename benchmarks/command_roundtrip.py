@@ -23,7 +23,6 @@ n=2 over each.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ import synkhronos as synk
 from synkhronos import testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _compiled import run_pair, spin_pair  # noqa: E402
 from _harness import rounds_summary  # noqa: E402
 
 
@@ -123,42 +123,6 @@ def semaphore_pingpong_times(rounds: int, warmup: int) -> list[float]:
     return times
 
 
-def _spin_pair(post, serve, rounds: int, warmup: int) -> list[float]:
-    """Time ``rounds`` round trips of a flag in shared memory: ``post(flags, k)`` sets
-    word 0 to ``k`` and spins until word 8 says ``k``; a child runs ``serve(flags,
-    total)``, which answers each ``k`` and leaves after the last."""
-    import mmap
-
-    import numpy as np
-
-    memory = mmap.mmap(-1, mmap.PAGESIZE)
-    flags = np.frombuffer(memory, dtype=np.int64)
-    total = rounds + warmup
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            serve(flags, total)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    try:
-        for k in range(1, warmup + 1):
-            post(flags, k)
-        clock = time.perf_counter
-        times = []
-        for k in range(warmup + 1, total + 1):
-            start = clock()
-            post(flags, k)
-            times.append(clock() - start)
-    finally:
-        _, status = os.waitpid(pid, 0)
-    if status != 0:
-        raise RuntimeError(f"the spinning child failed (wait status {status})")
-    return times
-
-
 def _post_python(flags, k: int) -> None:
     words = flags.data.cast("B").cast("q")  # item access on a memoryview: the cheapest
     words[0] = k
@@ -176,68 +140,13 @@ def _serve_python(flags, total: int) -> None:
 
 def python_spin_times(rounds: int, warmup: int) -> list[float]:
     """The spinning floor in Python (see the module docstring)."""
-    return _spin_pair(_post_python, _serve_python, rounds, warmup)
+    return run_pair(_post_python, _serve_python, rounds, warmup)[0]
 
 
 def compiled_spin_times(rounds: int, warmup: int) -> list[float] | None:
     """The spinning floor compiled by Numba (None where Numba does not import)."""
-    compiled = _compiled_spin()
-    return None if compiled is None else _spin_pair(*compiled, rounds, warmup)
-
-
-@functools.cache
-def _compiled_spin() -> tuple | None:
-    """``(post, serve)`` compiled by Numba, or None. The flags are read and written as
-    atomics (acquire, release): a plain load in a compiled loop may be hoisted out of
-    it, and the loop would never see the other process. Both are compiled here, before
-    any fork, so no child compiles."""
-    try:
-        import numba
-        from numba.core import cgutils
-        from numba.extending import intrinsic
-    except ImportError:
-        return None
-    import numpy as np
-
-    @intrinsic
-    def load_acquire(typingctx, array, index):  # pragma: no cover (compiled)
-        def codegen(context, builder, signature, args):
-            items = context.make_array(signature.args[0])(context, builder, args[0])
-            pointer = cgutils.get_item_pointer(context, builder, signature.args[0], items,
-                                               [args[1]])
-            return builder.load_atomic(pointer, "acquire", 8)
-
-        return numba.types.int64(array, index), codegen
-
-    @intrinsic
-    def store_release(typingctx, array, index, value):  # pragma: no cover (compiled)
-        def codegen(context, builder, signature, args):
-            items = context.make_array(signature.args[0])(context, builder, args[0])
-            pointer = cgutils.get_item_pointer(context, builder, signature.args[0], items,
-                                               [args[1]])
-            builder.store_atomic(args[2], pointer, "release", 8)
-            return context.get_dummy_value()
-
-        return numba.types.void(array, index, value), codegen
-
-    @numba.njit
-    def post(flags, k):  # pragma: no cover (compiled)
-        store_release(flags, 0, k)
-        while load_acquire(flags, 8) != k:
-            pass
-
-    @numba.njit
-    def serve(flags, total):  # pragma: no cover (compiled)
-        for k in range(1, total + 1):
-            while load_acquire(flags, 0) != k:
-                pass
-            store_release(flags, 8, k)
-
-    scratch = np.zeros(16, dtype=np.int64)
-    scratch[8] = 1
-    post(scratch, 1)  # compiled now
-    serve(np.zeros(16, dtype=np.int64), 0)
-    return post, serve
+    compiled = spin_pair()
+    return None if compiled is None else run_pair(*compiled, rounds, warmup)[0]
 
 
 def draw(path: str, series: dict[str, list[float]]) -> None:
@@ -272,7 +181,7 @@ def main() -> None:
     names = ["PING n=2", "PING n=3", "PING n=1", "PING n=2 spin=0", "semaphore ping-pong",
              "python spin ping-pong", "compiled spin ping-pong"]
     per_block = max(1, args.rounds // args.blocks)
-    compiled = _compiled_spin() is not None
+    compiled = spin_pair() is not None
     if not compiled:
         names.remove("compiled spin ping-pong")
     series: dict[str, list[float]] = {name: [] for name in names}

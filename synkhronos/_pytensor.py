@@ -236,6 +236,9 @@ def trusted_call(fn: Any) -> Any:
     if parts is None:
         return fn
     inputs, vm, outputs, updated, cut, required, produced = parts
+    direct = _jit_call(fn, vm, inputs, outputs, updated, cut)
+    if direct is not None:
+        return direct
     collects = hasattr(vm, "allow_gc")  # (2.38's VMs need not say)
 
     def run(*args: Any) -> list:
@@ -263,6 +266,51 @@ def trusted_call(fn: Any) -> Any:
         return results
 
     return run
+
+
+def _jit_call(fn: Any, vm: Any, inputs: list, outputs: list, updated: list,
+              cut: int | None) -> Any:
+    """On PyTensor's Numba backend (3.x), ``trusted_call``'s callable as the graph's
+    compiled function called directly, or None. There the VM is one thunk that reads its
+    input cells, calls that function (``vm.jit_fn``) and writes its output cells; called
+    directly on the arguments (the shared variables' values read from their cells),
+    nothing is written to the cells and nothing needs clearing after, and the call
+    costs about half (about 1.5 us less a call here). Updates land in their cells as the
+    VM's call would land them."""
+    jit = getattr(vm, "jit_fn", None)
+    cells, produced_cells = getattr(vm, "inputs", None), getattr(vm, "outputs", None)
+    if jit is None or cells is None or produced_cells is None:
+        return None
+    if not (_same(cells, inputs) and _same(produced_cells, outputs)):
+        return None  # (not the VM this linker makes: its cells are not the function's)
+    explicit = sum(not spec.implicit for spec in fn.maker.inputs)
+    implicit = cells[explicit:]  # the shared variables' cells, read at every call
+    owners = [out.owner for out in fn.maker.fgraph.outputs if out.owner is not None]
+    failed_at = owners[0] if owners else None  # where the VM's own call says it failed
+
+    def run(*args: Any) -> list:
+        try:
+            if implicit:
+                results = jit(*args, *[cell[0] for cell in implicit])
+            else:
+                results = jit(*args)
+        except Exception:
+            if failed_at is None:
+                raise
+            raise_with_op(fn.maker.fgraph, node=failed_at, thunk=vm)
+        if cut is not None:
+            for i, cell in updated:
+                cell[0] = results[i]
+            return list(results[:cut])
+        return list(results)
+
+    return run
+
+
+def _same(cells: list, others: list) -> bool:
+    """Whether two lists hold the very same cells, in order."""
+    return len(cells) == len(others) and all(
+        a is b for a, b in zip(cells, others, strict=True))
 
 
 def _raise_as_pytensor(fn: Any, vm: Any) -> None:

@@ -83,3 +83,34 @@ def test_the_input_cells_are_cleared_after_an_error():
     with pytest.raises(ValueError):
         _pytensor.trusted_call(fn)(np.ones(3), np.ones(4))
     assert all(c.storage[0] is None for c in fn.input_storage if c.required)
+
+
+class _CountingVM:
+    """A compiled function's VM that counts its runs (its cells and compiled graph as
+    the VM's own)."""
+
+    def __init__(self, vm):
+        self.vm, self.runs = vm, 0
+        self.jit_fn, self.inputs, self.outputs = vm.jit_fn, vm.inputs, vm.outputs
+        self.allow_gc = vm.allow_gc
+
+    def __call__(self):
+        self.runs += 1
+        return self.vm()
+
+
+@pytest.mark.parametrize("updates", [False, True])
+def test_on_a_jit_backend_the_compiled_graph_is_called_without_the_vm(updates):
+    fn, w = _compiled(updates)
+    plain_fn, plain_w = _compiled(updates)
+    if getattr(fn.vm, "jit_fn", None) is None:
+        pytest.skip("PyTensor's default backend here is not a JIT one (its C VM runs)")
+    fn.vm = _CountingVM(fn.vm)
+    run = _pytensor.trusted_call(fn)
+    for k in range(2):
+        x = np.arange(12.0).reshape(4, 3) + k
+        for a, b in zip(run(x), plain_fn(x), strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(w.get_value(), plain_w.get_value())
+    assert fn.vm.runs == 0
+    assert all(c.storage[0] is None for c in fn.input_storage if c.required)

@@ -135,8 +135,9 @@ def lane(graph: Any, mine: np.ndarray, theirs: np.ndarray) -> tuple[Any, Any] | 
 def run_pair(post: Any, serve: Any, rounds: int, warmup: int, width: int = 0,
              mine: Any = None, theirs: Any = None, between: Any = None
              ) -> tuple[list[float], Any]:
-    """Time ``rounds`` round trips of a compiled pair (``spin_pair``'s, or ``lane``'s
-    with ``width`` floats of reply and each side's rows): a child runs ``serve`` for
+    """Time ``rounds`` round trips of a pair (``spin_pair``'s, ``lane``'s with ``width``
+    floats of reply and each side's rows, or any two such functions): a child runs
+    ``serve`` for
     every round; the master times each ``post``. ``between()``, if given, runs after
     each timed round (a peer timed in turn). Returns the seconds and the last result."""
     memory = mmap.mmap(-1, mmap.PAGESIZE)
@@ -169,5 +170,5 @@ def run_pair(post: Any, serve: Any, rounds: int, warmup: int, width: int = 0,
     finally:
         _, status = os.waitpid(pid, 0)
     if status != 0:
-        raise RuntimeError(f"the compiled peer's child failed (wait status {status})")
+        raise RuntimeError(f"the peer's child failed (wait status {status})")
     return times, result

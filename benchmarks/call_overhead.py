@@ -92,7 +92,7 @@ def lane_round(calls: int, rows: int) -> dict[str, list[float]] | None:
         plain(values)
         plain_times.append(clock() - start)
 
-    times, result = run_pair(*built, calls, 200, width=3, mine=values[:half],
+    times, result = run_pair(*built, calls, 200, width=values.shape[1], mine=values[:half],
                              theirs=values[half:], between=between)
     np.testing.assert_allclose(result, plain(values))  # the floor computes the call
     return {"lane": times, "plain": plain_times}

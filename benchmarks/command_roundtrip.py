@@ -91,36 +91,21 @@ def semaphore_pingpong_times(rounds: int, warmup: int) -> list[float]:
     pong = posix_ipc.Semaphore(f"/{prefix}pong", posix_ipc.O_CREX, mode=0o600)
     ping.unlink()
     pong.unlink()
-    total = rounds + warmup
-    pid = os.fork()
-    if pid == 0:  # the child answers every ping, then leaves
-        code = 0
-        try:
-            for _ in range(total):
-                ping.acquire()
-                pong.release()
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
+
+    def post(flags, k: int) -> None:
+        ping.release()
+        pong.acquire()
+
+    def serve(flags, total: int) -> None:  # the child answers every ping, then leaves
+        for _ in range(total):
+            ping.acquire()
+            pong.release()
+
     try:
-        for _ in range(warmup):
-            ping.release()
-            pong.acquire()
-        clock = time.perf_counter
-        times = []
-        for _ in range(rounds):
-            start = clock()
-            ping.release()
-            pong.acquire()
-            times.append(clock() - start)
+        return run_pair(post, serve, rounds, warmup)[0]
     finally:
-        _, status = os.waitpid(pid, 0)
         ping.close()
         pong.close()
-    if status != 0:
-        raise RuntimeError(f"the ping-pong child failed (wait status {status})")
-    return times
 
 
 def _post_python(flags, k: int) -> None:

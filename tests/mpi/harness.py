@@ -83,7 +83,10 @@ class Result:
     stragglers: list[int]  # processes of the launch still alive after mpiexec exited
 
     def json(self, name: str = "result.json") -> dict:
-        return json.loads((self.out / name).read_text())
+        path = self.out / name
+        if not path.exists():  # the launch's output says why: put it in the failure
+            raise AssertionError(f"{name} was not written\n{self.describe()}")
+        return json.loads(path.read_text())
 
     def describe(self) -> str:
         return (f"exit code {self.returncode} after {self.elapsed:.1f} s\n"

@@ -437,6 +437,11 @@ class ControlBlock:
             if header[_ABORT] == seq or any(
                 header[f + _DONE] == seq and header[f + _STATUS] != STATUS_OK for f in fields
             ):
+                # Look again: a rank may have arrived, passed the barrier and failed
+                # after it between the two reads above (it failed *after* the barrier,
+                # so this rank passes too and raises its own error, not a secondary one).
+                if all(header[f + _EPOCH] >= target for f in fields):
+                    return True
                 raise BarrierAborted("another process failed before this barrier")
             return False
 

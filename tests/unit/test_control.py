@@ -277,6 +277,38 @@ def test_barrier_raises_when_a_peer_failed(make_block):
         block.barrier(0, _no_poll)
 
 
+def test_barrier_passes_when_the_peer_failed_after_passing_it(make_block):
+    """Rank 1 arrives, passes and fails *after* the barrier, all between rank 0's read
+    of its arrival and rank 0's read of its failure: rank 0 passes too (its own work
+    goes on; an abort here made the error it reported a secondary one, seen under MPI)."""
+    block = make_block(2)
+    seq = block.post(None, 0, block.master_arena)
+    arrival = block._bases[1] + C._EPOCH
+    real = block.header
+
+    class Interleaved:  # rank 1 runs right after rank 0's first read of its arrival
+        reads = 0
+
+        def __getitem__(self, index):
+            value = real[index]
+            if index == arrival:
+                Interleaved.reads += 1
+                if Interleaved.reads == 1:
+                    real[arrival] = seq * C._EPOCH_STRIDE + 1  # rank 1 arrives ...
+                    block.finish(1, seq, "failure", True, 0, block.worker_arena)  # fails
+            return value
+
+        def __setitem__(self, index, value):
+            real[index] = value
+
+    block.header = Interleaved()
+    try:
+        block.barrier(0, _no_poll)  # before the fix: BarrierAborted
+    finally:
+        block.header = real
+    assert Interleaved.reads >= 2
+
+
 # ---------------------------------------------------------------- barriers and waits
 
 

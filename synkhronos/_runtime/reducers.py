@@ -302,7 +302,9 @@ def reduce_two(op: ReduceOp, first: Any, first_weight: int, second: Any,
                 and dtype.kind in "biufc" and type(first_weight) is int
                 and type(second_weight) is int and first_weight > 0 and second_weight > 0):
             if op is not _AVG:  # ``combined``, written out
-                out = np.empty(first.shape, dtype)
+                if first.ndim:  # same dtypes: the ufunc's result has theirs
+                    return _UFUNCS[op](first, second)
+                out = np.empty(first.shape, dtype)  # (0-d: a ufunc returns a scalar)
                 _UFUNCS[op](first, second, out=out)
                 return out
             if first.ndim:  # (numpy hands back a scalar for 0-d: the general path)

@@ -14,6 +14,9 @@ collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather
 ``Join``               ``_core.machines.join``         several machines
 =====================  =============================  ==============================
 
+``LANES`` names, per message type, a worker's shortcut for a command that repeats the
+last one (``_shard.lane`` for a call in a training loop: ``Executor.lane``).
+
 Over several machines, two more tables serve the leaders of the other machines
 (``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
 to each machine's replica: ``_core.machines.LEADERS_ONLY_HANDLERS``), and ``PREPARE``,
@@ -24,21 +27,25 @@ unpickles and compiles the functions once, before its workers load them).
 from __future__ import annotations
 
 from ._call import Call
-from ._core.execute import Handler
+from ._core.execute import Handler, Lane
 from ._core.machines import HANDLERS as MACHINE_HANDLERS
 from ._core.machines import LEADERS_ONLY_HANDLERS
 from ._core.protocol import Message
-from ._shard import run_call
+from ._shard import lane, run_call
 from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
 from .distribute import Distribute, prepare, receive
 
-__all__ = ["TABLE", "LEADERS_ONLY", "PREPARE"]
+__all__ = ["TABLE", "LANES", "LEADERS_ONLY", "PREPARE"]
 
 TABLE: dict[type[Message], Handler] = {
     Call: run_call,
     Distribute: receive,
     **COLLECTIVE_HANDLERS,
     **MACHINE_HANDLERS,
+}
+
+LANES: dict[type[Message], Lane] = {  # a worker's shortcut for a command repeated
+    Call: lane,
 }
 
 LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADERS_ONLY_HANDLERS)

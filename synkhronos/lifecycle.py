@@ -243,7 +243,7 @@ def _cores_of(cores: list[int], n: int, pin: bool) -> list[int] | None:
 def _build(group: LocalGroup, cores: list[int] | None, mpi_job: bool) -> Session:
     """Steps 3-4 on the master's machine: its session, installed, and its workers
     forked (the session closed again if that fails)."""
-    session = Session(group, Executor(handlers.TABLE))
+    session = Session(group, Executor(handlers.TABLE, handlers.LANES))
     core_session.install(session)
     try:
         _fork(group, session.executor, cores, mpi_job)
@@ -317,7 +317,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
         executor = session.executor
     else:  # not the master: rank 0 here until Join, and no master rank
         group = LocalGroup.create(n, device, 0, -1, spin, timeout, owner=False)
-        executor = Executor(handlers.TABLE)
+        executor = Executor(handlers.TABLE, handlers.LANES)
         core_context.install(group.ctx)
         try:
             _fork(group, executor, cores, mpi_job=True)

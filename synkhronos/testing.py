@@ -15,7 +15,8 @@ modules:
   :func:`assert_clean`;
 - the session's state: :func:`session_open`, :func:`session_state`,
   :func:`program_prefix`, :func:`process_pids`, :func:`commands_run` (to count round
-  trips), :func:`distribute_seconds`; over several machines, where each rank runs:
+  trips), :func:`lane_runs` (round trips a worker took its shortcut for),
+  :func:`distribute_seconds`; over several machines, where each rank runs:
   :func:`rank_hosts`, :func:`rank_machines`;
 - the rule that splits rows over processes: :func:`split_bounds`, and by ``shares``:
   :func:`weighted_counts`.
@@ -58,6 +59,7 @@ __all__ = [
     "POINTS",
     "session_state",
     "commands_run",
+    "lane_runs",
     "process_pids",
     "rank_hosts",
     "rank_machines",
@@ -275,6 +277,19 @@ def distribute_seconds() -> dict[str, Any]:
 def commands_run() -> int:
     """How many commands the session has run (each a round trip to every worker)."""
     return require("synkhronos.testing.commands_run()").commands
+
+
+def lane_runs() -> list[int]:
+    """Per rank, how many commands its process has run through a lane: a worker's
+    shortcut for a command that repeats the one before (a training loop's call;
+    ``Executor.lane``). The master runs none."""
+    return run_on_ranks(_lane_runs)
+
+
+def _lane_runs() -> int:
+    from . import worker
+
+    return worker.lane_runs
 
 
 def session_open() -> bool:

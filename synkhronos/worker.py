@@ -6,9 +6,11 @@ master raises it (as ``WorkerError``, or as the ``ValueError`` a rank-side check
 refused). Every process therefore reaches the end of every command and stays in step.
 Before each command the worker drops the mappings of segments released since the
 last one (the arena's release log), and skips a command the master abandoned before
-this worker began it (Ctrl-C in the master's own share, or a broken session). The
-loop leaves on ``Exit`` or when the master is
-gone (then it sweeps the program's segments itself).
+this worker began it (Ctrl-C in the master's own share, or a broken session). A
+command that repeats the one before (a training loop's call) takes that command's
+lane (``Executor.lane``) when it has one: the same work, without the lookups. The
+loop leaves on ``Exit`` or when the master is gone (then it sweeps the program's
+segments itself).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 from ._core import faults
 from ._core import session as core_session
 from ._core.context import RankContext, install
-from ._core.execute import Executor, at_reply
+from ._core.execute import Executor, Outcome, at_reply, failed
 from ._core.protocol import Exit, Message
 from ._runtime import processes, shmem
 from ._runtime.arena import Arena
@@ -26,6 +28,8 @@ from ._runtime.remote import BarrierAborted, RemoteFailure
 
 __all__ = ["main", "worker_context"]
 
+
+lane_runs = 0  # commands this process ran through a lane (``testing.lane_runs``)
 
 _SKIPPED = RemoteFailure.from_exception(
     BarrierAborted("the master abandoned this command before this process began it"),
@@ -66,6 +70,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     ``forked_seq``: the control block's sequence number at the fork (not read again
     here: the master may have posted already).
     """
+    global lane_runs
     master.placement.bind(rank)  # before any device library starts in this process
     ctx = worker_context(master, rank)
     core_session.install(None)  # the master's session is not this process's
@@ -75,6 +80,8 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     master_rank = ctx.master_rank
     seen = forked_seq
     watch = ctx.watch
+    last: Message | None = None  # the last command run, if it has a lane
+    lane = None
     while True:
         seen = control.next_command(rank, seen, watch)
         arena.catch_up()
@@ -86,19 +93,30 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         try:
             message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import
-            failure = RemoteFailure.from_exception(exc, keep=False)
-            control.finish(rank, seen, failure, True, master_rank, arena)
+            control.finish(rank, seen, RemoteFailure.from_exception(exc, keep=False), True,
+                           master_rank, arena)
             continue
-        if isinstance(message, Exit):
+        outcome: Outcome | None = None
+        if message is last and lane is not None:  # again (a training loop's call)
+            try:
+                if lane(seen):
+                    lane_runs += 1
+                    continue
+            except (Exception, SystemExit) as exc:
+                outcome = failed(exc, True)
+        elif isinstance(message, Exit):
             return
         assert isinstance(message, Message)
-        outcome = executor.run(ctx, message, True)  # keep the exception (positional: hot)
+        if outcome is None:  # the usual way
+            outcome = executor.run(ctx, message, True)  # keep the exception (positional)
         if faults.ARMED:
             outcome = at_reply(outcome)
-        failed = outcome.failure is not None
+        failure = outcome.failure
         try:
-            control.finish(rank, seen, outcome.failure if failed else outcome.reply, failed,
-                           master_rank, arena)
+            control.finish(rank, seen, failure if failure is not None else outcome.reply,
+                           failure is not None, master_rank, arena)
         except Exception as exc:  # e.g. a reply that cannot be pickled
             failure = RemoteFailure.from_exception(exc, keep=False)
             control.finish(rank, seen, failure, True, master_rank, arena)
+        lane = executor.lane(ctx, message) if failure is None else None
+        last = message if lane is not None else None

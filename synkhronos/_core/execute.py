@@ -27,9 +27,10 @@ from . import faults
 from .context import RankContext
 from .protocol import Message, Ping, RunCallable, Sequence
 
-__all__ = ["Executor", "Handler", "Outcome", "CORE_HANDLERS", "at_reply"]
+__all__ = ["Executor", "Handler", "Lane", "Outcome", "CORE_HANDLERS", "at_reply", "failed"]
 
 Handler = Callable[[RankContext, Any], Any]
+Lane = Callable[[RankContext, Any], Callable[[int], bool] | None]  # see Executor.lane
 
 
 class Outcome(NamedTuple):
@@ -55,6 +56,13 @@ def at_reply(outcome: Outcome) -> Outcome:
     return outcome
 
 
+def failed(exc: BaseException, keep_exception: bool) -> Outcome:
+    """The outcome of a handler that raised ``exc`` (``Exception`` or ``SystemExit``):
+    its failure (``keep_exception``: see ``Executor.run``)."""
+    signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
+    return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
+
+
 def _ping(ctx: RankContext, message: Ping) -> None:
     return None
 
@@ -74,10 +82,21 @@ CORE_HANDLERS: dict[type[Message], Handler] = {
 class Executor:
     """Runs messages through one handler table (built once per program)."""
 
-    def __init__(self, table: Mapping[type[Message], Handler]):
+    def __init__(self, table: Mapping[type[Message], Handler],
+                 lanes: Mapping[type[Message], Lane] | None = None):
         self._table = dict(CORE_HANDLERS)
         self._table.update(table)
         self._table[Sequence] = self._sequence
+        self._lanes = dict(lanes or {})
+
+    def lane(self, ctx: RankContext, message: Message) -> Callable[[int], bool] | None:
+        """A worker's shortcut for the next command if it repeats ``message`` (which
+        this rank has just run): ``run(seq)`` does the whole command, its reply
+        included, and returns True, or returns False having done nothing (the
+        worker then runs the command the usual way); it raises what the handler
+        would. None: no shortcut for ``message``."""
+        make = self._lanes.get(type(message))
+        return make(ctx, message) if make is not None else None
 
     def handler(self, message: Message) -> Handler:
         try:
@@ -100,8 +119,7 @@ class Executor:
         except KeyboardInterrupt:
             raise
         except (Exception, SystemExit) as exc:
-            signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
-            return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
+            return failed(exc, keep_exception)
         if reply is None:
             return _REPLIED_NONE
         return _new_tuple(Outcome, (reply, None, None))  # Outcome(reply), without its call

@@ -354,6 +354,42 @@ class ControlBlock:
             if header[sleeping]:
                 semaphore.release()
 
+    @property
+    def written_head(self) -> bytes | None:
+        """The description of the arrays this process's reply slot holds (the last
+        reply ``finish`` wrote as arrays), or None."""
+        return self._written[0]
+
+    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list) -> bool:
+        """``finish`` for a reply described by ``head`` again (a repeated call's: its
+        rows and its outputs' dtypes and shapes, ``written_head``): ``arrays`` copied
+        where the last ones went, no description made. False when the slot holds
+        another description or an array is not like its place: the reply is not
+        finished (the caller's ``finish`` then writes the whole slot anew)."""
+        written = self._written
+        if written[0] is not head:
+            return False
+        places = written[1]
+        if len(places) != len(arrays):
+            return False
+        i = 0
+        for a in arrays:  # (one written before the next is checked: if one differs, the
+            place = places[i]  # caller's ``finish`` rewrites the whole slot)
+            if (place is None or type(a) is not type(place) or a.shape != place.shape
+                    or (a.dtype is not place.dtype and a.dtype != place.dtype)):
+                return False
+            place[...] = a
+            i += 1
+        header, base = self.header, self._bases[rank]
+        header[base + _REPLY_LEN] = len(head)
+        header[base + _REPLY_KIND] = wire.ARRAYS
+        header[base + _STATUS] = STATUS_OK
+        header[base + _DONE] = seq
+        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
+        return True
+
     def mark_failed(self, rank: int, seq: int) -> None:
         """The master's own part failed: release every rank waiting at a barrier."""
         base = self._bases[rank]

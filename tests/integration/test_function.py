@@ -13,10 +13,12 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from pytensor.raise_op import Assert
 
 import synkhronos as synk
 from synkhronos.testing import (
     commands_run,
+    lane_runs,
     rank_values,
     run_on_ranks,
     set_rank_values,
@@ -62,6 +64,11 @@ class Model:
             [], [(self.data.sum(axis=0), "sum"), (self.data.sum(axis=1), "gather")],
             sliceable_shareds=[self.data],
         )
+        v = pt.dvector("v")  # outputs whose shapes follow the values; a check that raises
+        self.kept = synk.function(
+            [v], [(v[v > 0], "gather"),
+                  (Assert("a value below -100")(v.sum(), pt.all(v > -100)), "sum")],
+            name="kept")
         b = pt.dvector("b")
         self.count = pytensor.shared(np.float64(0.0), name="count")
         self.bcast_only = synk.function(
@@ -317,6 +324,55 @@ def test_repeated_numpy_calls_read_the_callers_arrays_as_they_are_now(model):
             want = model.reduce.as_pytensor(np.asarray(odd, dtype=np.float64), y)
             assert_all_close(model.reduce(odd, y), want)
     assert_all_close(model.reduce(x, y), model.reduce.as_pytensor(x, y))
+
+
+def test_a_repeated_call_takes_the_workers_lane(model):
+    """A training loop's call (the same command again) runs in each worker through its
+    lane, for Data and numpy inputs alike, and every change of the values shows."""
+    n = synk.n_parallel()
+    vd = synk.data(np.linspace(1, 2, 40))
+    for kind in ("data", "numpy"):
+        before = lane_runs()
+        for k in range(5):
+            values = np.linspace(1, 2, 40) + k
+            if kind == "data":
+                vd[:] = values  # in place: the same segment, the same command
+            got = model.kept(vd if kind == "data" else values)
+            want = model.kept.as_pytensor(values)
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=RTOL)
+        ran = np.subtract(lane_runs(), before)
+        assert ran[0] == 0  # the master's share is its own call, no lane
+        # the first calls of a new message go the usual way until the worker has kept
+        # its plan (a numpy call's first message is not the one that repeats)
+        assert all(count >= 2 for count in ran[1:]) and len(ran) == n, (kind, ran)
+
+
+def test_in_the_lane_outputs_of_other_shapes_and_failures_show(model):
+    """The lane writes a reply where the last went only if its outputs have the same
+    dtypes and shapes; else, and when the function raises, the result or the error is
+    the same as on the usual way, and the session goes on."""
+    n = synk.n_parallel()
+    rng = np.random.default_rng(3)
+    vd = synk.data(rng.normal(size=30))
+    steps = ["ok", "ok", "shape", "ok", "shape", "fail", "ok", "ok", "fail", "fail", "ok"]
+    for step in steps:
+        values = rng.normal(size=30)  # how many are positive, per process: any
+        if step == "ok":
+            values = np.abs(values) + 0.1  # every row kept: the same shapes as before
+        elif step == "fail":
+            values[-1] = -1000.0  # in the last process's rows
+        vd[:] = values
+        if step == "fail":
+            with pytest.raises(synk.WorkerError, match="a value below -100"):
+                model.kept(vd)
+            continue
+        got = model.kept(vd)
+        want = model.kept.as_pytensor(values)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=RTOL)
+    if n > 1:
+        assert min(lane_runs()[1:]) > 0
 
 
 def test_as_pytensor_still_checks_its_inputs(model):

@@ -490,6 +490,50 @@ def test_reply_of_arrays_round_trips_without_pickle(make_block):
     assert _entries(block.prefix) == []
 
 
+def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
+    """A repeated call's reply (``finish_kept``): the arrays where the last reply's went,
+    the master reading the same views; anything else refused (False) and finished the
+    usual way by the caller."""
+    import numpy as np
+
+    block = make_block(2)
+    assert block.written_head is None  # nothing written yet
+    seq = block.post(None, 0, block.master_arena)
+    block.finish(1, seq, (4, [np.zeros((2, 3)), np.zeros(3, "f4")]), False, 0,
+                 block.worker_arena)
+    head = block.written_head
+    first = block.reply(1, block.master_arena, copy=False)
+    for k in range(1, 4):
+        seq = block.post(None, 0, block.master_arena)
+        arrays = [np.full((2, 3), float(k)), np.arange(3, dtype="f4") + k]
+        assert block.finish_kept(1, seq, head, arrays)
+        assert block.done(1) == seq and not block.failed(1)
+        got = block.reply(1, block.master_arena, copy=False)
+        assert got[0] == 4 and got[1][0] is first[1][0]  # the master's views, kept
+        for a, b in zip(got[1], arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+    others = [[np.zeros((3, 3)), np.zeros(3, "f4")],  # another shape
+              [np.zeros((2, 3)), np.zeros(3, "f8")],  # another dtype
+              [np.zeros((2, 3))],  # fewer arrays
+              [np.zeros((2, 3)), [0.0, 0.0, 0.0]]]  # not an array
+    like = [np.zeros((2, 3)), np.zeros(3, "f4")]
+    for arrays in others:
+        seq = block.post(None, 0, block.master_arena)
+        block.finish(1, seq, (4, like), False, 0, block.worker_arena)
+        head = block.written_head  # (a new one each time: the last reply was another)
+        seq = block.post(None, 0, block.master_arena)
+        assert not block.finish_kept(1, seq, head, arrays)
+        assert block.done(1) != seq  # not finished: the caller's finish does it
+        block.finish(1, seq, (4, arrays), False, 0, block.worker_arena)
+        got = block.reply(1, block.master_arena)
+        for a, b in zip(got[1], arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+    seq = block.post(None, 0, block.master_arena)
+    assert not block.finish_kept(1, seq, head, like)  # the slot holds another head
+    block.finish(1, seq, "pickled", False, 0, block.worker_arena)
+    assert block.written_head is None  # the slot holds a pickle now
+
+
 def test_memo_same_object_is_found_without_hashing():
     """The last key posted again is found by identity: its hash is never asked."""
     from synkhronos._runtime.memo import Decoded, Memo

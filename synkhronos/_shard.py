@@ -222,7 +222,7 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
 
 
 def lane(ctx: RankContext, call: Call) -> Callable[[int], bool] | None:
-    """A worker's shortcut for ``call`` repeated (``Executor.lane``), once it has a kept
+    """A worker's shortcut for ``call`` repeated (``Executor.lanes``), once it has a kept
     plan and its reply went into the slot as arrays: the plan run and its outputs
     copied where the last reply's went (``ControlBlock.finish_kept``), with no lookup
     of handler, plan or description. None: not such a call (not plain views, timed,

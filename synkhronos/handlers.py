@@ -15,7 +15,7 @@ collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather
 =====================  =============================  ==============================
 
 ``LANES`` names, per message type, a worker's shortcut for a command that repeats the
-last one (``_shard.lane`` for a call in a training loop: ``Executor.lane``).
+last one (``_shard.lane`` for a call in a training loop: ``Executor.lanes``).
 
 Over several machines, two more tables serve the leaders of the other machines
 (``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write

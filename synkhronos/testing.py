@@ -282,7 +282,7 @@ def commands_run() -> int:
 def lane_runs() -> list[int]:
     """Per rank, how many commands its process has run through a lane: a worker's
     shortcut for a command that repeats the one before (a training loop's call;
-    ``Executor.lane``). The master runs none."""
+    ``Executor.lanes``). The master runs none."""
     return run_on_ranks(_lane_runs)
 
 

@@ -8,7 +8,7 @@ Before each command the worker drops the mappings of segments released since the
 last one (the arena's release log), and skips a command the master abandoned before
 this worker began it (Ctrl-C in the master's own share, or a broken session). A
 command that repeats the one before (a training loop's call) takes that command's
-lane (``Executor.lane``) when it has one: the same work, without the lookups. The
+lane (``Executor.lanes``) when it has one: the same work, without the lookups. The
 loop leaves on ``Exit`` or when the master is gone (then it sweeps the program's
 segments itself).
 """
@@ -80,6 +80,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     master_rank = ctx.master_rank
     seen = forked_seq
     watch = ctx.watch
+    lanes = executor.lanes
     last: Message | None = None  # the last command run, if it has a lane
     lane = None
     while True:
@@ -118,5 +119,6 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         except Exception as exc:  # e.g. a reply that cannot be pickled
             failure = RemoteFailure.from_exception(exc, keep=False)
             control.finish(rank, seen, failure, True, master_rank, arena)
-        lane = executor.lane(ctx, message) if failure is None else None
+        make = lanes.get(type(message)) if failure is None else None
+        lane = make(ctx, message) if make is not None else None
         last = message if lane is not None else None

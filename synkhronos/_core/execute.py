@@ -30,7 +30,7 @@ from .protocol import Message, Ping, RunCallable, Sequence
 __all__ = ["Executor", "Handler", "Lane", "Outcome", "CORE_HANDLERS", "at_reply", "failed"]
 
 Handler = Callable[[RankContext, Any], Any]
-Lane = Callable[[RankContext, Any], Callable[[int], bool] | None]  # see Executor.lane
+Lane = Callable[[RankContext, Any], Callable[[int], bool] | None]  # see Executor.lanes
 
 
 class Outcome(NamedTuple):
@@ -87,16 +87,13 @@ class Executor:
         self._table = dict(CORE_HANDLERS)
         self._table.update(table)
         self._table[Sequence] = self._sequence
-        self._lanes = dict(lanes or {})
-
-    def lane(self, ctx: RankContext, message: Message) -> Callable[[int], bool] | None:
-        """A worker's shortcut for the next command if it repeats ``message`` (which
-        this rank has just run): ``run(seq)`` does the whole command, its reply
-        included, and returns True, or returns False having done nothing (the
-        worker then runs the command the usual way); it raises what the handler
-        would. None: no shortcut for ``message``."""
-        make = self._lanes.get(type(message))
-        return make(ctx, message) if make is not None else None
+        #: Per message type, a worker's shortcut for the next command if it repeats a
+        #: message of that type (which the worker has just run): ``lane(ctx,
+        #: message)`` gives ``run(seq)``, which does the whole command, its reply
+        #: included, and returns True, or returns False having done nothing (the
+        #: command then runs the usual way); it raises what the handler would. It
+        #: gives None where there is no shortcut for ``message``.
+        self.lanes: dict[type[Message], Lane] = dict(lanes or {})
 
     def handler(self, message: Message) -> Handler:
         try:

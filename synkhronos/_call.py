@@ -33,7 +33,7 @@ import numpy as np
 
 from ._core.protocol import Message
 from ._dataref import DataRef
-from ._reducers import ReduceOp, reduce_one, reduce_two, reduce_values
+from ._reducers import ReduceOp, reduce_one, reduce_pairs, reduce_values
 from ._scatter import block
 from ._validate import Checked
 from .data import Data, data
@@ -355,13 +355,8 @@ def combine(ops: tuple[ReduceOp, ...], replies: list, master: int) -> list:
             first_weight, first_outputs = first[0], first[1]
             second_weight, second_outputs = second[0], second[1]
             if len(first_outputs) == len(second_outputs):  # no output is the master's alone
-                results = []
-                i = 0
-                for op in ops:
-                    results.append(reduce_two(op, first_outputs[i], first_weight,
-                                              second_outputs[i], second_weight))
-                    i += 1
-                return results
+                return reduce_pairs(ops, first_outputs, first_weight, second_outputs,
+                                    second_weight)
     ran = []
     for reply in replies:
         if reply is not None:
@@ -372,12 +367,8 @@ def combine(ops: tuple[ReduceOp, ...], replies: list, master: int) -> list:
         for i, op in enumerate(ops):
             results.append(reduce_one(op, outputs[i], weight))
         return results
-    if len(ran) == 2 and _NOT_REDUCED not in ops:  # two processes ran (n=2)
-        (first_weight, first), (second_weight, second) = ran[0][:2], ran[1][:2]
-        results = []
-        for i, op in enumerate(ops):
-            results.append(reduce_two(op, first[i], first_weight, second[i], second_weight))
-        return results
+    if len(ran) == 2 and _NOT_REDUCED not in ops:  # two processes ran (of more)
+        return reduce_pairs(ops, ran[0][1], ran[0][0], ran[1][1], ran[1][0])
     weights = [reply[0] for reply in ran]
     if _NOT_REDUCED not in ops:
         return [

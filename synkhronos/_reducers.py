@@ -12,10 +12,10 @@ from ._runtime.reducers import (
     combined,
     parse_op,
     reduce_one,
-    reduce_two,
+    reduce_pairs,
     reduce_values,
     ufunc_of,
 )
 
 __all__ = ["Accumulator", "ReduceOp", "combine_into", "combined", "parse_op",
-           "reduce_one", "reduce_two", "reduce_values", "ufunc_of"]
+           "reduce_one", "reduce_pairs", "reduce_values", "ufunc_of"]

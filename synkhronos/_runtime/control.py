@@ -428,8 +428,13 @@ class ControlBlock:
             failed = header[base + _STATUS] != STATUS_OK
             if header[base + _REPLY_LEN] == _NONE:
                 parts.append((rank, failed, None))
-            else:
-                parts.append((rank, failed, self.reply(rank, arena, copy)))
+                continue
+            if not copy and header[base + _REPLY_KIND] == wire.ARRAYS:
+                kept = self._replies_read[rank]  # ``reply``'s views, written out: a
+                if kept[0] == header[base + _REPLY_HEAD]:  # repeated call's reply
+                    parts.append((rank, failed, kept[1]))
+                    continue
+            parts.append((rank, failed, self.reply(rank, arena, copy)))
         if header[_PAYLOAD_LEN] < 0:
             self.release_external_payload(arena)
         return parts

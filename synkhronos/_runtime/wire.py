@@ -75,8 +75,9 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
             if type(rows) is int and rows == call[0] and type(outputs) is list and (
                     len(outputs) == len(call[1])):
                 for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
-                    if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
-                        break
+                    if type(a) is not np.ndarray or a.shape != shape or (
+                            a.dtype is not dtype and a.dtype != dtype):  # Numba's
+                        break  # arrays' dtypes are equal to numpy's, not numpy's own
                 else:  # as the last one: its description
                     return _last_head[2], outputs, call[2]
     elif len(obj) == 3 and _last_timed[0] is not None:
@@ -97,7 +98,8 @@ def _as_last_timed(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:
             len(outputs) != len(call[1])):
         return None
     for a, (dtype, shape) in zip(outputs, call[1]):  # noqa: B905 (as long)
-        if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape:
+        if type(a) is not np.ndarray or a.shape != shape or (
+                a.dtype is not dtype and a.dtype != dtype):  # (see ``describe``)
             return None
     if type(timings) is not np.ndarray or (timings.dtype, timings.shape) != call[3]:
         return None

@@ -13,7 +13,7 @@ from synkhronos._reducers import (
     combine_into,
     combined,
     parse_op,
-    reduce_two,
+    reduce_pairs,
     reduce_values,
     ufunc_of,
 )
@@ -288,23 +288,35 @@ _PAIRS = [
 
 @pytest.mark.parametrize("pair", range(len(_PAIRS)))
 @pytest.mark.parametrize("weights", [(1, 1), (3, 2), (0, 4), (2, 0)])
-def test_reduce_two_equals_reduce_values_bit_for_bit(pair, weights):
-    """Two replies (n=2) take their own shortcut: it must change nothing."""
+def test_reduce_pairs_equals_reduce_values_bit_for_bit(pair, weights):
+    """Two replies (n=2) take their own shortcut: it must change nothing, one output or
+    several with different ops."""
     first, second = _PAIRS[pair]
-    for op in ReduceOp:
-        if op is ReduceOp.GATHER:
-            continue
+    ops = [op for op in ReduceOp if op is not ReduceOp.GATHER]
+    wants = []
+    for op in ops:
         try:
             want = reduce_values(op, [first, second], list(weights))
         except (TypeError, ValueError) as exc:
             with pytest.raises(type(exc)):
-                reduce_two(op, first, weights[0], second, weights[1])
+                reduce_pairs((op,), [first], weights[0], [second], weights[1])
             continue
-        got = reduce_two(op, first, weights[0], second, weights[1])
-        assert type(got) is type(want)
-        assert np.asarray(got).dtype == np.asarray(want).dtype
-        np.testing.assert_array_equal(got, want)
-        assert got is not first and got is not second
+        wants.append((op, want))
+        got = reduce_pairs((op,), [first], weights[0], [second], weights[1])[0]
+        _same(got, want, first, second)
+    if wants:  # the ops that succeed, as the outputs of one call
+        ops = tuple(op for op, _ in wants)
+        gots = reduce_pairs(ops, [first] * len(ops), weights[0], [second] * len(ops),
+                            weights[1])
+        for got, (_, want) in zip(gots, wants, strict=True):
+            _same(got, want, first, second)
+
+
+def _same(got, want, first, second):
+    assert type(got) is type(want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    np.testing.assert_array_equal(got, want)
+    assert got is not first and got is not second
 
 
 def test_reduce_values_never_changes_its_inputs():

@@ -51,7 +51,8 @@ _UFUNCS = {
 }
 
 
-_ELEMENTWISE = {op: ufunc for op, ufunc in _UFUNCS.items() if op is not ReduceOp.AVG}
+_ELEMENTWISE: dict[ReduceOp, np.ufunc] = {  # the ops that combine two values by a ufunc
+    op: ufunc for op, ufunc in _UFUNCS.items() if op is not ReduceOp.AVG}
 _AVG = ReduceOp.AVG  # (an enum member costs a lookup in Python 3.11: hot paths use this)
 _PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
 

@@ -21,7 +21,7 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.errors import WorkerError
-from synkhronos.testing import fault_at, on_variable, program_prefix
+from synkhronos.testing import fault_at, lane_runs, on_variable, program_prefix
 
 from ..conftest import DEVICE, sizes_to_run
 
@@ -196,6 +196,22 @@ class TestCollectives:
         synk.all_reduce(env.f32m, "sum")
         for value in per_rank(env.f32m):
             assert_close(value, 2 * total * synk.n_parallel())
+
+    def test_all_reduces_back_to_back_take_the_workers_lane(self, env):
+        """All-reduces of the same variables and op one after the other (between
+        training steps) run in the worker of two through its lane: every one counts."""
+        n = synk.n_parallel()
+        before = fill(env.f64v, 40)
+        runs = lane_runs()
+        for _ in range(4):
+            synk.all_reduce(env.f64v, "sum")
+        ran = np.subtract(lane_runs(), runs)
+        for value in per_rank(env.f64v):  # each sum after the first multiplies by n
+            assert_close(value, expected_reduce("sum", before) * n**3)
+        if n == 2:  # the usual way: the first after lane_runs (a command itself), and
+            assert ran[0] == 0 and ran[1] >= 2  # the first of a group (its layout)
+        else:  # one process: no command; three: no pair, a meeting point
+            assert not ran.any()
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

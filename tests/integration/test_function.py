@@ -25,7 +25,7 @@ from synkhronos.testing import (
     split_bounds,
 )
 
-from ..conftest import session_fixture
+from ..conftest import DEVICE, session_fixture
 
 RTOL = 1e-10
 
@@ -330,17 +330,15 @@ def test_a_repeated_call_takes_the_workers_lane(model):
     """A training loop's call (the same command again) runs in each worker through its
     lane, for Data and numpy inputs alike, and every change of the values shows."""
     n = synk.n_parallel()
-    vd = synk.data(np.linspace(1, 2, 40))
+    xd = synk.data(X[:40])
     for kind in ("data", "numpy"):
         before = lane_runs()
         for k in range(5):
-            values = np.linspace(1, 2, 40) + k
+            rows = X[:40] + k
             if kind == "data":
-                vd[:] = values  # in place: the same segment, the same command
-            got = model.kept(vd if kind == "data" else values)
-            want = model.kept.as_pytensor(values)
-            for a, b in zip(got, want, strict=True):
-                np.testing.assert_allclose(a, b, rtol=RTOL)
+                xd[:] = rows  # in place: the same segment, the same command
+            got = model.reduce(xd if kind == "data" else rows, Y)
+            assert_all_close(got, model.reduce.as_pytensor(rows, Y))
         ran = np.subtract(lane_runs(), before)
         assert ran[0] == 0  # the master's share is its own call, no lane
         # the first calls of a new message go the usual way until the worker has kept
@@ -348,6 +346,8 @@ def test_a_repeated_call_takes_the_workers_lane(model):
         assert all(count >= 2 for count in ran[1:]) and len(ran) == n, (kind, ran)
 
 
+@pytest.mark.skipif(DEVICE == "gpu", reason="JAX (the device stand-in) gives every output "
+                    "a static shape and drops Assert ops: this function cannot run there")
 def test_in_the_lane_outputs_of_other_shapes_and_failures_show(model):
     """The lane writes a reply where the last went only if its outputs have the same
     dtypes and shapes; else, and when the function raises, the result or the error is

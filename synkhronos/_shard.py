@@ -221,7 +221,7 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
     return _run_call(ctx, call)
 
 
-def lane(ctx: RankContext, call: Call) -> Callable[[int], bool] | None:
+def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     """A worker's shortcut for ``call`` repeated (``Executor.lanes``), once it has a kept
     plan and its reply went into the slot as arrays: the plan run and its outputs
     copied where the last reply's went (``ControlBlock.finish_kept``), with no lookup
@@ -237,9 +237,9 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int], bool] | None:
         return None
     _, fn, args, weight, strip = plan
     generation, arena = views.generation, ctx.arena
-    rank, master_rank = ctx.local_rank, ctx.master_rank  # (its slot: by local rank)
+    master_rank = ctx.master_rank
 
-    def run(seq: int) -> bool:
+    def run(seq: int, rank: int) -> bool:
         if views.plan is not plan or arena.generation != generation or faults.ARMED:
             return False  # a mapping dropped, another plan kept, a test's fault point
         outputs = _as_list(fn(*args))

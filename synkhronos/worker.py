@@ -100,7 +100,7 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         outcome: Outcome | None = None
         if message is last and lane is not None:  # again (a training loop's call)
             try:
-                if lane(seen):
+                if lane(seen, rank):
                     lane_runs += 1
                     continue
             except (Exception, SystemExit) as exc:

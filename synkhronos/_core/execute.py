@@ -30,7 +30,7 @@ from .protocol import Message, Ping, RunCallable, Sequence
 __all__ = ["Executor", "Handler", "Lane", "Outcome", "CORE_HANDLERS", "at_reply", "failed"]
 
 Handler = Callable[[RankContext, Any], Any]
-Lane = Callable[[RankContext, Any], Callable[[int], bool] | None]  # see Executor.lanes
+Lane = Callable[[RankContext, Any], Callable[[int, int], bool] | None]  # Executor.lanes
 
 
 class Outcome(NamedTuple):
@@ -89,8 +89,9 @@ class Executor:
         self._table[Sequence] = self._sequence
         #: Per message type, a worker's shortcut for the next command if it repeats a
         #: message of that type (which the worker has just run): ``lane(ctx,
-        #: message)`` gives ``run(seq)``, which does the whole command, its reply
-        #: included, and returns True, or returns False having done nothing (the
+        #: message)`` gives ``run(seq, slot)``, which does the whole command, its reply
+        #: (into the control block's ``slot``, the worker's own) included, and
+        #: returns True, or returns False having done nothing (the
         #: command then runs the usual way); it raises what the handler would. It
         #: gives None where there is no shortcut for ``message``.
         self.lanes: dict[type[Message], Lane] = dict(lanes or {})

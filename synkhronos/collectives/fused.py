@@ -568,7 +568,8 @@ HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
 }
 
 
-def all_reduce_lane(ctx: RankContext, message: AllReduce) -> Callable[[int], bool] | None:
+def all_reduce_lane(ctx: RankContext, message: AllReduce
+                    ) -> Callable[[int, int], bool] | None:
     """A worker's shortcut for a two-rank ``all_reduce`` repeated (``Executor.lanes``:
     the same group and op again, an all-reduce between training steps): the backend's
     ``pair_reduce`` called and the reply written, nothing looked up. None for any
@@ -579,9 +580,9 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce) -> Callable[[int], boo
         return None
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, None)
-    op, rank, master_rank, arena = message.op, ctx.local_rank, ctx.master_rank, ctx.arena
+    op, master_rank, arena = message.op, ctx.master_rank, ctx.arena
 
-    def run(seq: int) -> bool:
+    def run(seq: int, rank: int) -> bool:
         if faults.ARMED:  # a test's fault points: the usual way passes them
             return False
         mismatch = backend.pair_reduce(ctx, group, op)

@@ -51,8 +51,6 @@ _UFUNCS = {
 }
 
 
-_ELEMENTWISE: dict[ReduceOp, np.ufunc] = {  # the ops that combine two values by a ufunc
-    op: ufunc for op, ufunc in _UFUNCS.items() if op is not ReduceOp.AVG}
 _AVG = ReduceOp.AVG  # (an enum member costs a lookup in Python 3.11: hot paths use this)
 _PER_PROCESS = (ReduceOp.GATHER, ReduceOp.NONE)  # ops that only function outputs take
 
@@ -296,24 +294,9 @@ def reduce_one(op: ReduceOp, value: Any, weight: int) -> Any:
 def reduce_pairs(ops: tuple[ReduceOp, ...], first: list, first_weight: int, second: list,
                  second_weight: int) -> list:
     """``reduce_two`` of each output (``first[i]``, ``second[i]`` by ``ops[i]``): two
-    processes' replies, every output of a call at n=2, its common case (an
-    elementwise op of two same-shaped numeric arrays) written out."""
+    processes' replies, every output of a call at n=2."""
     results = []
     i = 0
-    if type(first_weight) is int and type(second_weight) is int and (
-            first_weight > 0 and second_weight > 0):
-        for op in ops:
-            a, b = first[i], second[i]
-            ufunc = _ELEMENTWISE.get(op)
-            if (ufunc is not None and type(a) is np.ndarray and type(b) is np.ndarray
-                    and (a.dtype is b.dtype or a.dtype == b.dtype)  # (Numba's arrays:
-                    and a.shape == b.shape and a.ndim  # dtypes equal, not the same)
-                    and a.dtype.kind in "biufc"):
-                results.append(ufunc(a, b))  # same dtypes: the result has theirs
-            else:
-                results.append(reduce_two(op, a, first_weight, b, second_weight))
-            i += 1
-        return results
     for op in ops:
         results.append(reduce_two(op, first[i], first_weight, second[i], second_weight))
         i += 1

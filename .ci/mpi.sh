@@ -28,7 +28,11 @@ run_tests() {  # run_tests NAME PIP-ARGS...
     fi
     installed=$((installed + 1))
     python -c "import mpi4py; print('$name:', 'mpi4py', mpi4py.__version__)"
-    "$venv/bin/mpiexec" --version | head -n 1
+    # The whole text is read before its first line is printed: `| head -n 1` closed the
+    # pipe early, and under pipefail the SIGPIPE of Hydra's long text failed the step.
+    local version
+    version=$("$venv/bin/mpiexec" --version)
+    echo "${version%%$'\n'*}"
     python -m pytest -q -rs tests/mpi tests/unit/mpi
     deactivate
 }

@@ -42,13 +42,26 @@ def children() -> int:
     return count
 
 
+def open_files() -> dict[str, str]:
+    """This process's open file descriptors: number -> what it refers to."""
+    files = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            files[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+    return files
+
+
 def snapshot() -> dict:
     gc.collect()
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
+    files = open_files()
     return {
         "children": children(),
-        "open_fds": len(os.listdir("/proc/self/fd")),
+        "open_fds": len(files),
+        "fds": files,
         "shm_entries": len(testing.leftover_segments()),
         "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
     }

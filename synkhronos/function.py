@@ -355,7 +355,9 @@ class Function:
                     if call is not None:
                         # Inputs like an earlier call's and nothing else asked: what that
                         # call validated still holds, the arrays copied where its went.
-                        replies = session.run_held(call, repeats=True)
+                        replies = session.run_again(call)
+                        if replies is None:  # (not the last command's message)
+                            replies = session.run_held(call, repeats=True)
                         return self._returned(replies, plain.prepared.output_ops, None)
             call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
                                         shares)

@@ -280,16 +280,18 @@ def commands_run() -> int:
 
 
 def lane_runs() -> list[int]:
-    """Per rank, how many commands its process has run through a lane: a worker's
-    shortcut for a command that repeats the one before (a training loop's call;
-    ``Executor.lanes``). The master runs none."""
+    """Per rank, how many commands its process has run through a lane, a shortcut for
+    a command that repeats the one before (a training loop's call): a worker's
+    (``Executor.lanes``), and the master's command posted again as it stood
+    (``LocalGroup.round_again``; none at ``n_parallel=1``, where nothing is posted)."""
     return run_on_ranks(_lane_runs)
 
 
 def _lane_runs() -> int:
     from . import worker
 
-    return worker.lane_runs
+    session = current()
+    return worker.lane_runs if session is None else session.group.rounds_again
 
 
 def session_open() -> bool:

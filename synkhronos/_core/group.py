@@ -73,6 +73,7 @@ class LocalGroup:
         self.workers: list[processes.Worker] = []
         self.ranks = [r for r in range(ctx.local_size) if r != ctx.local_rank]  # workers
         self._done_fields = ctx.control.done_fields(self.ranks) if ctx.control else []
+        self.rounds_again = 0  # commands posted again as they stood (``round_again``)
         self.host: str | None = None  # named in failures, over several machines
         self.also: Callable[[], None] | None = None  # the owner's part of ``watch``
         self.seq = 0  # the last command posted (or settled)
@@ -177,6 +178,50 @@ class LocalGroup:
                 self.last_timing = (shared - start, time.perf_counter() - shared)
             return local, own, control.collect(self.ranks, self.ctx.arena,
                                                not message.replies_reduced_at_once)
+        except KeyboardInterrupt:
+            self._interrupted(before, share_done)
+            raise
+        finally:
+            self._started = None
+
+    def round_again(self, message: Message, own_share: Share,
+                    ) -> tuple[Outcome, list | None, list[tuple[int, bool, Any]]] | None:
+        """``round`` for the message the last round posted, the same object (a training
+        loop's call), untimed: posted again as it stands (``ControlBlock.post_again``)
+        and, when every worker answers with arrays described as last time, their
+        replies taken as the views kept from then (``ControlBlock.replies_again``).
+        Returns ``(own, replies, parts)``: the workers' replies by rank (None at this
+        rank), or None and ``parts`` as ``round`` gives them; or None having posted
+        nothing (the message is not the last one posted: the caller runs ``round``)."""
+        control = self.ctx.control
+        if control is None:
+            return None
+        local = self.ctx.local_rank
+        before = control.seq
+        share_done = False
+        try:
+            seq = control.post_again(message, local)
+            if not seq:
+                return None
+            self.seq = seq
+            self.rounds_again += 1
+            if self.timeout is not None:
+                self._started = time.monotonic()
+            own = own_share(message)
+            share_done = True
+            if own.failure is not None:
+                control.mark_failed(local, seq)
+            elif message.replies_reduced_at_once:
+                replies = control.replies_again(seq, self.ranks)
+                if replies is not None:  # every worker done already, as the last time
+                    return own, replies, []
+            control.wait_done(local, seq, self._done_fields, self.watch)
+            if own.failure is None and message.replies_reduced_at_once:
+                replies = control.replies_again(seq, self.ranks)
+                if replies is not None:
+                    return own, replies, []
+            return own, None, control.collect(self.ranks, self.ctx.arena,
+                                              not message.replies_reduced_at_once)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise

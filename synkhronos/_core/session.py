@@ -65,7 +65,7 @@ from . import context
 from .execute import Executor, Outcome
 from .group import LocalGroup
 from .protocol import Message
-from .transport import First, Transport
+from .transport import First, Transport, merge
 
 __all__ = ["Session", "State", "Observer", "current", "require", "install"]
 
@@ -278,6 +278,43 @@ class Session:
                 _raise_root_failure(self.ctx.master_rank, own, first)
             if timed:
                 self._observed(message, start)
+            return replies
+        finally:
+            self._running = False
+
+    def run_again(self, message: Message) -> list[Any] | None:
+        """``run_held(message, repeats=True)`` for the message the last command posted,
+        the same object (a training loop's call): the same command, with what the
+        layers between would look up again taken as it was (``LocalGroup.round_again``,
+        where the transport has it). None, having done nothing, where that does not
+        apply (a command left pending, ``synk.profile()`` timing, several machines,
+        another message posted since): the caller then runs ``run_held``."""
+        again = self.transport.round_again
+        if again is None or self.group.pending is not None or self.observer is not None:
+            return None
+        self._running = True
+        try:
+            signals.forget()  # only a signal that arrives during this command is ours
+            try:
+                ran = again(message, self._own_share)
+            except KeyboardInterrupt as exc:
+                if not self.transport.interrupt_breaks:
+                    raise  # the group left the command pending: the session stays
+                self._fail_raise(exc)
+            except BaseException as exc:
+                self._fail_raise(exc)
+            if ran is None:
+                return None
+            self.commands += 1
+            own, replies, parts = ran
+            if replies is not None:  # every worker's reply as the last time: none failed
+                replies[self.ctx.local_rank] = own.reply
+                return replies
+            replies = [None] * self.ctx.size
+            replies[self.ctx.local_rank] = own.reply
+            first = merge(replies, parts, None, 0) if parts else None
+            if own.failure is not None or first is not None:
+                _raise_root_failure(self.ctx.master_rank, own, first)
             return replies
         finally:
             self._running = False

@@ -21,6 +21,7 @@ local round runs as here, and the other machines' replies join at the end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._runtime.remote import RemoteFailure
@@ -55,6 +56,9 @@ class Transport:
     def __init__(self, group: LocalGroup):
         self.group = group
         self._size = group.ctx.size
+        #: ``LocalGroup.round_again``, where a command may be posted again as it stands
+        #: (every process is on this machine), else None.
+        self.round_again: Callable[..., Any] | None = group.round_again
 
     def run(self, message: Message, own_share: Share, key: Any,
             timed: bool) -> tuple[list[Any], Outcome, First]:

@@ -122,6 +122,7 @@ class ControlBlock:
         self._heads_written = 0
         self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * n
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
+        self._again: object = None  # master: the key of the last post, while it may repeat
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
         self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
@@ -131,6 +132,7 @@ class ControlBlock:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
         names were unlinked long ago). Nothing may use the block afterwards."""
         self._written, self._replies_read = (None, []), []  # the views of the slots, let go
+        self._again = None
         try:
             for view in (self.header, self.release_log.words, self._buffer):
                 view.release()
@@ -259,6 +261,7 @@ class ControlBlock:
         anything is written.
         """
         header = self.header
+        self._again = None  # (until this post has taken effect: see post_again)
         last = self._memo.last
         if key is not None and last is not None and last[0] is key:
             # The same object as the last command's (a training loop): no hash, no pickle.
@@ -268,6 +271,23 @@ class ControlBlock:
         else:
             message_id = self._publish(message, arena, key)
         header[_PAYLOAD_ID] = message_id
+        seq = header[_SEQ] + 1
+        header[_SEQ] = seq
+        for sleeping, semaphore in self._peers[master_rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
+        if message_id and header[_PAYLOAD_LEN] >= 0:  # kept in the mailbox, by its id
+            self._again = key
+        return seq
+
+    def post_again(self, message: object, master_rank: int) -> int:
+        """``post`` of the message the last post sent, the same object (a training
+        loop's call), while the mailbox still holds it: the sequence number bumped and
+        the sleepers woken, nothing looked up. Returns the sequence number, or 0 having
+        posted nothing (another message went since, or this one went unkeyed)."""
+        if self._again is not message:
+            return 0
+        header = self.header
         seq = header[_SEQ] + 1
         header[_SEQ] = seq
         for sleeping, semaphore in self._peers[master_rank]:  # wake_all, written out
@@ -327,6 +347,8 @@ class ControlBlock:
         """A worker's end of a command: write the reply, mark done, wake the master."""
         header, base = self.header, self._bases[rank]
         if reply is None:
+            self._written = (None, [])
+            header[base + _REPLY_HEAD] = 0  # (0: the slot holds no described arrays)
             header[base + _REPLY_LEN] = _NONE
         else:
             at = self._replies_at + REPLY_BYTES * rank
@@ -346,6 +368,7 @@ class ControlBlock:
                 header[base + _REPLY_KIND] = wire.ARRAYS
             else:
                 self._written = (None, [])
+                header[base + _REPLY_HEAD] = 0
                 self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, arena)
                 header[base + _REPLY_KIND] = wire.PICKLE
         header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
@@ -438,6 +461,25 @@ class ControlBlock:
         if header[_PAYLOAD_LEN] < 0:
             self.release_external_payload(arena)
         return parts
+
+    def replies_again(self, seq: int, ranks: list[int]) -> list | None:
+        """``collect(ranks, arena, copy=False)`` once every rank of ``ranks`` has
+        finished command ``seq`` with success, answering by arrays of the description
+        it wrote last time (a repeated call's): the views ``reply`` made of each slot
+        then, indexed by rank (None at the others), nothing read again. None when a
+        rank has not finished yet, or its reply is otherwise (failed, None, pickled,
+        newly described: ``collect`` then reads them)."""
+        header = self.header
+        replies: list = [None] * self.n
+        kept = self._replies_read
+        for rank in ranks:  # (a reply other than described arrays sets its head to 0,
+            base = self._bases[rank]  # for which no views are ever kept: ``finish``)
+            views = kept[rank]
+            if (header[base + _DONE] != seq or header[base + _STATUS] != STATUS_OK
+                    or views[0] != header[base + _REPLY_HEAD]):
+                return None
+            replies[rank] = views[1]
+        return replies
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header

@@ -555,3 +555,41 @@ def test_memo_same_object_is_found_without_hashing():
     decoded = Decoded(size=None)
     decoded.put(3, "message")
     assert decoded[3] == "message" and decoded.get(4) is None
+
+
+def test_post_again_and_replies_again_take_only_what_still_stands(make_block):
+    """A command posted again (``post_again``) only while the last post was that message,
+    keyed by itself; its replies taken as the kept views (``replies_again``) only once
+    the rank is done, with success, answering arrays described as last time: never
+    after a reply of None, a pickled reply or a failure, even when the arrays that
+    follow are described alike."""
+    import numpy as np
+
+    block = make_block(2)
+    message = ("call", 1)
+    assert block.post_again(message, 0) == 0  # nothing posted yet
+    seq = block.post(message, 0, block.master_arena, key=message)
+    like = (4, [np.zeros(3)])
+    block.finish(1, seq, like, False, 0, block.worker_arena)
+    assert block.replies_again(seq, [1]) is None  # the master has kept no views yet
+    kept = block.reply(1, block.master_arena, copy=False)
+    seq = block.post_again(message, 0)
+    assert seq == block.seq and block.read_command(block.worker_arena) == message
+    assert block.replies_again(seq, [1]) is None  # not done yet
+    block.finish(1, seq, (4, [np.ones(3)]), False, 0, block.worker_arena)
+    got = block.replies_again(seq, [1])
+    assert got[0] is None and got[1] is kept
+    np.testing.assert_array_equal(got[1][1][0], np.ones(3))
+    for other in (None, "pickled", RuntimeError("failed")):
+        seq = block.post_again(message, 0)
+        block.finish(1, seq, other, isinstance(other, Exception), 0, block.worker_arena)
+        assert block.replies_again(seq, [1]) is None
+        seq = block.post_again(message, 0)
+        block.finish(1, seq, like, False, 0, block.worker_arena)  # described as before
+        assert block.replies_again(seq, [1]) is None  # but the slot was written anew
+        kept = block.reply(1, block.master_arena, copy=False)
+        np.testing.assert_array_equal(kept[1][0], np.zeros(3))
+    block.post(("other",), 0, block.master_arena, key=("other",))
+    assert block.post_again(message, 0) == 0  # another message went since
+    block.post(message, 0, block.master_arena)  # unkeyed: pickled again, no id
+    assert block.post_again(message, 0) == 0

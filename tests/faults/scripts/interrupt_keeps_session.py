@@ -15,7 +15,8 @@ its whole group) when it sees it:
 1. ``busy-1``: rank 1 sleeps ``BUSY_S`` inside a command;
 2. ``loop-<k>`` (``LOOPS`` times): the master calls the function in a loop (the test
    waits a different moment each time, so that Ctrl-C lands at various points of a
-   call);
+   call), on inputs of every size in turn, or (odd ``k``) on one input again and
+   again, whose command is posted again as it stood (the master's lane);
 3. ``busy-2``: rank 2 sleeps ``BUSY_S`` inside a command, then ``settling``: the next
    call waits for it, and the test interrupts that wait too.
 
@@ -111,7 +112,7 @@ def main() -> None:
         def loop(k: int = k) -> None:
             mark(f"loop-{k}")
             for i in range(1_000_000):
-                f(inputs[i % len(inputs)])
+                f(inputs[i % len(inputs) if k % 2 == 0 else 0])
 
         interrupted(f"loop-{k}", loop)
         check(f"after loop {k}")

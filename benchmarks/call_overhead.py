@@ -1,10 +1,19 @@
 """Call overhead: a tiny synk.function against the plain pytensor.function.
 
-Both are timed in the same run on the same few rows, call by call in turn (plain,
-synk with a numpy input, synk with a ``Data`` input), in ``--rounds`` rounds; each
+Both are timed in the same run on the same few rows, in ``--rounds`` rounds; each
 round is a fresh session, so a change of load or of core placement falls on every
-series alike. The overhead is the difference of the medians. Reported per series: the
-median and p99 over every call, and every round's median (``_harness.rounds_summary``).
+series alike. Two patterns per round:
+
+- *mixed*: call by call in turn, plain, synk with a numpy input, synk with a ``Data``
+  input: each synk call is another command than the one before (``numpy``, ``data``);
+- *repeated*, a training loop's: plain and synk with one kind of input in turn, so
+  that each synk call repeats the command before it, which the master posts again as
+  it stood and each worker runs through its lane (``numpy_repeated`` beside
+  ``plain_beside_numpy``, then ``data_repeated`` beside ``plain_beside_data``).
+
+The overhead is the difference of the medians of a synk series and the plain series
+timed in turn with it. Reported per series: the median and p99 over every call, and
+every round's median (``_harness.rounds_summary``).
 
 At ``--n 2`` on PyTensor's Numba backend, each round also times the compiled floor
 (``_compiled.lane``, not the library): the same call's round with its graph run inside
@@ -35,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compiled import lane, run_pair  # noqa: E402
 from _harness import machine, rounds_summary  # noqa: E402
 
-SERIES = ("plain", "numpy", "data")
+SERIES = ("plain", "numpy", "data", "plain_beside_numpy", "numpy_repeated",
+          "plain_beside_data", "data_repeated")
 
 
 def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
@@ -66,6 +76,17 @@ def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
             start = clock()
             parallel(shared_values)
             data_t.append(clock() - start)
+        for kind, value in (("numpy", values), ("data", shared_values)):
+            beside, repeated = times[f"plain_beside_{kind}"], times[f"{kind}_repeated"]
+            for _ in range(200):
+                parallel(value)
+            for _ in range(calls):
+                start = clock()
+                plain(values)
+                beside.append(clock() - start)
+                start = clock()
+                parallel(value)
+                repeated.append(clock() - start)
         return times
     finally:
         synk.close()
@@ -141,6 +162,16 @@ def main() -> None:
         "overhead_data_input_us": round(med["data"] - med["plain"], 2),
         "overhead_numpy_input_every_round_us": [
             round(a - b, 2) for a, b in zip(per_round["numpy"], per_round["plain"], strict=True)],
+        "repeated_overhead_numpy_input_us": round(
+            med["numpy_repeated"] - med["plain_beside_numpy"], 2),
+        "repeated_overhead_data_input_us": round(
+            med["data_repeated"] - med["plain_beside_data"], 2),
+        "repeated_overhead_numpy_input_every_round_us": [
+            round(a - b, 2) for a, b in zip(per_round["numpy_repeated"],
+                                            per_round["plain_beside_numpy"], strict=True)],
+        "repeated_overhead_data_input_every_round_us": [
+            round(a - b, 2) for a, b in zip(per_round["data_repeated"],
+                                            per_round["plain_beside_data"], strict=True)],
         "series": summary,
         **compiled,
         "machine": machine(),

@@ -7,7 +7,9 @@ Usage::
         [--rounds 5] [--only call_overhead,command_roundtrip,collectives,scaling]
 
 Each round runs every selected benchmark once in each checkout (its own copy of the
-script, its own package: ``PYTHONPATH`` is the checkout), the order of the two
+script, its own package: ``PYTHONPATH`` is the checkout; ``--scripts DIR``: every
+checkout runs the scripts of checkout ``DIR`` instead, for a figure that an older
+script does not report), the order of the two
 flipped from round to round, so that a change in the machine's load falls on both
 alike. From each run a few figures are read out of the JSON the script prints; the
 report gives, per figure, the median over rounds in each checkout and the median of
@@ -17,7 +19,8 @@ scaling figures, which are fractions of the ceiling, above 1 is better).
 The figures:
 
 - ``call_overhead``: a tiny call's overhead over the plain PyTensor call (numpy
-  input, ``Data`` input), microseconds; both calls' own medians.
+  input, ``Data`` input; the mixed pattern, and the repeated one where the script
+  reports it), microseconds; both calls' own medians.
 - ``command_roundtrip``: the median empty command at n=2, spinning and not, and at n=1;
   the semaphore ping-pong beside it (the machine's wake-up floor).
 - ``collectives``: the resident all-reduce of 4 bytes and of 64 MiB.
@@ -70,6 +73,8 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "overhead_data_input_us": lambda d: d["overhead_data_input_us"],
         "plain_pytensor_median_us": lambda d: d["plain_pytensor_median_us"],
         "synk_numpy_input_median_us": lambda d: d["synk_numpy_input_median_us"],
+        "repeated_overhead_numpy_input_us": lambda d: d["repeated_overhead_numpy_input_us"],
+        "repeated_overhead_data_input_us": lambda d: d["repeated_overhead_data_input_us"],
     }),
     "command_roundtrip": (["--rounds", "3000", "--blocks", "3"], {
         "n2_empty_command_us": lambda d: d["n2_ping_median_us"],
@@ -90,13 +95,14 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
 }
 
 
-def run_one(tree: Path, name: str, args: list[str]) -> dict:
-    """Run ``benchmarks/<name>.py`` of ``tree`` with that tree's package; its JSON."""
+def run_one(tree: Path, name: str, args: list[str], scripts: Path | None = None) -> dict:
+    """Run ``benchmarks/<name>.py`` of ``scripts`` (default: ``tree``) with ``tree``'s
+    package; its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         argv = [a.replace("{tmp}", tmp) for a in args]
         env = dict(os.environ, PYTHONPATH=str(tree))
         proc = subprocess.run(
-            [sys.executable, str(tree / "benchmarks" / f"{name}.py"), *argv],
+            [sys.executable, str((scripts or tree) / "benchmarks" / f"{name}.py"), *argv],
             cwd=tree, env=env, capture_output=True, text=True, check=False,
         )
     if proc.returncode != 0:
@@ -111,6 +117,8 @@ def main() -> None:
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default=",".join(BENCHMARKS))
+    parser.add_argument("--scripts", type=Path, default=None,
+                        help="run this checkout's benchmark scripts in both")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     unknown = set(names) - set(BENCHMARKS)
@@ -125,7 +133,8 @@ def main() -> None:
         for name in names:
             script_args, metrics = BENCHMARKS[name]
             for side in order:
-                record = run_one(trees[side], name, script_args)
+                record = run_one(trees[side], name, script_args,
+                                 args.scripts.resolve() if args.scripts else None)
                 for metric, read in metrics.items():
                     try:
                         value = read(record)
@@ -138,6 +147,7 @@ def main() -> None:
     report: dict = {
         "benchmark": "compare_revisions",
         "trees": {side: str(path) for side, path in trees.items()},
+        "scripts": str(args.scripts.resolve()) if args.scripts else "each checkout's own",
         "commits": {side: _commit(path) for side, path in trees.items()},
         "rounds": args.rounds,
         "seconds": round(time.time() - started, 1),

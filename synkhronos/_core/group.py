@@ -189,7 +189,8 @@ class LocalGroup:
         """``round`` for the message the last round posted, the same object (a training
         loop's call), untimed: posted again as it stands (``ControlBlock.post_again``)
         and, when every worker answers with arrays described as last time, their
-        replies taken as the views kept from then (``ControlBlock.replies_again``).
+        replies taken as the views kept from then (``ControlBlock.replies_again``;
+        replies of None as they are).
         Returns ``(own, replies, parts)``: the workers' replies by rank (None at this
         rank), or None and ``parts`` as ``round`` gives them; or None having posted
         nothing (the message is not the last one posted: the caller runs ``round``)."""
@@ -209,19 +210,19 @@ class LocalGroup:
                 self._started = time.monotonic()
             own = own_share(message)
             share_done = True
+            views = message.replies_reduced_at_once  # (views of the slots will do)
             if own.failure is not None:
                 control.mark_failed(local, seq)
-            elif message.replies_reduced_at_once:
-                replies = control.replies_again(seq, self.ranks)
+            else:
+                replies = control.replies_again(seq, self.ranks, views)
                 if replies is not None:  # every worker done already, as the last time
                     return own, replies, []
             control.wait_done(local, seq, self._done_fields, self.watch)
-            if own.failure is None and message.replies_reduced_at_once:
-                replies = control.replies_again(seq, self.ranks)
+            if own.failure is None:
+                replies = control.replies_again(seq, self.ranks, views)
                 if replies is not None:
                     return own, replies, []
-            return own, None, control.collect(self.ranks, self.ctx.arena,
-                                              not message.replies_reduced_at_once)
+            return own, None, control.collect(self.ranks, self.ctx.arena, not views)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise

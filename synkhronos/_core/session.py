@@ -247,6 +247,10 @@ class Session:
         """
         took = self.enter()
         try:
+            if repeats:  # (a message posted as the last command's, again: its lane)
+                replies = self.run_again(message)
+                if replies is not None:
+                    return replies
             return self.run_held(message, repeats)
         finally:
             if took:  # ``leave``, written out

@@ -347,8 +347,9 @@ class ControlBlock:
         """A worker's end of a command: write the reply, mark done, wake the master."""
         header, base = self.header, self._bases[rank]
         if reply is None:
-            self._written = (None, [])
-            header[base + _REPLY_HEAD] = 0  # (0: the slot holds no described arrays)
+            if header[base + _REPLY_HEAD]:  # (0: the slot holds no described arrays,
+                self._written = (None, [])  # and nothing is kept of it: see below)
+                header[base + _REPLY_HEAD] = 0
             header[base + _REPLY_LEN] = _NONE
         else:
             at = self._replies_at + REPLY_BYTES * rank
@@ -462,23 +463,26 @@ class ControlBlock:
             self.release_external_payload(arena)
         return parts
 
-    def replies_again(self, seq: int, ranks: list[int]) -> list | None:
+    def replies_again(self, seq: int, ranks: list[int], views: bool = True) -> list | None:
         """``collect(ranks, arena, copy=False)`` once every rank of ``ranks`` has
         finished command ``seq`` with success, answering by arrays of the description
-        it wrote last time (a repeated call's): the views ``reply`` made of each slot
-        then, indexed by rank (None at the others), nothing read again. None when a
-        rank has not finished yet, or its reply is otherwise (failed, None, pickled,
-        newly described: ``collect`` then reads them)."""
+        it wrote last time (a repeated call's), or by None (an empty command's): the
+        views ``reply`` made of each slot then, or None, indexed by rank (None at the
+        others), nothing read again. None when a rank has not finished yet, or its
+        reply is otherwise (failed, pickled, newly described, or arrays when ``views``
+        is False: ``collect`` then reads them)."""
         header = self.header
         replies: list = [None] * self.n
         kept = self._replies_read
         for rank in ranks:  # (a reply other than described arrays sets its head to 0,
             base = self._bases[rank]  # for which no views are ever kept: ``finish``)
-            views = kept[rank]
-            if (header[base + _DONE] != seq or header[base + _STATUS] != STATUS_OK
-                    or views[0] != header[base + _REPLY_HEAD]):
+            if header[base + _DONE] != seq or header[base + _STATUS] != STATUS_OK:
                 return None
-            replies[rank] = views[1]
+            read = kept[rank]
+            if views and read[0] == header[base + _REPLY_HEAD]:
+                replies[rank] = read[1]
+            elif header[base + _REPLY_LEN] != _NONE:
+                return None
         return replies
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:

@@ -197,9 +197,10 @@ class TestCollectives:
         for value in per_rank(env.f32m):
             assert_close(value, 2 * total * synk.n_parallel())
 
-    def test_all_reduces_back_to_back_take_the_workers_lane(self, env):
+    def test_all_reduces_back_to_back_take_the_lanes(self, env):
         """All-reduces of the same variables and op one after the other (between
-        training steps) run in the worker of two through its lane: every one counts."""
+        training steps) are posted again as they stood by the master, and run in the
+        worker of two through its lane: every one counts."""
         n = synk.n_parallel()
         before = fill(env.f64v, 40)
         runs = lane_runs()
@@ -209,9 +210,9 @@ class TestCollectives:
         for value in per_rank(env.f64v):  # each sum after the first multiplies by n
             assert_close(value, expected_reduce("sum", before) * n**3)
         if n == 2:  # the usual way: the first after lane_runs (a command itself), and
-            assert ran[0] == 0 and ran[1] >= 2  # the first of a group (its layout)
-        else:  # one process: no command; three: no pair, a meeting point
-            assert not ran.any()
+            assert ran[0] >= 2 and ran[1] >= 2, ran  # the first of a group (its layout)
+        else:  # one process: no command; three: a message made anew each time, and no
+            assert not ran.any(), ran  # pair (a meeting point)
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

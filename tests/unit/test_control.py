@@ -560,9 +560,9 @@ def test_memo_same_object_is_found_without_hashing():
 def test_post_again_and_replies_again_take_only_what_still_stands(make_block):
     """A command posted again (``post_again``) only while the last post was that message,
     keyed by itself; its replies taken as the kept views (``replies_again``) only once
-    the rank is done, with success, answering arrays described as last time: never
-    after a reply of None, a pickled reply or a failure, even when the arrays that
-    follow are described alike."""
+    the rank is done, with success, answering arrays described as last time (or None,
+    taken as it is): never after a reply of None, a pickled reply or a failure, even
+    when the arrays that follow are described alike, and never with ``views=False``."""
     import numpy as np
 
     block = make_block(2)
@@ -580,10 +580,13 @@ def test_post_again_and_replies_again_take_only_what_still_stands(make_block):
     got = block.replies_again(seq, [1])
     assert got[0] is None and got[1] is kept
     np.testing.assert_array_equal(got[1][1][0], np.ones(3))
+    assert block.replies_again(seq, [1], views=False) is None  # arrays: to be copied
     for other in (None, "pickled", RuntimeError("failed")):
         seq = block.post_again(message, 0)
         block.finish(1, seq, other, isinstance(other, Exception), 0, block.worker_arena)
-        assert block.replies_again(seq, [1]) is None
+        for views in (True, False):
+            got = block.replies_again(seq, [1], views)
+            assert got == [None, None] if other is None else got is None, other
         seq = block.post_again(message, 0)
         block.finish(1, seq, like, False, 0, block.worker_arena)  # described as before
         assert block.replies_again(seq, [1]) is None  # but the slot was written anew

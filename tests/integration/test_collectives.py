@@ -209,10 +209,10 @@ class TestCollectives:
         ran = np.subtract(lane_runs(), runs)
         for value in per_rank(env.f64v):  # each sum after the first multiplies by n
             assert_close(value, expected_reduce("sum", before) * n**3)
-        if n == 2:  # the usual way: the first after lane_runs (a command itself), and
-            assert ran[0] >= 2 and ran[1] >= 2, ran  # the first of a group (its layout)
+        if n == 2 and DEVICE == "cpu":  # the usual way: the first after lane_runs (a
+            assert ran[0] >= 2 and ran[1] >= 2, ran  # command), the first of a group
         else:  # one process: no command; three: a message made anew each time, and no
-            assert not ran.any(), ran  # pair (a meeting point)
+            assert not ran.any(), ran  # pair; on a device: made anew (its setup)
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

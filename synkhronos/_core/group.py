@@ -193,10 +193,13 @@ class LocalGroup:
         replies of None as they are).
         Returns ``(own, replies, parts)``: the workers' replies by rank (None at this
         rank), or None and ``parts`` as ``round`` gives them; or None having posted
-        nothing (the message is not the last one posted: the caller runs ``round``)."""
+        nothing (the message is not the last one posted: the caller runs ``round``).
+        Signals that arrived before the post are forgotten, as ``Session.run_held``
+        does before a round."""
         control = self.ctx.control
-        if control is None:
+        if control is None or control.again is not message:
             return None
+        signals.forget()  # only a signal that arrives during this command is ours
         local = self.ctx.local_rank
         before = control.seq
         share_done = False

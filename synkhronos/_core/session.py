@@ -298,9 +298,8 @@ class Session:
             return None
         self._running = True
         try:
-            signals.forget()  # only a signal that arrives during this command is ours
             try:
-                ran = again(message, self._own_share)
+                ran = again(message, self._own_share)  # (it forgets earlier signals)
             except KeyboardInterrupt as exc:
                 if not self.transport.interrupt_breaks:
                     raise  # the group left the command pending: the session stays

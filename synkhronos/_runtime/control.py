@@ -122,7 +122,9 @@ class ControlBlock:
         self._heads_written = 0
         self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * n
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
-        self._again: object = None  # master: the key of the last post, while it may repeat
+        #: The master's: the key of the last post while ``post_again`` may repeat it
+        #: (None: it may not).
+        self.again: object = None
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
         self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
@@ -132,7 +134,7 @@ class ControlBlock:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
         names were unlinked long ago). Nothing may use the block afterwards."""
         self._written, self._replies_read = (None, []), []  # the views of the slots, let go
-        self._again = None
+        self.again = None
         try:
             for view in (self.header, self.release_log.words, self._buffer):
                 view.release()
@@ -261,7 +263,7 @@ class ControlBlock:
         anything is written.
         """
         header = self.header
-        self._again = None  # (until this post has taken effect: see post_again)
+        self.again = None  # (until this post has taken effect: see post_again)
         last = self._memo.last
         if key is not None and last is not None and last[0] is key:
             # The same object as the last command's (a training loop): no hash, no pickle.
@@ -277,7 +279,7 @@ class ControlBlock:
             if header[sleeping]:
                 semaphore.release()
         if message_id and header[_PAYLOAD_LEN] >= 0:  # kept in the mailbox, by its id
-            self._again = key
+            self.again = key
         return seq
 
     def post_again(self, message: object, master_rank: int) -> int:
@@ -285,7 +287,7 @@ class ControlBlock:
         loop's call), while the mailbox still holds it: the sequence number bumped and
         the sleepers woken, nothing looked up. Returns the sequence number, or 0 having
         posted nothing (another message went since, or this one went unkeyed)."""
-        if self._again is not message:
+        if self.again is not message:
             return 0
         header = self.header
         seq = header[_SEQ] + 1

@@ -355,7 +355,7 @@ class Function:
                     if call is not None:
                         # Inputs like an earlier call's and nothing else asked: what that
                         # call validated still holds, the arrays copied where its went.
-                        replies = session.run_again(call)
+                        replies = session.run_again(call) if session.runs_again else None
                         if replies is None:  # (not the last command's message)
                             replies = session.run_held(call, repeats=True)
                         return self._returned(replies, plain.prepared.output_ops, None)

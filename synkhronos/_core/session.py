@@ -122,6 +122,8 @@ class Session:
         self.broken: BaseException | None = None
         self.observer: Observer | None = None
         self.transport = Transport(group)
+        #: Whether ``run_again`` may run a command (the transport has a lane for it).
+        self.runs_again = self.transport.round_again is not None
         # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
         # so ``enter`` must be able to tell whether the interrupted acquire() got it.
         self._command_lock = threading.RLock()
@@ -144,6 +146,7 @@ class Session:
     def use(self, transport: Transport) -> None:
         """The transport ``fork`` chose (before the session is handed out)."""
         self.transport = transport
+        self.runs_again = transport.round_again is not None
 
     @property
     def replica_groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -247,7 +250,7 @@ class Session:
         """
         took = self.enter()
         try:
-            if repeats:  # (a message posted as the last command's, again: its lane)
+            if repeats and self.runs_again:  # (a message posted last, again: its lane)
                 replies = self.run_again(message)
                 if replies is not None:
                     return replies

@@ -57,8 +57,9 @@ class Transport:
         self.group = group
         self._size = group.ctx.size
         #: ``LocalGroup.round_again``, where a command may be posted again as it stands
-        #: (every process is on this machine), else None.
-        self.round_again: Callable[..., Any] | None = group.round_again
+        #: (every process is on this machine, and there are workers), else None.
+        self.round_again: Callable[..., Any] | None = (
+            group.round_again if group.ctx.control is not None else None)
 
     def run(self, message: Message, own_share: Share, key: Any,
             timed: bool) -> tuple[list[Any], Outcome, First]:

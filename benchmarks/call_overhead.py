@@ -48,6 +48,17 @@ SERIES = ("plain", "numpy", "data", "plain_beside_numpy", "numpy_repeated",
           "plain_beside_data", "data_repeated")
 
 
+def in_turn(calls: int, series: list[tuple]) -> None:
+    """``calls`` times: each of ``series`` (function, argument, list of seconds) called
+    on its argument and timed, in turn."""
+    clock = time.perf_counter
+    for _ in range(calls):
+        for fn, arg, timings in series:
+            start = clock()
+            fn(arg)
+            timings.append(clock() - start)
+
+
 def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
     """One session of ``n``: ``calls`` timings of each series, taken in turn."""
     synk.fork(n)
@@ -63,30 +74,14 @@ def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
             plain(values)
             parallel(values)
             parallel(shared_values)
-        clock = time.perf_counter
         times: dict[str, list[float]] = {name: [] for name in SERIES}
-        plain_t, numpy_t, data_t = times["plain"], times["numpy"], times["data"]
-        for _ in range(calls):
-            start = clock()
-            plain(values)
-            plain_t.append(clock() - start)
-            start = clock()
-            parallel(values)
-            numpy_t.append(clock() - start)
-            start = clock()
-            parallel(shared_values)
-            data_t.append(clock() - start)
+        in_turn(calls, [(plain, values, times["plain"]), (parallel, values, times["numpy"]),
+                        (parallel, shared_values, times["data"])])
         for kind, value in (("numpy", values), ("data", shared_values)):
-            beside, repeated = times[f"plain_beside_{kind}"], times[f"{kind}_repeated"]
             for _ in range(200):
                 parallel(value)
-            for _ in range(calls):
-                start = clock()
-                plain(values)
-                beside.append(clock() - start)
-                start = clock()
-                parallel(value)
-                repeated.append(clock() - start)
+            in_turn(calls, [(plain, values, times[f"plain_beside_{kind}"]),
+                            (parallel, value, times[f"{kind}_repeated"])])
         return times
     finally:
         synk.close()

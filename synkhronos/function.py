@@ -265,11 +265,10 @@ class Function:
         prepared = self._prepared[fn_id] = PreparedCall(
             fn_id, static, len(self.inputs), self._labels, session.ctx.prefix,
             replica_rows(session.replica_groups, session.ctx.size),
-            # One process in all, on CPU cores: it reads big numpy inputs in place. (On
-            # device="gpu" it copies them: JAX's CPU platform reads the copy in shared
-            # memory without a copy of its own, but copies the caller's array at every
-            # call, which costs more; on a GPU it is not measured yet.)
-            reads_in_place=session.n == 1 and session.ctx.device == "cpu",
+            # One process in all: it reads big numpy inputs in place, where the
+            # placement says that costs less than the copy (CPU cores, a GPU; not
+            # JAX's CPU platform standing in for one)
+            reads_in_place=session.n == 1 and session.ctx.placement.reads_callers_arrays,
         )
         if key == (None, False):
             self._plain = prepared
@@ -290,8 +289,8 @@ class Function:
             One value per input, in the order ``inputs + bcast_inputs`` or by the
             variable's name: ``synk.Data`` objects (used in place, no copy) or numpy
             arrays and array-likes (copied once into shared memory; with one process
-            in all on CPU cores, a repeated call reads numpy inputs of 32 KiB or more
-            where they are, since nobody else needs the copy). dtypes are cast
+            in all, on CPU cores or a GPU, a repeated call reads numpy inputs of 32 KiB
+            or more where they are, since nobody else needs the copy). dtypes are cast
             only where PyTensor would cast.
         output_subset : list of int, optional
             Indices of the outputs to compute and return (compiled on first use).

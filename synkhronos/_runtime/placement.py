@@ -13,6 +13,10 @@ device they run on. Three moments of a session need it:
 3. a collective staged through host memory: a value is read on the host
    (``to_host``) into the exchange buffer, and the result moves back (``to_device``).
 
+It also says whether, with one process in all, a repeated call reads the caller's numpy
+arrays where they are rather than a copy in shared memory (``reads_callers_arrays``:
+where that costs less).
+
 ``HostPlacement`` (``device="cpu"``) keeps numpy arrays where they are: every method
 is the identity or one assignment. ``JaxPlacement`` (``device="gpu"``, and JAX's CPU
 platform standing in for it) keeps JAX arrays on the process's one device;
@@ -36,6 +40,10 @@ class Placement:
     """The interface (see the module docstring); ``HostPlacement`` is the identity."""
 
     views = True  # values may view one another's memory (a flat buffer's pieces)
+    # With one process in all, a repeated call may hand the caller's numpy arrays to the
+    # function as they are (as PyTensor's own call does) instead of a copy in shared
+    # memory that no other process reads (``_call.PreparedCall``'s ``reads_in_place``).
+    reads_callers_arrays = True
 
     def to_host(self, value: Any) -> np.ndarray:
         """``value`` as a numpy array (no copy where it is one already)."""
@@ -93,6 +101,13 @@ class JaxPlacement(Placement):
     def __init__(self, gpu_ids: Sequence[str] = ()) -> None:
         self.gpu_ids = tuple(gpu_ids)
         self._put: Callable[[Any], Any] | None = None
+        # On a GPU every input crosses to the device at every call, from the caller's
+        # array or from its copy in shared memory alike, so the copy is pure cost (on an
+        # H100 a training step at 256 rows of 784 float32 took 0.98 ms with the copy,
+        # 0.80 ms without, 0.76 ms as a plain PyTensor function). JAX's CPU
+        # platform (the stand-in) reads the aligned copy in shared memory without a copy
+        # of its own but copies a caller's array at every call: there the copy costs less.
+        self.reads_callers_arrays = bool(self.gpu_ids)
 
     def bind(self, local_rank: int) -> None:
         if self.gpu_ids:

@@ -126,6 +126,8 @@ class ControlBlock:
         #: (None: it may not).
         self.again: object = None
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
+        self._epochs = [base + _EPOCH for base in self._bases]  # (barrier's, agree's)
+        self._votes = [base + _VOTE for base in self._bases]
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
         self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
                         for other in range(n) if other != rank] for rank in range(n)]
@@ -512,24 +514,35 @@ class ControlBlock:
         """
         header = self.header
         seq = header[_SEQ]
-        epoch_field = self._bases[rank] + _EPOCH
+        epoch_field = self._epochs[rank]
         current = header[epoch_field]
-        count = current - seq * _EPOCH_STRIDE if current >= seq * _EPOCH_STRIDE else 0
-        target = seq * _EPOCH_STRIDE + count + 1
+        first = seq * _EPOCH_STRIDE  # this command's first barrier arrives at first + 1
+        target = (current if current >= first else first) + 1
         header[epoch_field] = target
-        self.wake_all(rank)
-        fields = self._bases
+        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
+        epochs = self._epochs
+        for field in epochs:  # (the loops of all(), written out: a small command's path)
+            if header[field] < target:
+                break
+        else:
+            return  # the last to arrive
 
         def ready() -> bool:
-            if all(header[f + _EPOCH] >= target for f in fields):
+            for field in epochs:
+                if header[field] < target:
+                    break
+            else:
                 return True
+            fields = self._bases
             if header[_ABORT] == seq or any(
                 header[f + _DONE] == seq and header[f + _STATUS] != STATUS_OK for f in fields
             ):
                 # Look again: a rank may have arrived, passed the barrier and failed
                 # after it between the two reads above (it failed *after* the barrier,
                 # so this rank passes too and raises its own error, not a secondary one).
-                if all(header[f + _EPOCH] >= target for f in fields):
+                if all(header[field] >= target for field in epochs):
                     return True
                 raise BarrierAborted("another process failed before this barrier")
             return False
@@ -546,10 +559,13 @@ class ControlBlock:
     def agree(self, rank: int, ok: bool, on_poll: Callable[[], None]) -> bool:
         """A barrier that returns whether every rank passed ``ok=True`` to it."""
         header = self.header
-        mark = 2 * header[_SEQ]
-        header[self._bases[rank] + _VOTE] = mark + (1 if ok else 0)
+        yes = 2 * header[_SEQ] + 1
+        header[self._votes[rank]] = yes if ok else yes - 1
         self.barrier(rank, on_poll)
-        return all(header[base + _VOTE] == mark + 1 for base in self._bases)
+        for field in self._votes:
+            if header[field] != yes:
+                return False
+        return True
 
     # -- payload and reply slots ------------------------------------------------------------
     def _write(self, obj: object, at: int, capacity: int, length_field: int,

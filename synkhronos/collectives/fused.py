@@ -259,11 +259,16 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
     group, spec, resident = _group_for(ctx, backend, targets)
     pair = standalone and group.pair
     key = (op, pair, targets.labels)
-    if resident and spec is None:  # the same step as last time, built once
+    if spec is None:  # the same step as last time, built once (its message posted again)
         step = group.steps.get(key)
         if step is not None:
+            if pair and not resident:
+                backend.pair_copies(ctx, group, resident)  # (the same copies after it)
             return step
-    # pair: the worker leaves the result in its slot, the master copies it into its own
+    # pair: the worker leaves the result in its slot, the master copies it into its own.
+    # Else each rank loads its values inside the command, so the step is the same
+    # whether the master's values still lie in its slot or not (beyond two processes a
+    # small group's results are new arrays: the others may still read the slot).
     copies = backend.pair_copies(ctx, group, resident) if pair else []
     shapes = group.layout.shapes
 
@@ -573,24 +578,35 @@ HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
 
 def all_reduce_lane(ctx: RankContext, message: AllReduce
                     ) -> Callable[[int, int], bool] | None:
-    """A worker's shortcut for a two-rank ``all_reduce`` repeated (``Executor.lanes``:
-    the same group and op again, an all-reduce between training steps): the backend's
-    ``pair_reduce`` called and the reply written, nothing looked up. None for any
-    other ``all_reduce``."""
+    """A worker's shortcut for an ``all_reduce`` repeated (``Executor.lanes``: the same
+    group and op again, an all-reduce between training steps): the backend's
+    ``pair_reduce`` (two ranks) or ``all_reduce`` called and the reply written, nothing
+    looked up. None for a message that maps a new group or carries a setup."""
     control = ctx.control
-    if (control is None or not message.pair or ctx.rank == ctx.master_rank
+    if (control is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.setup is not None):
         return None
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, None)
     op, master_rank, arena = message.op, ctx.master_rank, ctx.arena
 
-    def run(seq: int, rank: int) -> bool:
-        if faults.ARMED:  # a test's fault points: the usual way passes them
+    if message.pair:
+        def run(seq: int, rank: int) -> bool:
+            if faults.ARMED:  # a test's fault points: the usual way passes them
+                return False
+            mismatch = backend.pair_reduce(ctx, group, op)
+            control.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
+                           False, master_rank, arena)
+            return True
+
+        return run
+    reduce = backend.all_reduce
+
+    def run_all(seq: int, rank: int) -> bool:
+        if faults.ARMED:
             return False
-        mismatch = backend.pair_reduce(ctx, group, op)
-        control.finish(rank, seq, None if mismatch is None else Mismatch(mismatch), False,
-                       master_rank, arena)
+        reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
+        control.finish(rank, seq, reply, False, master_rank, arena)
         return True
 
-    return run
+    return run_all

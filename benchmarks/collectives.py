@@ -28,8 +28,8 @@ Implementations:
 an empty string: none).
 
 Waiting processes spin, then sleep: ``--spin`` sets ``synk.fork(spin=...)`` (MPI
-spins by default; gloo blocks). Left out, the library decides, and picks 0 whenever
-the 1-minute load average says the cores are busy; the JSON records what was used.
+spins by default; gloo blocks). Left out, the library decides: 1 ms, or 0 (sleep at
+once) when there are more processes than usable cores; the JSON records what was used.
 
 The machine may be shared: before and after every series the JSON records how idle
 the CPUs were over half a second (``idle_before``/``idle_after``, percent; ours are
@@ -301,7 +301,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="run every series this often")
     parser.add_argument("--spin", type=float, default=None,
                         help="synk.fork(spin=...); default: the library's choice, which is "
-                             "0 (block at once) when the load average says cores are busy")
+                             "0 (block at once) when processes outnumber the usable cores")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--sizes", default=None,
                         help="comma-separated byte counts (multiples of 4); default: "

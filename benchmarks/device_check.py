@@ -578,7 +578,9 @@ def part_cpu_all_reduce(cfg: dict) -> dict:
             "GB_per_s": {label: {str(r["bytes"]): round(r["GB_per_s"], 4) for r in rows}
                          for label, rows in report["series"].items()},
             "ratios": report["ratios"], "absent": report["absent"],
-            "idle_percent": report["idle_percent"]}
+            "idle_percent": report["idle_percent"],
+            # how long waiting processes spun before sleeping (0: they slept at once)
+            "synkhronos_spin_s": report.get("synkhronos_spin_s")}
     if any("median_us" not in r for r in results.values()):
         raise PartFailed(results)
     return results

@@ -50,6 +50,7 @@ from .._reducers import ReduceOp
 from .._scatter import split_bounds
 
 __all__ = [
+    "column",
     "host_value",
     "store_value",
     "ALIGN",
@@ -63,6 +64,19 @@ __all__ = [
 ]
 
 ALIGN = 64  # every variable of a fused buffer starts on its own cache line
+
+
+def column(views: Sequence[np.ndarray]) -> np.ndarray:
+    """One variable's views in consecutive slots of a segment, as one view whose first
+    axis is the slot: what ``combined`` reduces in one call. The slots must lie one
+    stride apart, as every group lays them out."""
+    addresses = [view.__array_interface__["data"][0] for view in views]
+    step = addresses[1] - addresses[0] if len(views) > 1 else views[0].nbytes
+    if any(b - a != step for a, b in zip(addresses, addresses[1:], strict=False)):
+        raise ValueError("the slots of a column must lie one stride apart")
+    first = views[0]
+    return np.lib.stride_tricks.as_strided(first, (len(views), *first.shape),
+                                           (step, *first.strides))
 
 
 def host_value(ctx: RankContext, var: Any) -> np.ndarray:

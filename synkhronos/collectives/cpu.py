@@ -66,6 +66,7 @@ from .backend import (
     FusedLayout,
     GroupSpec,
     Targets,
+    column,
     host_value,
     register_backend,
     store_value,
@@ -106,9 +107,10 @@ class Group(backend.Group):
     """One list of variables, its fused layout, and its segment (per process).
 
     ``slots``, ``flats``, ``pieces`` and ``foreign`` are indexed by (global) rank;
-    ``columns`` holds, per variable, the slots of the processes that share this
-    segment. One slot per process, at its rank; a subclass (``hierarchy.py``) lays
-    out groups that span machines (``_lay_out``, ``slot_count``).
+    ``columns`` holds, per variable, one view of it in the slots of the processes that
+    share this segment (its first axis: the slot; ``backend.column``). One slot per
+    process, at its rank; a subclass (``hierarchy.py``) lays out groups that span
+    machines (``_lay_out``, ``slot_count``).
     """
 
     def __init__(self, key: int, name: str, buffer: Any, layout: FusedLayout,
@@ -127,7 +129,7 @@ class Group(backend.Group):
         n, layout = ctx.size, self.layout
         self.slots = [layout.views(self.buffer, r * stride) for r in range(n)]
         self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
-        self.columns = [list(views) for views in zip(*self.slots, strict=True)]
+        self.columns = [column(views) for views in zip(*self.slots, strict=True)]
         self.pair = self.small and n == 2  # all_reduce without a barrier: pair_reduce
         self.foreign = _foreign(layout, self.pieces)  # rank -> variable -> ranges
 

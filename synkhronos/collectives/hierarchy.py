@@ -46,7 +46,7 @@ from .._core.context import RankContext
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
 from .._scatter import Batch, block, select_rows
-from .backend import Backend, FusedLayout, GroupSpec, Targets, register_backend
+from .backend import Backend, FusedLayout, GroupSpec, Targets, column, register_backend
 from .cpu import CpuBackend, _foreign, give_own_piece, loaded, rebind
 from .cpu import Group as LocalGroup
 
@@ -75,8 +75,8 @@ class MachineGroup(LocalGroup):
             self.slots[rank] = layout.views(self.buffer, (rank - self.base) * stride)
         self.flats = [None if slot is None else [view.reshape(-1) for view in slot]
                       for slot in self.slots]
-        self.columns = [list(views) for views in zip(*(self.slots[r] for r in local),
-                                                     strict=True)]
+        self.columns = [column(views) for views in zip(*(self.slots[r] for r in local),
+                                                      strict=True)]
         self.local_pieces = layout.pieces(ctx.local_size)  # this machine's own split
         self.foreign = [None] * n
         for rank, ranges in zip(local, _foreign(layout, self.local_pieces), strict=True):
@@ -223,7 +223,7 @@ def _fast_into_leader(ctx: RankContext, group: MachineGroup, op: ReduceOp, value
             combine_into(target[i][lo:hi], first, others, summed)
         ctx.local_barrier()
     elif leaders is not None:
-        results = [combined(column, summed) for column in group.columns]
+        results = [combined(stack, summed) for stack in group.columns]
         for view, result in zip(group.slots[lead], results, strict=True):
             np.copyto(view, result)
     if leaders is not None:

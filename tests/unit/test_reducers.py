@@ -18,6 +18,7 @@ from synkhronos._reducers import (
     ufunc_of,
 )
 from synkhronos._scatter import split_bounds
+from synkhronos.collectives.backend import column
 
 FAST = settings(max_examples=200, deadline=None)
 
@@ -224,6 +225,40 @@ def test_combined_and_combine_into_match_numpy(op, func):
     np.testing.assert_allclose(combined(sources, ReduceOp(op)), out)
     for s, c in zip(sources, copies, strict=True):
         np.testing.assert_array_equal(s, c)
+
+
+@pytest.mark.parametrize(("op", "dtype"), [  # (an integer avg is refused before any kernel)
+    (op, dtype) for op in ("sum", "prod", "max", "min", "avg")
+    for dtype in ("f8", "f4", "i4", "u1", "c8") if not (op == "avg" and dtype[0] in "iu")])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("count", [1, 2, 3, 8, 9])
+def test_combined_of_a_column_equals_combined_of_its_views(op, dtype, shape, count):
+    """A group's column (one variable in every slot of a segment, the slots a stride
+    apart: ``backend.column``) combines in one ``ufunc.reduce`` to what the list of
+    the same views gives: the dtype kept (integers wrap as the list's calls wrap), the
+    shape, and the values; at 8 values or more numpy sums by pairs, so floats may
+    differ in the last bits, nothing more. The column stays a view."""
+    size = int(np.prod(shape))
+    stride = 40  # elements between slots, as a segment's pages are
+    rng = np.random.default_rng(count)
+    flat = (rng.standard_normal(count * stride) * 3).astype(dtype)
+    views = [flat[k * stride:k * stride + size].reshape(shape) for k in range(count)]
+    stack = column(views)
+    assert stack.shape == (count, *shape) and np.shares_memory(stack, flat)
+    got, want = combined(stack, ReduceOp(op)), combined(views, ReduceOp(op))
+    assert got.dtype == want.dtype == np.dtype(dtype) and got.shape == shape
+    if np.dtype(dtype).kind in "iu":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype in ("f4", "c8") else 1e-12)
+    flat[:] = 1  # a view: it sees the slots change
+    np.testing.assert_array_equal(combined(stack, ReduceOp.MAX), np.ones(shape, dtype))
+
+
+def test_a_column_needs_slots_one_stride_apart():
+    flat = np.zeros(100)
+    with pytest.raises(ValueError, match="one stride apart"):
+        column([flat[0:2], flat[10:12], flat[30:32]])
 
 
 def test_combine_into_aliasing_first_source():

@@ -16,8 +16,6 @@ import pytest
 from pytensor.raise_op import Assert
 
 import synkhronos as synk
-from synkhronos import _call
-from synkhronos._core.session import current
 from synkhronos.testing import (
     commands_run,
     lane_runs,
@@ -326,34 +324,6 @@ def test_repeated_numpy_calls_read_the_callers_arrays_as_they_are_now(model):
             want = model.reduce.as_pytensor(np.asarray(odd, dtype=np.float64), y)
             assert_all_close(model.reduce(odd, y), want)
     assert_all_close(model.reduce(x, y), model.reduce.as_pytensor(x, y))
-
-
-@pytest.mark.skipif(DEVICE != "gpu", reason="device='cpu' reads in place at n=1 always "
-                    "(tests/unit/test_in_place.py); this runs the path a real GPU takes")
-def test_on_a_gpu_one_process_reads_the_callers_arrays(model, monkeypatch):
-    """At n_parallel 1 on a GPU the copy into shared memory is skipped too (every input
-    crosses to the device anyway); the stand-in copies, since JAX's CPU platform reads
-    the aligned copy without one of its own, so this test lends it a GPU's placement
-    rule: no copy after the first calls, and every change of the caller's arrays
-    shows."""
-    if synk.n_parallel() != 1:
-        pytest.skip("with workers the copy stays: they read it")
-    placement = current().ctx.placement
-    assert placement.reads_callers_arrays == bool(placement.gpu_ids)  # not on the stand-in
-    monkeypatch.setattr(placement, "reads_callers_arrays", True)
-    x = pt.dmatrix("x")
-    f = synk.function([x], [(x.sum(axis=0), "sum"), (x.max(axis=1), "gather")], name="own")
-    rows = np.tile(X, (4, 1))  # 64 KiB: over the 32 KiB below which copies cost less
-    for _ in range(2):  # prepared, then repeated: the plan is made on the second
-        assert_all_close(f(rows), f.as_pytensor(rows))
-    copies = []
-    refill = _call.Staging.refill
-    monkeypatch.setattr(_call.Staging, "refill",
-                        lambda *a: copies.append(a) or refill(*a))
-    for k in range(3):
-        rows[k, 1] += 10.0  # the caller's array changes in place between calls
-        assert_all_close(f(rows), f.as_pytensor(rows))
-    assert not copies
 
 
 def test_a_repeated_call_takes_the_lanes(model):

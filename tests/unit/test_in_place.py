@@ -7,6 +7,10 @@ in ``tests/integration/test_function.py`` at every size."""
 from __future__ import annotations
 
 import gc
+import importlib.util
+import os
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -95,3 +99,51 @@ def test_calls_in_turn_each_read_in_place():
             assert copies == []
     finally:
         synk.close()
+
+
+_GPU_RULE = """
+import numpy as np
+import pytensor.tensor as pt
+
+import synkhronos as synk
+from synkhronos import _call
+from synkhronos._core.session import current
+
+synk.fork(1, device="gpu")
+placement = current().ctx.placement
+assert placement.reads_callers_arrays == bool(placement.gpu_ids)  # the stand-in: none
+placement.reads_callers_arrays = True  # a GPU's rule, lent to the stand-in
+x = pt.dmatrix("x")
+f = synk.function([x], [(x.sum(axis=0), "sum"), (x.max(axis=1), "gather")])
+synk.distribute()
+rows = np.arange(4096 * 2.0).reshape(4096, 2)  # 64 KiB
+for _ in range(2):  # prepared, then repeated: the plan is made on the second
+    f(rows)
+copies = []
+refill = _call.Staging.refill
+_call.Staging.refill = lambda *args: copies.append(args) or refill(*args)
+for k in range(3):
+    rows[k, 1] += 10.0  # the caller's array changes in place between calls
+    for got, want in zip(f(rows), f.as_pytensor(rows), strict=True):
+        np.testing.assert_allclose(got, want)
+assert not copies, len(copies)
+synk.close()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                    reason="jax is not installed (it is in the test extra)")
+@pytest.mark.timeout(300)
+def test_on_a_gpu_one_process_reads_the_callers_arrays_too():
+    """``device="gpu"`` at n=1 skips the copy as well where the placement says so (on a
+    GPU every input crosses to the device anyway). JAX's CPU platform, the stand-in,
+    keeps the copy, since it reads the aligned copy without one of its own; the session
+    (in a process of its own: a master that ran JAX cannot fork again) lends it a
+    GPU's rule to run the path a GPU takes: no copy, and every change shows."""
+    env = dict(os.environ, SYNKHRONOS_GPU_PLATFORM="cpu")
+    env.pop("PYTENSOR_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", _GPU_RULE], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().endswith("ok")

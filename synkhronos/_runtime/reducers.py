@@ -449,8 +449,9 @@ def combined(values: list[np.ndarray] | np.ndarray, op: ReduceOp) -> np.ndarray:
 
     ``values`` may be one array whose first axis runs over the values (the
     collectives' ``Group.columns``: one variable in every slot): one ``ufunc.reduce``
-    then, where a list takes a call per value (at 8 values of one float, 1.1 against
-    7.5 us). Either way every rank that combines the same values gets the same bits.
+    then, where a list takes a call per value (a sum of 16 values of one float: 1.5
+    against 11.9 us). Either way every rank that combines the same values gets the
+    same bits.
     """
     first = values[0]
     if len(values) == 1:

@@ -59,6 +59,10 @@ def _read(var, rank: int) -> np.ndarray:
     return var.get_value()
 
 
+def _set(var, rank: int, value: np.ndarray) -> None:
+    var.set_value(value)
+
+
 # -- helpers in the master ------------------------------------------------------------------
 def fill(var, seed: int, shape=None, order: str = "C") -> list[np.ndarray]:
     """Set per-rank values of ``var`` (default: its first shape); return them by rank."""
@@ -214,6 +218,19 @@ class TestCollectives:
             assert all(count >= 2 for count in ran), ran  # group (on a device: staged)
         else:  # one process: no command
             assert not ran.any(), ran
+        if n > 1:  # the kept step, one process's shape changed: refused, nothing changed
+            now = per_rank(env.f64v)
+            longer = np.append(now[-1], 7.0)
+            on_variable(env.f64v, _set, longer, ranks=[n - 1])
+            with pytest.raises(ValueError, match=rf"'f64v'.*same shape in every process.*"
+                               rf"\({len(longer)},\) in rank {n - 1}"):
+                synk.all_reduce(env.f64v, "sum")
+            for value, was in zip(per_rank(env.f64v), [*now[:-1], longer], strict=True):
+                assert_close(value, was)
+            set_values = fill(env.f64v, 41)  # the same shape again: the same lanes serve
+            synk.all_reduce(env.f64v, "sum")
+            for value in per_rank(env.f64v):
+                assert_close(value, expected_reduce("sum", set_values))
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

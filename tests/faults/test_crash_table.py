@@ -163,6 +163,19 @@ def _threads_of(pid: int) -> list[str]:
     return found
 
 
+def _main_thread_sleeps(pid: int) -> bool:
+    """Whether the main thread of ``pid`` is blocked in a sleep's system call (its kernel
+    wait channel names it; where the kernel shows no wait channel, its state is S)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+        if wchan in ("", "0"):  # hidden by this kernel: asleep is the best one can see
+            return _master_thread_state(pid) == "S"
+    except OSError:  # it has ended
+        return False
+    return "sleep" in wchan
+
+
 def _master_thread_state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         text = f.read()
@@ -709,12 +722,16 @@ def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
     """
     kills = ["sigint_group", "sigterm"] * 3
     masters = [master("--idle", "--long-sleep", "--preimport") for _ in kills]
-    # signal each master as soon as it is idle: the first moments after fork count
+    # signal each master as soon as it is idle (the first moments after fork count),
+    # and inside its sleep: a signal that lands between the script's marker and the
+    # sleep's system call is one CPython itself leaves until the sleep ends (the C
+    # handler has run, the main thread is not interrupted, time.sleep looks at signals
+    # only after an EINTR), so it would hang whichever thread the kernel chose
     pending = dict(zip(masters, kills, strict=True))
     give_up = time.monotonic() + 30
     while pending and time.monotonic() < give_up:
         for m, kill in list(pending.items()):
-            if m.markers_present() or m.proc.poll() is not None:
+            if (m.markers_present() and _main_thread_sleeps(m.pid)) or m.proc.poll() is not None:
                 signum, group, _ = KILLS[kill]
                 (os.killpg if group else os.kill)(m.pid, signum)
                 del pending[m]

@@ -366,7 +366,7 @@ class CpuBackend(Backend[Group]):
         if values is None:
             return False
         if group.small:  # every slot is loaded (the vote was a barrier): combine them all
-            rebind(ctx, group.variables, [combined(views, op) for views in group.columns])
+            rebind(ctx, group.variables, [combined(stack, op) for stack in group.columns])
             return True
         self._fold(ctx, group, op, values)
         self._spread(ctx, group)
@@ -397,7 +397,7 @@ class CpuBackend(Backend[Group]):
                else [view.reshape(-1) for view in group.layout.views(scratch)])
         if group.small:  # the root alone: every slot is loaded
             if rank == root:
-                results = [combined(views, op) for views in group.columns]
+                results = [combined(stack, op) for stack in group.columns]
                 if scratch is not None:
                     for target, result in zip(out, results, strict=True):
                         target[...] = result.reshape(-1)

@@ -53,8 +53,8 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   ``synk.data`` inputs too (``ratio_synk_data_over_plain``): Data inputs are never
   copied; numpy inputs are read where they are at ``n=1`` on a GPU (as on CPU cores;
   with the copy into shared memory the step took 0.98 ms on an H100, without it 0.80,
-  plain PyTensor 0.76), but copied
-  on the stand-in, where that costs less (``placement.JaxPlacement``).
+  plain PyTensor 0.76), but copied on the stand-in, where that costs less
+  (``placement.JaxPlacement``).
 - ``gpu_tests``: the device suites of ``.ci/gpu_standin.sh`` (function, function
   errors, data, collectives, steps, training, shares, checkpoints) with
   ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one

@@ -214,23 +214,25 @@ class TestCollectives:
         ran = np.subtract(lane_runs(), runs)
         for value in per_rank(env.f64v):  # each sum after the first multiplies by n
             assert_close(value, expected_reduce("sum", before) * n**3)
-        if n > 1:  # the usual way: the first after lane_runs (a command), the first of a
-            assert all(count >= 2 for count in ran), ran  # group (on a device: staged)
-        else:  # one process: no command
+        if n == 1:  # one process: no command
             assert not ran.any(), ran
-        if n > 1:  # the kept step, one process's shape changed: refused, nothing changed
-            now = per_rank(env.f64v)
-            longer = np.append(now[-1], 7.0)
-            on_variable(env.f64v, _set, longer, ranks=[n - 1])
-            with pytest.raises(ValueError, match=rf"'f64v'.*same shape in every process.*"
-                               rf"\({len(longer)},\) in rank {n - 1}"):
-                synk.all_reduce(env.f64v, "sum")
-            for value, was in zip(per_rank(env.f64v), [*now[:-1], longer], strict=True):
-                assert_close(value, was)
-            set_values = fill(env.f64v, 41)  # the same shape again: the same lanes serve
+            return
+        # the usual way: the first after lane_runs (a command), the first of a group (on
+        # a device: staged)
+        assert all(count >= 2 for count in ran), ran
+        # the kept step, one process's shape changed: refused, nothing changed
+        now = per_rank(env.f64v)
+        longer = np.append(now[-1], 7.0)
+        on_variable(env.f64v, _set, longer, ranks=[n - 1])
+        with pytest.raises(ValueError, match=rf"'f64v'.*same shape in every process.*"
+                           rf"\({len(longer)},\) in rank {n - 1}"):
             synk.all_reduce(env.f64v, "sum")
-            for value in per_rank(env.f64v):
-                assert_close(value, expected_reduce("sum", set_values))
+        for value, was in zip(per_rank(env.f64v), [*now[:-1], longer], strict=True):
+            assert_close(value, was)
+        set_values = fill(env.f64v, 41)  # the same shape again: the kept step serves
+        synk.all_reduce(env.f64v, "sum")
+        for value in per_rank(env.f64v):
+            assert_close(value, expected_reduce("sum", set_values))
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

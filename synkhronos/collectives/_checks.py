@@ -44,6 +44,7 @@ class Front:
         self.registry = registry
         self.backend = backend
         self.targets: dict[Any, Targets] = {}
+        self.repeat: Any = None  # the last all_reduce's ``fused.Repeat``, if it may repeat
 
 
 FRONT: RankVar[Front] = RankVar(

@@ -35,8 +35,10 @@ from typing import Any, Literal
 import numpy as np
 
 from .. import _pytensor
+from .._core.session import current
 from .._scatter import select_rows
 from ._checks import (
+    FRONT,
     begin,
     check_fixed_length,
     check_rank,
@@ -48,6 +50,7 @@ from ._checks import (
 )
 from .backend import store_value
 from .fused import (
+    Repeat,
     all_reduce_step,
     broadcast_step,
     get_value_step,
@@ -338,12 +341,22 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     >>> synk.all_reduce(w, op="sum")      # doctest: +SKIP
     rank 0: w = [4, 6]    rank 1: w = [4, 6]
     """
-    session, front, targets, _ = begin("all_reduce", shared_vars)
+    session = current()
+    if session is not None:  # the same call as the last (a training loop's): steps 1-3 done
+        front = FRONT.get(session.ctx)
+        repeat = front.repeat
+        if repeat is not None and repeat.matches(shared_vars, op):
+            _run(session, front.backend, repeat.step)
+            return
+    session, front, targets, single = begin("all_reduce", shared_vars)
     parsed = reduce_op(op, targets)
     if session.n == 1:
         session.check_usable()
         return  # one process: every op leaves its values as they are
-    _run(session, front.backend, all_reduce_step, targets, parsed)
+    repeat = None if targets.by_name else Repeat(shared_vars, single, op, targets, parsed)
+    front.repeat = repeat
+    _run(session, front.backend, repeat.step if repeat is not None else all_reduce_step,
+         *(() if repeat is not None else (targets, parsed)))
 
 
 def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> None:

@@ -103,6 +103,14 @@ def _foreign(layout: FusedLayout, pieces: list) -> list:
             for mine in pieces]
 
 
+def _scratch_of(slot: np.ndarray) -> np.ndarray:
+    """Where a kernel writes when its operand is ``slot`` and so is its output: a new
+    array for a one-element slot, since numpy copies a one-element operand that is also
+    the output (an add of one float32: 0.65 against 0.25 us, numpy 2.4); ``slot``
+    itself for larger ones, which numpy reads in place."""
+    return np.empty_like(slot) if slot.size == 1 else slot
+
+
 class Group(backend.Group):
     """One list of variables, its fused layout, and its segment (per process).
 
@@ -119,7 +127,7 @@ class Group(backend.Group):
         self.name, self.buffer = name, buffer
         self.pieces = layout.pieces(ctx.size)
         self.small = layout.data_bytes <= SMALL_BYTES
-        self.pairs: list[tuple] | None = None  # worker: (var, master's, own, 2)
+        self.pairs: list[tuple] | None = None  # worker: (var, master's, own, 2, scratch)
         self.slots: list[Any]  # rank -> its slot's views (None: no slot here)
         self.flats: list[Any]
         self.foreign: list[Any]
@@ -445,19 +453,23 @@ class CpuBackend(Backend[Group]):
         finished. Replies the worker's shapes if they differ from the master's."""
         pairs = group.pairs
         if pairs is None:  # the divisor typed once: a Python 2 costs a microsecond a call
-            pairs = group.pairs = [(var, first, out, np.array(2, out.dtype)) for var, first, out
-                                   in zip(group.variables, group.slots[ctx.master_rank],
-                                          group.slots[ctx.rank], strict=True)]
-        for var, _, view, _ in pairs:
+            pairs = group.pairs = [(var, first, out, np.array(2, out.dtype), _scratch_of(out))
+                                   for var, first, out in zip(
+                                       group.variables, group.slots[ctx.master_rank],
+                                       group.slots[ctx.rank], strict=True)]
+        for var, _, view, _, _ in pairs:
             value = _pytensor.value(var)
             if value is not view and value.shape != view.shape:
                 return tuple(_pytensor.value(v).shape for v in group.variables)
         ufunc, mean = ufunc_of(op)
-        for var, first, out, two in pairs:
+        for var, first, out, two, scratch in pairs:
             value = _pytensor.value(var)
-            ufunc(first, value, out=out)
+            into = scratch if value is out else out  # (scratch is out beyond one element)
+            ufunc(first, value, out=into)
             if mean:
-                np.true_divide(out, two, out=out)
+                np.true_divide(into, two, out=out)
+            elif into is not out:
+                out[...] = into
             if value is not out:
                 _pytensor.bind(var, out)
         return None

@@ -57,7 +57,7 @@ from .backend import (
     store_value,
 )
 
-__all__ = ["HANDLERS", "Step", "all_reduce_lane", "run_step", "run_steps", "Mismatch"]
+__all__ = ["HANDLERS", "Repeat", "Step", "all_reduce_lane", "run_step", "run_steps", "Mismatch"]
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -161,6 +161,50 @@ class Step:
     finish: Callable[[list], Any] = lambda replies: None
     new: tuple[str, ...] = ()  # buffers this command introduces (mapped by every rank)
     repeats: bool = False  # the same message is likely to come again
+    group: Group | None = None  # the group of a step kept for repeated calls (its master's)
+
+
+class Repeat:
+    """The master's record of the last ``all_reduce`` on more than one process: its
+    arguments as given, what they resolved to, and the step it ran last. A call with
+    the same variables (the same objects, in the same order) and the same op (the same
+    object: a literal or the default) is the same call (the all-reduce between a
+    training loop's steps): it skips the checks the first one passed and, while the
+    group of those variables is still current (the master's values in its slots, no
+    new layout), the step's lookup too."""
+
+    def __init__(self, given: Any, single: bool, op: Any, targets: Targets,
+                 parsed: ReduceOp) -> None:
+        self.items = (given,) if single else tuple(given)
+        self.single = single
+        self.op = op
+        self.targets = targets
+        self.parsed = parsed
+        self.last: Step | None = None
+
+    def matches(self, shared_vars: Any, op: Any) -> bool:
+        if op is not self.op:
+            return False
+        items = self.items
+        if self.single:
+            return shared_vars is items[0]
+        if type(shared_vars) not in (list, tuple) or len(shared_vars) != len(items):
+            return False
+        i = 0
+        for item in shared_vars:  # (a list may have changed since: each is looked at)
+            if item is not items[i]:
+                return False
+            i += 1
+        return True
+
+    def step(self, session: Session, backend: Backend) -> Step:
+        """The step to run now (the caller holds the command lock): the last one while
+        its group is current, else ``all_reduce_step``'s."""
+        step = self.last
+        if step is None or backend.current(session.ctx, self.targets) is not step.group:
+            step = all_reduce_step(session, backend, self.targets, self.parsed)
+            self.last = step if step.group is not None else None  # (None: not kept)
+        return step
 
 
 def run_steps(session: Session, backend: Backend, steps: Sequence[Step],
@@ -281,7 +325,7 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
     setup = backend.setup(ctx)
     message = AllReduce(group.key, spec, op, pair, setup)
     if spec is None and setup is None:
-        step = group.steps[key] = Step(message, finish, repeats=True)
+        step = group.steps[key] = Step(message, finish, repeats=True, group=group)
         return step
     return Step(message, finish, new=(spec.name,) if spec else ())
 

@@ -234,6 +234,49 @@ class TestCollectives:
         for value in per_rank(env.f64v):
             assert_close(value, expected_reduce("sum", set_values))
 
+    def test_a_repeated_all_reduce_follows_what_it_is_given(self, env):
+        """A call with the same variables and op as the last skips its checks and runs
+        the step it kept (``fused.Repeat``): each change between calls must still
+        count: the list changed in place, another op, values set anew, a new shape, a
+        variable by name, a one-element variable (its own kernel at two processes)."""
+        variables = [env.f64v, env.f32m]
+        for seed in (50, 51):  # the second call repeats the first
+            before = [fill(var, seed + i) for i, var in enumerate(variables)]
+            synk.all_reduce(variables, "sum")
+            for var, values in zip(variables, before, strict=True):
+                for value in per_rank(var):
+                    assert_close(value, expected_reduce("sum", values))
+        untouched = per_rank(env.f32m)
+        variables[1] = env.f64s  # the same list, changed in place
+        before = [fill(var, 52 + i) for i, var in enumerate(variables)]
+        synk.all_reduce(variables, "sum")
+        for var, values in zip(variables, before, strict=True):
+            for value in per_rank(var):
+                assert_close(value, expected_reduce("sum", values))
+        for value, was in zip(per_rank(env.f32m), untouched, strict=True):
+            assert_close(value, was)
+        for op in ("max", "max", "avg"):  # another op, then the same again
+            before = [fill(var, 53 + i) for i, var in enumerate(variables)]
+            synk.all_reduce(variables, op)
+            for var, values in zip(variables, before, strict=True):
+                for value in per_rank(var):
+                    assert_close(value, expected_reduce(op, values))
+        for shape in ((5,), (8,), (8,)):  # the master's own value only, then new shapes
+            if shape == (5,):
+                env.f64v.set_value(np.arange(5.0))
+                before = [np.arange(5.0), *per_rank(env.f64v)[1:]]
+            else:
+                before = fill(env.f64v, 54, shape=shape)
+            synk.all_reduce(variables, "avg")
+            for value in per_rank(env.f64v):
+                assert_close(value, expected_reduce("avg", before))
+        fill(env.f64v, 55)  # (the first shape again, for the tests after this one)
+        for seed in (56, 57):
+            before = fill(env.f64s, seed)
+            synk.all_reduce("f64s", "avg")
+            for value in per_rank(env.f64s):
+                assert_close(value, expected_reduce("avg", before))
+
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])
     def test_reduce(self, env, op, in_place):

@@ -152,31 +152,3 @@ def test_released_likelihood_refuses_to_run(built):
     with pytest.raises(RuntimeError, match="was released"):
         fn(good)
 
-
-_PYTHON_BLAS = {"Gemv", "Gemm", "Dot22", "Dot22Scalar", "Ger"}  # Ops whose perform is Python
-
-
-def test_the_likelihood_keeps_numpys_dot_where_pytensor_has_no_blas_library():
-    """Without a BLAS library to link (a pip install), PyTensor's BLAS rewrites turn a
-    matrix-vector product and its gradient into Ops that run in Python through scipy;
-    the row likelihood is compiled without them (``_pymc_compat.pymc_mode``): numpy's
-    own ``dot`` does the same product (a two-process evaluation at 10^4 rows of the
-    hierarchical benchmark model 1.29x -> 1.48x PyMC's)."""
-    import pytensor
-    import pytensor.tensor as pt
-    from pytensor.compile.mode import get_mode
-
-    from synkhronos.pymc import _pymc_compat as compat
-
-    x, w = pt.dmatrix("x"), pt.dvector("w")
-    products = [x @ w, pytensor.grad(pt.exp(x @ w).sum(), w)]
-
-    def ops(mode) -> set[str]:
-        fn = pytensor.function([x, w], products, mode=mode)
-        return {type(node.op).__name__ for node in fn.maker.fgraph.apply_nodes}
-
-    if getattr(pytensor.config, "blas__ldflags", "") or not ops(get_mode(None)) & _PYTHON_BLAS:
-        pytest.skip("PyTensor's default mode here makes no Python BLAS Op (a BLAS library "
-                    "is linked, or its backend has its own products): nothing to leave out")
-    kept = ops(compat.pymc_mode(logistic_model()))
-    assert not kept & _PYTHON_BLAS, kept

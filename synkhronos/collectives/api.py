@@ -12,7 +12,9 @@ Every function here follows the same path::
                   few paths without a command check the session themselves
 
 Steps 1-3 live in ``_checks.py``; every error of theirs is raised before any process
-moves. Step 4 builds the collective's ``Step`` (``fused.py``) and runs it as one
+moves. An ``all_reduce`` with the same variables and op as the last one (between a
+training loop's steps) has passed them already: it runs the step the last one kept
+(``fused.Repeat``). Step 4 builds the collective's ``Step`` (``fused.py``) and runs it as one
 command, holding the session's command lock from the staging of values to the end, so
 that collectives from several threads of the master never interleave. A list of
 variables travels as one fused buffer, and a single variable returns a single value
@@ -353,10 +355,12 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     if session.n == 1:
         session.check_usable()
         return  # one process: every op leaves its values as they are
-    repeat = None if targets.by_name else Repeat(shared_vars, single, op, targets, parsed)
-    front.repeat = repeat
-    _run(session, front.backend, repeat.step if repeat is not None else all_reduce_step,
-         *(() if repeat is not None else (targets, parsed)))
+    if targets.by_name:  # a variable given by name is resolved anew at every call
+        front.repeat = None
+        _run(session, front.backend, all_reduce_step, targets, parsed)
+        return
+    front.repeat = repeat = Repeat(shared_vars, single, op, targets, parsed)
+    _run(session, front.backend, repeat.step)
 
 
 def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> None:

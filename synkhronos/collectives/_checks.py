@@ -18,7 +18,7 @@ Nothing here moves data: ``fused.py`` and the backend do that afterwards.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pytensor.compile.sharedvalue import SharedVariable
@@ -30,6 +30,9 @@ from .._reducers import ReduceOp, parse_op
 from .._scatter import Batch, normalize_batch
 from ..distribute import REGISTRY, Registry
 from .backend import BACKEND, Backend, Targets
+
+if TYPE_CHECKING:
+    from .fused import Repeat
 
 _OPS = {op.value: op for op in ReduceOp if op not in (ReduceOp.GATHER, ReduceOp.NONE)}
 _CACHE_LIMIT = 256
@@ -44,7 +47,7 @@ class Front:
         self.registry = registry
         self.backend = backend
         self.targets: dict[Any, Targets] = {}
-        self.repeat: Any = None  # the last all_reduce's ``fused.Repeat``, if it may repeat
+        self.repeat: Repeat | None = None  # the last all_reduce, if it may repeat
 
 
 FRONT: RankVar[Front] = RankVar(

@@ -14,9 +14,9 @@ Every function here follows the same path::
 Steps 1-3 live in ``_checks.py``; every error of theirs is raised before any process
 moves. An ``all_reduce`` with the same variables and op as the last one (between a
 training loop's steps) has passed them already: it runs the step the last one kept
-(``fused.Repeat``). Step 4 builds the collective's ``Step`` (``fused.py``) and runs it as one
-command, holding the session's command lock from the staging of values to the end, so
-that collectives from several threads of the master never interleave. A list of
+(``fused.Repeat``). Step 4 builds the collective's ``Step`` (``fused.py``) and runs it
+as one command, holding the session's command lock from the staging of values to the
+end, so that collectives from several threads of the master never interleave. A list of
 variables travels as one fused buffer, and a single variable returns a single value
 where a list returns a list.
 

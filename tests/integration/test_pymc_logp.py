@@ -151,4 +151,3 @@ def test_released_likelihood_refuses_to_run(built):
     _row_sum(fn).release()
     with pytest.raises(RuntimeError, match="was released"):
         fn(good)
-

@@ -68,20 +68,20 @@ class OpTimer:
         self.spent = 0.0
 
     def __enter__(self) -> OpTimer:
-        inner = self.op._perform_commands
+        inner = self.op._evaluate_commands
 
-        def timed(inputs, output_storage):
+        def timed(theta):
             start = time.perf_counter()
             try:
-                return inner(inputs, output_storage)
+                return inner(theta)
             finally:
                 self.spent += time.perf_counter() - start
 
-        self.op._perform_commands = timed
+        self.op._evaluate_commands = timed
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.op._perform_commands
+        del self.op._evaluate_commands
 
 
 def block(fn, points: list[np.ndarray], calls: int) -> float:

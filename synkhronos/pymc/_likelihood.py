@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -135,6 +134,34 @@ def _pins_rows(graph, row_inputs) -> bool:
                and var.owner.inputs[0] in row_inputs for var in ancestors([graph]))
 
 
+# -- the values, in one vector ----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Values:
+    """The value variables the likelihood reads, laid end to end in one flat vector of
+    ``dtype`` (their upcast): the Op's one input and its gradient's layout."""
+
+    vars: list
+    shapes: list[tuple[int, ...]]
+    offsets: list[int]  # where each starts in the vector, then its length
+    dtype: str
+
+    @classmethod
+    def of(cls, vars: list, point: dict) -> _Values:
+        shapes = [tuple(np.shape(point[v.name])) for v in vars]
+        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
+        return cls(vars, shapes, offsets, pytensor.scalar.upcast(*[v.dtype for v in vars]))
+
+    def flat(self, point: dict) -> np.ndarray:
+        """The vector of a point (value variable name -> value)."""
+        return np.concatenate([np.asarray(point[v.name], dtype=self.dtype).ravel()
+                               for v in self.vars])
+
+    def joined(self):
+        """The vector in a PyTensor graph of the value variables."""
+        return pt.concatenate([(v if v.dtype == self.dtype else pt.cast(v, self.dtype)).ravel()
+                               for v in self.vars])
+
+
 # -- 3. the synkhronos function ------------------------------------------------------------
 def _check_grainsize(grainsize) -> int | None:
     if grainsize is None:
@@ -174,13 +201,14 @@ def _one_block(plan, grainsize: int | None) -> bool:
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
-def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: _Group,
-                n: int, slices: int) -> None:
+def _check_rows(fn: Function, row_data: list[Data], values: _Values, entries: np.ndarray,
+                model, group: _Group, n: int, slices: int) -> None:
     """Step 4: the sum over processes must equal the same graph on the whole data.
 
     Compared at jittered points, where a term that mixes rows (a mean or a lag over the
     data inside the model) shows. The whole-data value is the master's own compiled
-    function (``as_pytensor``): no extra compile.
+    function (``as_pytensor``): no extra compile. ``entries``: those of the flat values
+    that ``fn`` reads.
     """
     moved = [rv for rv in group.observed if group.graphs.get(rv, rv) is not rv]
     if n == 1 and slices == 1 and not moved:
@@ -195,8 +223,8 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
         jittered = {name: np.asarray(value + rng.uniform(-1, 1, size=np.shape(value)),
                                      dtype=np.asarray(value).dtype)
                     for name, value in start.items()}
-        point = [jittered[v.name] for v in values]
-        whole_loglik, whole_grad = _unpack(fn.as_pytensor(*[d.data for d in row_data], *point))
+        point = values.flat(jittered)[entries]
+        whole_loglik, whole_grad = _unpack(fn.as_pytensor(*[d.data for d in row_data], point))
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
         if pymc_logp is not None:
@@ -208,7 +236,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
                     f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
                     f"{float(want)!r}; pass split=[...] without them")
         try:
-            loglik, grad = _unpack(fn(*row_data, *point, num_slices=slices))
+            loglik, grad = _unpack(fn(*row_data, point, num_slices=slices))
         except WorkerError as exc:
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
@@ -233,16 +261,15 @@ def _check_rows(fn: Function, row_data: list[Data], values: list, model, group: 
 # -- 5. the Op PyMC's function calls ---------------------------------------------------------
 @dataclasses.dataclass
 class _Part:
-    """One group's compiled likelihood: ``fn(*row_data, *values)`` over its rows, in
+    """One group's compiled likelihood: ``fn(*row_data, theta)`` over its rows, in
     ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
-    vector (``_unpack``); ``positions`` picks its values among the Op's inputs, ``flat``
-    the entries of the Op's flat gradient they fill."""
+    vector (``_unpack``); ``entries`` are those of the flat values (the Op's input, and
+    its flat gradient) that ``theta`` holds."""
 
     fn: Function
     row_data: list[Data]
     slices: int
-    positions: list[int]
-    flat: np.ndarray
+    entries: np.ndarray
     # Without workers (n_parallel 1): the compiled function itself, called in place
     # (``_Lean``); None where the session's command path runs it.
     lean: _Lean | None = None
@@ -284,10 +311,9 @@ class _Lean:
                  keeps_outputs: bool):
         self.call = call  # the compiled function on trusted inputs (``Function._in_place``)
         self.row_data = row_data
-        # each value's type, dtype, ndim and static shape (None where not all known)
-        self.types = [(var.type, np.dtype(var.type.dtype), var.ndim,
-                       None if None in var.type.shape else var.type.shape)
-                      for var in fn.bcast_inputs]
+        self.type = fn.bcast_inputs[0].type  # the flat values' (``theta``)
+        self.dtype = np.dtype(self.type.dtype)
+        self.shape = self.type.shape
         self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
         # A VM that keeps its storage between calls (no allow_gc) may reuse an output's
         # array in the next call: keep a copy of it then.
@@ -313,25 +339,22 @@ class _Lean:
         both = self.call(*arrays)[0]
         return both if self.fresh else both.copy()
 
-    def __call__(self, values: list) -> np.ndarray:
-        """The log-likelihood and flat gradient of all the rows in this process, in one
-        vector (``_unpack``)."""
-        arrays = [item.data for item in self.row_data]
-        for value, (kind, dtype, ndim, shape) in zip(values, self.types, strict=True):
-            if type(value) is not np.ndarray or value.ndim != ndim or (
-                    value.dtype is not dtype and value.dtype != dtype) or (
-                    shape is not None and value.shape != shape):
-                # not from PyTensor's own graph: its type checks it, as PyTensor would
-                value = kind.filter(value, strict=False, allow_downcast=False)
-            arrays.append(value)
+    def __call__(self, theta: Any) -> np.ndarray:
+        """The log-likelihood and flat gradient of all the rows in this process at the
+        flat values ``theta``, in one vector (``_unpack``)."""
+        if type(theta) is not np.ndarray or (
+                theta.dtype is not self.dtype and theta.dtype != self.dtype) or (
+                theta.shape != self.shape):
+            # not from PyTensor's own graph: its type checks it, as PyTensor would
+            theta = self.type.filter(theta, strict=False, allow_downcast=False)
+        rows = [item.data for item in self.row_data]
         if self.bounds is None:
-            return self.run(arrays)
-        rows, values = arrays[:len(self.row_data)], arrays[len(self.row_data):]
+            return self.run([*rows, theta])
         both: Any = None
         for start, stop in self.bounds:
             if stop == start:
                 continue
-            part = self.run([*[r[start:stop] for r in rows], *values])
+            part = self.run([*[r[start:stop] for r in rows], theta])
             if both is None:
                 both = part
             else:
@@ -342,20 +365,23 @@ class _Lean:
 class RowSum(Op):
     """The divided observed log-likelihood and its gradient.
 
-    Value variables -> (log-likelihood, flat gradient), summed over the processes: one
-    parallel call for each group of rows (one, unless two datasets of different lengths
-    are divided). It holds handles to the session's functions and the rows' shared
+    The value variables, flat in one vector (``_Values``) -> (log-likelihood, flat
+    gradient), summed over the processes: one parallel call for each group of rows
+    (one, unless two datasets of different lengths are divided). One vector in: on
+    Numba, one array for PyTensor's object mode to hand the Op, and one for a call to
+    stage and send. It holds handles to the session's functions and the rows' shared
     memory: it is never copied or pickled.
     """
 
-    def __init__(self, parts: list[_Part] | None, sources: list,
-                 shapes: list[tuple[int, ...]], dtype: str,
-                 connect: Callable[[], list[_Part]] | None = None):
+    def __init__(self, parts: list[_Part] | None, sources: list, values: _Values,
+                 dtype: str, connect: Callable[[], list[_Part]] | None = None):
         self.parts = parts
         self._connect = connect  # builds the parts where they are None
-        self.sources = sources  # (shared variable, the value copied into the rows)
-        self.sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
-        self.total = sum(self.sizes)
+        # (the shared variable's storage, the value copied into the rows): a storage
+        # that holds another value is a pm.set_data since
+        self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
+        self.total = values.offsets[-1]
+        self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
         self.dtype = dtype
         self.released = False
         self.session: Any = None
@@ -370,10 +396,10 @@ class RowSum(Op):
         # while it runs (None: each part is a parallel call).
         lean = all(part.lean is not None for part in parts)
         self.session = parts[0].fn._session if lean else None
-        # One part that takes every value in order and returns the Op's dtype: its
-        # outputs, new arrays at every call, are the Op's as they come.
+        # One part that reads every value and returns the Op's dtype: the Op's input is
+        # its ``theta``, and its outputs, new arrays at every call, are the Op's.
         first = parts[0]
-        self.direct = (len(parts) == 1 and first.positions == list(range(len(self.sizes)))
+        self.direct = (len(parts) == 1 and len(first.entries) == self.total
                        and first.fn._local.maker.fgraph.outputs[0].type.dtype == self.dtype)
 
     @property
@@ -382,12 +408,18 @@ class RowSum(Op):
         slices = tuple(part.slices for part in self.parts or ())
         return slices[0] if len(slices) == 1 else slices
 
-    def make_node(self, *inputs):
-        inputs = [pt.as_tensor_variable(x) for x in inputs]
+    def make_node(self, theta):
+        theta = self.input_type.filter_variable(theta)
         outputs = [pt.scalar(dtype=self.dtype), pt.vector(dtype=self.dtype, shape=(self.total,))]
-        return Apply(self, inputs, outputs)
+        return Apply(self, [theta], outputs)
 
     def perform(self, node, inputs, output_storage):
+        output_storage[0][0], output_storage[1][0] = self.evaluate(inputs[0])
+
+    def evaluate(self, theta: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The log-likelihood and its flat gradient at the flat values ``theta``: the
+        Op's outputs (new arrays; on Numba called straight from the compiled graph,
+        ``compat.numba_object_call``)."""
         # (A process forked from the master, such as a PyMC chain process with
         # cores > 1, gets the session's RuntimeError from this call.)
         if self.released:
@@ -396,61 +428,59 @@ class RowSum(Op):
         if self.parts is None:  # deferred: this process's first evaluation builds them
             assert self._connect is not None
             self._adopt(self._connect())
-        for var, value in self.sources:
-            if var.get_value(borrow=True) is not value:
+        for name, cell, value in self.sources:
+            if cell[0] is not value:
                 raise RuntimeError(
-                    f"the model's data {var.name!r} changed (pm.set_data) after "
+                    f"the model's data {name!r} changed (pm.set_data) after "
                     "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
                 )
         if self.session is not None:
-            self._perform_lean(self.session, inputs, output_storage)
-        else:
-            self._perform_commands(inputs, output_storage)
+            return self._evaluate_lean(self.session, theta)
+        return self._evaluate_commands(theta)
 
-    def _perform_commands(self, inputs, output_storage) -> None:
-        """``perform`` through the session: one parallel call for each part."""
+    def _split(self, theta: Any) -> Any:
+        """``theta`` as the type of the Op's input (for its entries of each part)."""
+        return self.input_type.filter(theta, strict=False, allow_downcast=False)
+
+    def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
+        """``evaluate`` through the session: one parallel call for each part."""
         parts = self.parts
         assert parts is not None
         if self.direct:  # (the call's reduced output is a new array: its views are kept)
             part = parts[0]
-            output_storage[0][0], output_storage[1][0] = _unpack(part.fn(
-                *part.row_data, *inputs, num_slices=part.slices))
-            return
+            return _unpack(part.fn(*part.row_data, theta, num_slices=part.slices))
+        theta = self._split(theta)
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
         for part in parts:
-            loglik, grad = _unpack(part.fn(*part.row_data,
-                                           *[inputs[i] for i in part.positions],
+            loglik, grad = _unpack(part.fn(*part.row_data, theta[part.entries],
                                            num_slices=part.slices))
             total += loglik
-            flat[part.flat] += grad
-        output_storage[0][0] = total
-        output_storage[1][0] = flat
+            flat[part.entries] += grad
+        return total, flat
 
-    def _perform_lean(self, session: Any, inputs, output_storage) -> None:
-        """``perform`` without workers: each part's compiled function in place (``_Lean``),
-        holding the session (usable, this thread's) as a command would."""
+    def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
+        """``evaluate`` without workers: each part's compiled function in place
+        (``_Lean``), holding the session (usable, this thread's) as a command would."""
         parts = self.parts
         assert parts is not None
         took = session.enter()
         try:
             if session.observer is not None:  # synk.profile() records each call: commands
-                self._perform_commands(inputs, output_storage)
-                return
+                return self._evaluate_commands(theta)
             if self.direct:
                 lean = parts[0].lean
                 assert lean is not None
-                output_storage[0][0], output_storage[1][0] = _unpack(lean(inputs))
-                return
+                return _unpack(lean(theta))
+            theta = self._split(theta)
             total = np.zeros((), dtype=self.dtype)
             flat = np.zeros(self.total, dtype=self.dtype)
             for part in parts:
                 assert part.lean is not None
-                loglik, grad = _unpack(part.lean([inputs[i] for i in part.positions]))
+                loglik, grad = _unpack(part.lean(theta[part.entries]))
                 total += loglik
-                flat[part.flat] += grad
-            output_storage[0][0] = total
-            output_storage[1][0] = flat
+                flat[part.entries] += grad
+            return total, flat
         finally:
             session.leave(took)
 
@@ -460,15 +490,11 @@ class RowSum(Op):
         if not isinstance(g_flat.type, DisconnectedType) or isinstance(
             g_loglik.type, DisconnectedType
         ):
-            return [grad_not_implemented(self, i, x, "second derivatives of a "
-                                         "synkhronos likelihood are not available")
-                    for i, x in enumerate(inputs)]
-        flat = outputs[1]  # the same node as the value: one call computes both
-        pieces, begin = [], 0
-        for x, size in zip(inputs, self.sizes, strict=True):
-            pieces.append(g_loglik * flat[begin:begin + size].reshape(x.shape))
-            begin += size
-        return pieces
+            return [grad_not_implemented(self, 0, inputs[0], "second derivatives of a "
+                                         "synkhronos likelihood are not available")]
+        # (outputs[1]: the same node as the value, one call computes both)
+        grad = g_loglik * outputs[1]
+        return [grad if grad.dtype == inputs[0].dtype else pt.cast(grad, inputs[0].dtype)]
 
     L_op = pullback  # PyTensor < 3.3 asks for the same thing under this name
 
@@ -492,30 +518,46 @@ class RowSum(Op):
                 item.free_memory()
 
 
-def _build_part(model, group: _Group, loglik, rows: dict, values: list, offsets: list[int],
-                size: int, grainsize: int | None) -> _Part:
+def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size: int,
+                grainsize: int | None) -> _Part:
     """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
-    and check."""
+    and check.
+
+    The function takes the values it reads as one flat vector (``theta``: the Op's
+    input, or the entries of it that this group reads), one array to stage and send a
+    call rather than one a value variable. In its graph each value is a view of
+    ``theta``, and the gradient is taken with respect to those views: the compiled
+    likelihood is the one on separate inputs.
+    """
     used = set(ancestors([loglik]))
-    positions = [i for i, v in enumerate(values) if v in used]
-    mine = [values[i] for i in positions]
-    grads: Any = pytensor.grad(loglik, mine)
+    positions = [i for i, v in enumerate(values.vars) if v in used]
+    mine = [values.vars[i] for i in positions]
+    entries = np.concatenate([np.arange(values.offsets[i], values.offsets[i + 1])
+                              for i in positions])
+    theta = pt.vector(dtype=values.dtype, shape=(len(entries),), name="theta")
+    pieces, begin = [], 0
+    for i, var in zip(positions, mine, strict=True):
+        end = begin + values.offsets[i + 1] - values.offsets[i]
+        piece = theta[begin:end].reshape(values.shapes[i])
+        pieces.append(piece if piece.dtype == var.dtype else pt.cast(piece, var.dtype))
+        begin = end
+    loglik = graph_replace(loglik, dict(zip(mine, pieces, strict=True)))
+    grads: Any = pytensor.grad(loglik, pieces)
     # One output, the log-likelihood then the flat gradient: one reduction and one
     # array to send a call, not two (``_unpack`` takes it apart)
     both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
-    fn = function(inputs=list(rows.values()), bcast_inputs=mine, outputs=(both, "sum"),
+    fn = function(inputs=list(rows.values()), bcast_inputs=[theta], outputs=(both, "sum"),
                   mode=compat.pymc_mode(model), name="pymc_loglik")
     distribute()
     row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
     slices = _num_slices(row_data, group.rows, size, grainsize)
-    _check_rows(fn, row_data, mine, model, group, size, slices)
-    entries = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in positions])
+    _check_rows(fn, row_data, values, entries, model, group, size, slices)
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
     lean = _Lean.of(fn, row_data, slices) if size == 1 else None
-    return _Part(fn, row_data, slices, positions, entries, lean)
+    return _Part(fn, row_data, slices, entries, lean)
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:
@@ -562,8 +604,7 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
             # evaluation, 5-12% of PyMC's at 10^4 rows.
             return compat.value_grad_function(model.logp(jacobian=jacobian), model,
                                               point), None
-        shapes = [np.shape(point[v.name]) for v in values]
-        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
+        flat = _Values.of(values, point)
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
 
@@ -573,8 +614,8 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
             try:
                 with model:
                     for group, (loglik, rows) in zip(plan.groups, built, strict=True):
-                        parts.append(_build_part(model, group, loglik, rows, values,
-                                                 offsets, size, grainsize))
+                        parts.append(_build_part(model, group, loglik, rows, flat, size,
+                                                 grainsize))
             except BaseException:
                 for part in parts:
                     for item in part.row_data:
@@ -585,18 +626,14 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
         sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
         if open_session is None:
-            op = RowSum(connect(), sources, shapes, built[0][0].dtype)
+            op = RowSum(connect(), sources, flat, built[0][0].dtype)
         else:
-            op = RowSum(None, sources, shapes, built[0][0].dtype, connect=connect)
+            op = RowSum(None, sources, flat, built[0][0].dtype, connect=connect)
         rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
-        divided: Any = op(*values)  # (log-likelihood, flat gradient)
+        divided: Any = op(flat.joined())  # (log-likelihood, flat gradient)
         cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
-        with warnings.catch_warnings():
-            # PyTensor's Numba backend runs a Python Op in object mode, as intended here
-            # (one call per evaluation); it says so in a warning at every compile.
-            warnings.filterwarnings("ignore", message="Numba will use object mode to run "
-                                    "RowSum", category=UserWarning)
-            vgf = compat.value_grad_function(cost, model, point)
+        compat.numba_object_call(RowSum, RowSum.evaluate)
+        vgf = compat.value_grad_function(cost, model, point)
     return vgf, op
 
 

@@ -5,15 +5,18 @@ where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the def
 cores and chain count of ``pm.sample``, the error its parallel sampler raises for a
 chain, the initial-point function it jitters with, the rewrites its compile adds for
 parameter checks, the imputation it builds for masked observations, and nutpie's
-``from_pyfunc`` hook. The rest of :mod:`synkhronos.pymc` asks this module, so a new
-PyMC release is one file's work. PyMC is imported only when one of these functions
-runs. (``sample`` also relies on one behaviour of ``pm.sample``'s parallel sampler: with
-``mp_ctx="fork"`` its chain processes inherit the step instead of unpickling it.)
+``from_pyfunc`` hook; and of PyTensor, what the likelihood's Op needs: a shared
+variable's value cell and the Numba backend's dispatch of a Python Op. The rest of
+:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
+PyMC is imported only when one of these functions runs. (``sample`` also relies on
+one behaviour of ``pm.sample``'s parallel sampler: with ``mp_ctx="fork"`` its chain
+processes inherit the step instead of unpickling it.)
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,8 @@ __all__ = [
     "initial_point_fn",
     "parameter_check_rewrite",
     "pymc_mode",
+    "value_cell",
+    "numba_object_call",
     "sample_parameters",
     "minibatch_variables",
     "nutpie_from_pyfunc",
@@ -115,6 +120,52 @@ def pymc_mode(model: Any) -> Any:
     if not getattr(pytensor.config, "blas__ldflags", ""):
         optimizer = optimizer.excluding("BlasOpt")
     return Mode(linker=base.linker, optimizer=optimizer)
+
+
+def value_cell(var: Any) -> list:
+    """The one-element list in which PyTensor keeps a shared variable's value
+    (``get_value(borrow=True)`` is its item; ``set_value``, as ``pm.set_data`` calls it,
+    replaces the item): read in one index, where ``get_value`` costs a few calls."""
+    return var.container.storage
+
+
+_numba_registered: set[type] = set()
+
+
+def numba_object_call(op_type: type, evaluate: Callable[[Any, Any], tuple]) -> None:
+    """Where PyTensor compiles with Numba (PyTensor 3's default mode), run the nodes of
+    ``op_type`` (one input; outputs as its node's) as ``evaluate(op, input)``, which
+    returns the outputs' tuple, called from the compiled graph in Numba's object mode.
+
+    PyTensor's own fallback for an Op without a Numba implementation does the same
+    through ``perform``, with an output storage of lists made and read back at every
+    call: 1.9 against 1.2 us a call here. Registered through PyTensor's documented
+    extension point (``numba_funcify``), once a type; elsewhere nothing to do.
+    """
+    from pytensor.compile.mode import get_default_mode
+
+    if op_type in _numba_registered or type(get_default_mode().linker).__name__ != "NumbaLinker":
+        return
+    import numba
+    from pytensor.link.numba.dispatch import numba_funcify
+    from pytensor.link.numba.dispatch.basic import get_numba_type
+
+    @numba_funcify.register(op_type)
+    def _object_call(op: Any, node: Any, **kwargs: Any) -> Any:
+        returns = numba.types.Tuple([get_numba_type(out.type) for out in node.outputs])
+
+        def call(value: Any) -> tuple:
+            return evaluate(op, value)
+
+        @numba.njit
+        def run(value: Any) -> Any:
+            with numba.objmode(outputs=returns):
+                outputs = call(value)
+            return outputs
+
+        return run
+
+    _numba_registered.add(op_type)
 
 
 def sample_parameters() -> dict[str, inspect.Parameter]:

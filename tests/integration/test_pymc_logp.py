@@ -123,22 +123,26 @@ def test_one_process_runs_in_place(built, name):
 
 @pytest.mark.timeout(900)
 def test_the_op_checks_values_it_is_given(built):
-    # The Op called with values that no PyTensor graph hands it: lists and floats are
-    # converted by the value variables' types, a wrong shape or dtype refused as a call
-    # refuses it (at n=1 in place, in slices; else through the command)
+    # The Op takes the values its likelihood reads as one flat vector (a, b, sigma_log__
+    # end to end). Called with what no PyTensor graph hands it: a list is converted by
+    # the vector's type, a wrong shape or dtype refused as a call refuses it (at n=1 in
+    # place, in slices; else through the command)
     op = _row_sum(built.parallel["sliced"])
-    values = [np.asarray(v) for v in built.models["sliced"].initial_point().values()][2:]
-    assert [v.shape for v in values] == [(6,), (), ()]  # a, b, sigma_log__
+    point = built.models["sliced"].initial_point()
+    theta = np.concatenate([np.ravel(point[name]) for name in ("a", "b", "sigma_log__")])
+    assert op.total == theta.size == 8
     out: list = [[None], [None]]
-    op.perform(None, values, out)
+    op.perform(None, [theta], out)
     loglik, grad = out[0][0], out[1][0].copy()
-    op.perform(None, [values[0].tolist(), float(values[1]), float(values[2])], out)
+    op.perform(None, [theta.tolist()], out)
     np.testing.assert_allclose(out[0][0], loglik, rtol=1e-12)
     np.testing.assert_allclose(out[1][0], grad, rtol=1e-12)
     with pytest.raises(TypeError, match="Wrong number of dimensions"):
-        op.perform(None, [values[0][:, None], values[1], values[2]], out)
+        op.perform(None, [theta[:, None]], out)
     with pytest.raises(TypeError):
-        op.perform(None, [values[0].astype("complex128"), values[1], values[2]], out)
+        op.perform(None, [theta.astype("complex128")], out)
+    with pytest.raises((TypeError, ValueError)):
+        op.perform(None, [theta[:5]], out)
 
 
 @pytest.mark.timeout(900)

@@ -305,6 +305,25 @@ class PreparedCall:
             self._staging.sync(arrays)
         return call
 
+    def kept(self, key: tuple, num_slices: int) -> tuple[Call, list, list] | None:
+        """For calls that go on repeating (``function.Bound``): the ``Call`` of an
+        earlier unprofiled plain call with inputs like ``key`` in ``num_slices``
+        slices, the positions of its numpy arguments and the buffers to copy them into
+        (where it reads them while no buffer is put anew); None where there is no such
+        call, its buffers hold another call's arrays, or over several machines (the
+        copies go to each machine's replica too)."""
+        found = (num_slices, False, key)
+        entry = self._repeats.get(found)
+        if entry is None or self._replicated:
+            return None
+        call, arrays, refs, kept = entry
+        if kept is None or kept[0] != self._staging.version:
+            kept = self._staging.destinations(refs, arrays)
+            if kept is None:
+                return None
+            self._repeats[found] = (call, arrays, refs, kept)
+        return call, arrays, kept[1]
+
     def remember(self, key: tuple, call: Call) -> None:
         """Keep a plain call's ``Call`` for the calls that repeat it (after it ran)."""
         if len(self._repeats) >= _REPEATS_KEPT:

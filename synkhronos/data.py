@@ -152,6 +152,11 @@ class Data:
     anything that would allocate raises ``RuntimeError``.
     """
 
+    # Bumped by every change of any Data's memory or visible shape in this process
+    # (``_show`` ends each): one number that says no Data moved, for the calls bound to
+    # the same Data again and again (``function.Bound``).
+    _moved = 0
+
     def __init__(
         self,
         value: Any = None,
@@ -481,6 +486,7 @@ class Data:
         else:
             self._view = shmem.array_view(self._map, self._dtype, shape)
         self._shape = shape
+        Data._moved += 1
 
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytensor
 from pytensor.graph.basic import Variable
 
@@ -43,9 +44,10 @@ from ._call import Call, Prepared, PreparedCall, combine, repeat_key, replica_ro
 from ._core.session import Session, require
 from ._reducers import ReduceOp, parse_op
 from ._scatter import normalize_shares, offsets, weighted_counts
+from .data import Data
 from .distribute import REGISTRY, distribute
 
-__all__ = ["function", "Function"]
+__all__ = ["function", "Function", "Bound"]
 
 
 def _parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool]:
@@ -498,6 +500,11 @@ class Function:
             return None
         return call, _pytensor.keeps_outputs(self._local)
 
+    def _bound(self, fixed: tuple, num_slices: int = 1) -> Bound:
+        """Calls whose first arguments are always the ``Data`` in ``fixed``, in
+        ``num_slices`` slices (``Bound``)."""
+        return Bound(self, fixed, num_slices)
+
     def as_pytensor(self, *args, output_subset=None, **kwargs):
         """Run the plain PyTensor function in the master alone, on the whole inputs.
 
@@ -573,6 +580,80 @@ class Function:
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
         return f"<synk.Function{name}, {len(self._outputs)} outputs>"
+
+
+class Bound:
+    """Calls of a ``Function`` whose first arguments are always the same ``Data`` and
+    whose others are numpy arrays of one dtype and shape call after call: the rows and
+    the point of ``synkhronos.pymc``'s likelihood, tens of thousands of calls a
+    sampling.
+
+    Such a call repeats (``Function.__call__``'s repeat: the earlier call's message, the
+    arrays copied where its went). Once one has repeated, a bound call checks what that
+    relies on, each in a comparison or two: no Data in this process moved or changed
+    shape since (``Data._moved``: the staging buffers are Data too, so no call moved
+    them either), the arrays have the dtypes and shapes they had, no
+    ``synk.profile()``; then it copies the
+    arrays and runs the kept message, without the repeat key, its lookup and the
+    general return path. Anything else runs as ``fn(*fixed, *arrays,
+    num_slices=...)``, and what it then repeats is kept anew.
+    """
+
+    def __init__(self, fn: Function, fixed: tuple, num_slices: int):
+        self._fn = fn
+        self._fixed = fixed
+        self._num_slices = num_slices
+        # (call, buffers, Data._moved, the arrays' (shape, dtype), the variant's
+        # PreparedCall), once a call has repeated
+        self._kept: tuple | None = None
+
+    def __call__(self, *arrays: Any) -> Any:
+        kept = self._kept
+        if kept is not None:
+            call, buffers, moved, kinds, prepared = kept
+            fn = self._fn
+            session = fn._session
+            took = session.enter()
+            try:
+                if (session.observer is None and Data._moved == moved
+                        and len(arrays) == len(kinds)):
+                    i = 0
+                    for array in arrays:
+                        shape, dtype = kinds[i]
+                        if type(array) is not np.ndarray or array.shape != shape or (
+                                array.dtype is not dtype and array.dtype != dtype):
+                            break
+                        buffers[i].data[...] = array
+                        i += 1
+                    else:
+                        replies = session.run_again(call) if session.runs_again else None
+                        if replies is None:  # (not the last command's message)
+                            replies = session.run_held(call, repeats=True)
+                        return fn._returned(replies, prepared.prepared.output_ops, None)
+            finally:
+                session.leave(took)
+        result = self._fn(*self._fixed, *arrays, num_slices=self._num_slices)
+        self._keep(arrays)
+        return result
+
+    def _keep(self, arrays: tuple) -> None:
+        """After a call through ``Function.__call__``: keep what the next call needs to
+        run it again, if that call repeated an earlier one."""
+        self._kept = None
+        fn, fixed = self._fn, self._fixed
+        if not all(type(item) is Data for item in fixed) or not all(
+                type(array) is np.ndarray for array in arrays):
+            return
+        prepared = fn._plain if self._num_slices == 1 else fn._sliced
+        key = repeat_key((*fixed, *arrays))
+        found = None if prepared is None or key is None else prepared.kept(key, self._num_slices)
+        if found is None:
+            return
+        call, positions, buffers = found
+        if positions != list(range(len(fixed), len(fixed) + len(arrays))):
+            return
+        self._kept = (call, buffers, Data._moved,
+                      tuple((array.shape, array.dtype) for array in arrays), prepared)
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,

@@ -295,6 +295,8 @@ def reduce_pairs(ops: tuple[ReduceOp, ...], first: list, first_weight: int, seco
                  second_weight: int) -> list:
     """``reduce_two`` of each output (``first[i]``, ``second[i]`` by ``ops[i]``): two
     processes' replies, every output of a call at n=2."""
+    if len(ops) == 1:  # one output (a loss, a likelihood and its gradient): no loop
+        return [reduce_two(ops[0], first[0], first_weight, second[0], second_weight)]
     results = []
     i = 0
     for op in ops:

@@ -270,6 +270,10 @@ class _Part:
     row_data: list[Data]
     slices: int
     entries: np.ndarray
+    # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
+    # num_slices=slices)``, run again without its repeat's lookups once it repeats
+    # (``Function._bound``)
+    bound: Callable[[np.ndarray], np.ndarray]
     # Without workers (n_parallel 1): the compiled function itself, called in place
     # (``_Lean``); None where the session's command path runs it.
     lean: _Lean | None = None
@@ -448,13 +452,12 @@ class RowSum(Op):
         assert parts is not None
         if self.direct:  # (the call's reduced output is a new array: its views are kept)
             part = parts[0]
-            return _unpack(part.fn(*part.row_data, theta, num_slices=part.slices))
+            return _unpack(part.bound(theta))
         theta = self._split(theta)
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
         for part in parts:
-            loglik, grad = _unpack(part.fn(*part.row_data, theta[part.entries],
-                                           num_slices=part.slices))
+            loglik, grad = _unpack(part.bound(theta[part.entries]))
             total += loglik
             flat[part.entries] += grad
         return total, flat
@@ -557,7 +560,8 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size:
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
     lean = _Lean.of(fn, row_data, slices) if size == 1 else None
-    return _Part(fn, row_data, slices, entries, lean)
+    return _Part(fn, row_data, slices, entries, fn._bound(tuple(row_data), slices),
+                 lean)
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:

@@ -7,6 +7,7 @@ same for every n, so sessions after the first load them from the cache.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -414,6 +415,56 @@ def test_repeated_numpy_calls_after_other_calls_moved_the_staging(model):
     with synk.profile():
         assert_all_close(model.reduce(X[:3], Y), model.reduce.as_pytensor(X[:3], Y))
     assert_all_close(model.reduce(small, Y), want_small)
+
+
+def test_a_bound_call_follows_what_it_relies_on(model, monkeypatch):
+    """Calls bound to the same Data (synkhronos.pymc's likelihood) run their kept
+    message once one has repeated, without building a repeat key; values written in
+    place show, and a Data moved or reshaped, the staging moved by another call, an
+    array of another dtype or shape, synk.profile() or a sliced call take the full
+    path. Every result equals the plain function's."""
+    function_module = sys.modules["synkhronos.function"]  # (synk.function: the function)
+    keys = []
+    repeat_key = function_module.repeat_key
+    monkeypatch.setattr(function_module, "repeat_key",
+                        lambda args: keys.append(1) or repeat_key(args))
+    xd = synk.data(X[:100], oversize=2)
+    bound = model.reduce._bound((xd,))
+    sliced = model.reduce._bound((xd,), num_slices=3)
+
+    def check(call, rows, y, fast):
+        before = len(keys)
+        assert_all_close(call(y), model.reduce.as_pytensor(rows, y))
+        assert (len(keys) == before) == fast
+
+    check(bound, X[:100], Y, fast=False)  # prepared: kept from now on
+    check(bound, X[:100], Y + 1, fast=True)
+    xd[:] = X[100:200]  # written in place: the same memory
+    check(bound, X[100:200], Y, fast=True)
+    xd.set_value(X[:37])  # fewer rows in the same allocation
+    check(bound, X[:37], Y, fast=False)
+    check(bound, X[:37], Y * 2, fast=True)
+    xd.set_value(X[:900])  # a new segment
+    check(bound, X[:900], Y, fast=False)
+    check(bound, X[:900], Y, fast=True)
+    check(bound, X[:900], Y.astype(np.float32), fast=False)  # cast as a call casts it
+    check(bound, X[:900], Y[:, :2], fast=False)  # another shape
+    check(bound, X[:900], Y[:, :2] + 1, fast=True)
+    check(bound, X[:900], Y, fast=False)  # and back, no Data moved in between
+    check(bound, X[:900], Y[:, :2], fast=False)
+    wide = np.tile(Y, (1, 40))  # the broadcast input's buffer grows and moves
+    assert_all_close(model.reduce(xd, wide), model.reduce.as_pytensor(X[:900], wide))
+    check(bound, X[:900], Y[:, :2], fast=False)
+    check(bound, X[:900], Y[:, :2], fast=True)
+    with synk.profile() as profile:
+        check(bound, X[:900], Y[:, :2], fast=False)
+    assert [record.kind for record in profile.records] == ["call"]
+    for fast in (False, True):  # sliced calls repeat apart from unsliced ones
+        check(sliced, X[:900], Y, fast=fast)
+    # The sliced variant stages in buffers of its own: a new Data, after which the next
+    # bound call takes the full path once
+    check(bound, X[:900], Y[:, :2] * 3, fast=False)
+    check(bound, X[:900], Y[:, :2] * 4, fast=True)
 
 
 def _mapped(name):

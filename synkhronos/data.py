@@ -53,6 +53,7 @@ unlinks, and cannot resize or free.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import numbers
 import operator
@@ -72,6 +73,7 @@ from ._runtime.arena import Segment
 __all__ = ["Data", "DataRef", "data"]
 
 
+_MOVES = itertools.count(1)  # ``Data._moved``
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
 
@@ -152,9 +154,10 @@ class Data:
     anything that would allocate raises ``RuntimeError``.
     """
 
-    # Bumped by every change of any Data's memory or visible shape in this process
-    # (``_show`` ends each): one number that says no Data moved, for the calls bound to
-    # the same Data again and again (``function.Bound``).
+    # A new number at every change of any Data's memory or visible shape in this process
+    # (``_show`` ends each; numbers never repeat, so that threads racing to set it still
+    # leave one not seen before): the one comparison that says no Data moved, for the
+    # calls bound to the same Data again and again (``function.Bound``).
     _moved = 0
 
     def __init__(
@@ -486,7 +489,7 @@ class Data:
         else:
             self._view = shmem.array_view(self._map, self._dtype, shape)
         self._shape = shape
-        Data._moved += 1
+        Data._moved = next(_MOVES)
 
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""

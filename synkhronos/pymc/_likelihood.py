@@ -304,8 +304,8 @@ class _Lean:
     master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
     PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
     calls the master's compiled function on the rows' arrays in place: the rows were
-    checked once (their dtype is the row inputs'), the values come from PyMC's graph
-    with the value variables' types (checked here in a few comparisons; anything else
+    checked once (their dtype is the row inputs'), the flat values come from PyMC's
+    graph with the Op's input type (checked here in a few comparisons; anything else
     goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
     checks are skipped (``trust_input``). Its slices are run and summed as every process
     runs its own (``_shard``).
@@ -381,8 +381,8 @@ class RowSum(Op):
                  dtype: str, connect: Callable[[], list[_Part]] | None = None):
         self.parts = parts
         self._connect = connect  # builds the parts where they are None
-        # (the shared variable's storage, the value copied into the rows): a storage
-        # that holds another value is a pm.set_data since
+        # (a shared variable's name, the cell holding its value, the value copied into
+        # the rows): a cell that holds another value is a pm.set_data since
         self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
         self.total = values.offsets[-1]
         self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
@@ -442,8 +442,9 @@ class RowSum(Op):
             return self._evaluate_lean(self.session, theta)
         return self._evaluate_commands(theta)
 
-    def _split(self, theta: Any) -> Any:
-        """``theta`` as the type of the Op's input (for its entries of each part)."""
+    def _as_input(self, theta: Any) -> Any:
+        """``theta`` as the Op's input type makes it (before each part takes its
+        entries)."""
         return self.input_type.filter(theta, strict=False, allow_downcast=False)
 
     def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
@@ -453,7 +454,7 @@ class RowSum(Op):
         if self.direct:  # (the call's reduced output is a new array: its views are kept)
             part = parts[0]
             return _unpack(part.bound(theta))
-        theta = self._split(theta)
+        theta = self._as_input(theta)
         total = np.zeros((), dtype=self.dtype)
         flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
         for part in parts:
@@ -475,7 +476,7 @@ class RowSum(Op):
                 lean = parts[0].lean
                 assert lean is not None
                 return _unpack(lean(theta))
-            theta = self._split(theta)
+            theta = self._as_input(theta)
             total = np.zeros((), dtype=self.dtype)
             flat = np.zeros(self.total, dtype=self.dtype)
             for part in parts:

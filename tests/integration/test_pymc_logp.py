@@ -146,6 +146,29 @@ def test_the_op_checks_values_it_is_given(built):
 
 
 @pytest.mark.timeout(900)
+def test_numba_calls_the_op_without_perform(built, monkeypatch):
+    # On PyTensor's Numba backend the compiled function calls the Op's own object-mode
+    # entry (its evaluate), not PyTensor's fallback through perform
+    import pytensor
+
+    if type(pytensor.compile.mode.get_default_mode().linker).__name__ != "NumbaLinker":
+        pytest.skip("PyTensor's default linker is not Numba here (PyTensor 2.x compiles "
+                    "with C); CI's Python 3.12 environment runs this")
+    fn = built.parallel["sliced"]
+    point = np.random.default_rng(8).normal(
+        scale=0.5, size=sum(np.size(v) for v in built.models["sliced"].initial_point().values()))
+
+    def no_perform(*args):
+        raise AssertionError("perform was called")
+
+    monkeypatch.setattr(type(_row_sum(fn)), "perform", no_perform)
+    logp, dlogp = fn(point)
+    want_logp, want_dlogp = built.serial["sliced"](point)
+    np.testing.assert_allclose(logp, want_logp, rtol=1e-9)
+    np.testing.assert_allclose(dlogp, want_dlogp, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.timeout(900)
 def test_released_likelihood_refuses_to_run(built):
     # grainsize: an Op at every n (4 slices of 100 rows at n=1)
     fn = synk_pymc.logp_dlogp_function(built.models["bounded"], grainsize=100)

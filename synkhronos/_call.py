@@ -305,14 +305,15 @@ class PreparedCall:
             self._staging.sync(arrays)
         return call
 
-    def kept(self, key: tuple, num_slices: int) -> tuple[Call, list, list] | None:
+    def kept(self, key: tuple, num_slices: int, profile: bool
+             ) -> tuple[Call, list, list] | None:
         """For calls that go on repeating (``function.Bound``): the ``Call`` of an
-        earlier unprofiled plain call with inputs like ``key`` in ``num_slices``
-        slices, the positions of its numpy arguments and the buffers to copy them into
-        (where it reads them while no buffer is put anew); None where there is no such
-        call, its buffers hold another call's arrays, or over several machines (the
-        copies go to each machine's replica too)."""
-        found = (num_slices, False, key)
+        earlier plain call with inputs like ``key`` in ``num_slices`` slices, timed or
+        not (``profile``), the positions of its numpy arguments and the buffers to copy
+        them into (where it reads them while no buffer is put anew); None where there
+        is no such call, its buffers hold another call's arrays, or over several
+        machines (the copies go to each machine's replica too)."""
+        found = (num_slices, profile, key)
         entry = self._repeats.get(found)
         if entry is None or self._replicated:
             return None

@@ -592,10 +592,10 @@ class Bound:
     arrays copied where its went). Once one has repeated, a bound call checks what that
     relies on, each in a comparison or two: no Data in this process moved or changed
     shape since (``Data._moved``: the staging buffers are Data too, so no call moved
-    them either), the arrays have the dtypes and shapes they had, no
-    ``synk.profile()``; then it copies the
+    them either) and the arrays have the dtypes and shapes they had; then it copies the
     arrays and runs the kept message, without the repeat key, its lookup and the
-    general return path. Anything else runs as ``fn(*fixed, *arrays,
+    general return path. Under ``synk.profile()`` it runs the kept timed message and
+    reports it, as a profiled repeat does. Anything else runs as ``fn(*fixed, *arrays,
     num_slices=...)``, and what it then repeats is kept anew.
     """
 
@@ -603,19 +603,21 @@ class Bound:
         self._fn = fn
         self._fixed = fixed
         self._num_slices = num_slices
-        # (call, buffers, Data._moved, the arrays' (shape, dtype), the variant's
-        # PreparedCall), once a call has repeated
-        self._kept: tuple | None = None
+        # Unprofiled, then profiled: (call, buffers, Data._moved, the arrays' (shape,
+        # dtype), the variant's PreparedCall), once such a call has repeated
+        self._kept: list[tuple | None] = [None, None]
 
     def __call__(self, *arrays: Any) -> Any:
-        kept = self._kept
+        fn = self._fn
+        session = fn._session
+        observer = session.observer
+        kept = self._kept[observer is not None]
         if kept is not None:
+            start = 0.0 if observer is None else time.perf_counter()
             call, buffers, moved, kinds, prepared = kept
-            fn = self._fn
-            session = fn._session
             took = session.enter()
             try:
-                if (session.observer is None and Data._moved == moved
+                if (session.observer is observer and Data._moved == moved
                         and len(arrays) == len(kinds)):
                     i = 0
                     for array in arrays:
@@ -626,34 +628,41 @@ class Bound:
                         buffers[i].data[...] = array
                         i += 1
                     else:
-                        replies = session.run_again(call) if session.runs_again else None
-                        if replies is None:  # (not the last command's message)
-                            replies = session.run_held(call, repeats=True)
-                        return fn._returned(replies, prepared.prepared.output_ops, None)
+                        ops = prepared.prepared.output_ops
+                        if observer is None:
+                            replies = session.run_again(call) if session.runs_again else None
+                            if replies is None:  # (not the last command's message)
+                                replies = session.run_held(call, repeats=True)
+                            return fn._returned(replies, ops, None)
+                        staged = time.perf_counter()
+                        replies = session.run_held(call, repeats=True)
+                        return fn._report(observer, start, staged, replies, ops, None)
             finally:
                 session.leave(took)
-        result = self._fn(*self._fixed, *arrays, num_slices=self._num_slices)
-        self._keep(arrays)
+        result = fn(*self._fixed, *arrays, num_slices=self._num_slices)
+        self._keep(arrays, observer is not None)
         return result
 
-    def _keep(self, arrays: tuple) -> None:
+    def _keep(self, arrays: tuple, profiled: bool) -> None:
         """After a call through ``Function.__call__``: keep what the next call needs to
         run it again, if that call repeated an earlier one."""
-        self._kept = None
+        self._kept[profiled] = None
         fn, fixed = self._fn, self._fixed
         if not all(type(item) is Data for item in fixed) or not all(
                 type(array) is np.ndarray for array in arrays):
             return
         prepared = fn._plain if self._num_slices == 1 else fn._sliced
         key = repeat_key((*fixed, *arrays))
-        found = None if prepared is None or key is None else prepared.kept(key, self._num_slices)
+        found = None if prepared is None or key is None else prepared.kept(
+            key, self._num_slices, profiled)
         if found is None:
             return
         call, positions, buffers = found
         if positions != list(range(len(fixed), len(fixed) + len(arrays))):
             return
-        self._kept = (call, buffers, Data._moved,
-                      tuple((array.shape, array.dtype) for array in arrays), prepared)
+        self._kept[profiled] = (call, buffers, Data._moved,
+                                tuple((array.shape, array.dtype) for array in arrays),
+                                prepared)
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,

@@ -8,10 +8,11 @@ divided) to the master. PyMC's own sampler drives it all, in the master.
 One evaluation of the log-density, as NUTS asks for it at every leapfrog step::
 
     PyMC's NUTS (master)
-      -> PyMC's ValueGradFunction over (log-prior + RowSum(values))
-           |  log-prior, Jacobians, potentials and their gradient: the master
-           +-> RowSum.perform(values)                one call per evaluation: PyTensor
-                 -> synk Function(rows, values)      merges the Op's value and gradient
+      -> PyMC's ValueGradFunction over (log-prior + RowSum(theta))
+           |  log-prior, Jacobians, potentials and their gradient: the master;
+           |  theta: the values the likelihood reads, end to end in one vector
+           +-> RowSum.evaluate(theta)                one call per evaluation: PyTensor
+                 -> synk Function(rows, theta)       merges the Op's value and gradient
                       every process: its rows' log-likelihood and gradient, op "sum"
                  <- (log-likelihood, flat gradient)
       <- (logp, dlogp)

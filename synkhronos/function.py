@@ -356,6 +356,7 @@ class Function:
                     if call is not None:
                         # Inputs like an earlier call's and nothing else asked: what that
                         # call validated still holds, the arrays copied where its went.
+                        # (``_run_kept``, written out: the path of every repeated call)
                         replies = session.run_again(call) if session.runs_again else None
                         if replies is None:  # (not the last command's message)
                             replies = session.run_held(call, repeats=True)
@@ -450,10 +451,23 @@ class Function:
         call = plain.repeat(key, args, num_slices, True) if key is not None else None
         if call is None:
             return False, None
+        return True, self._run_kept(call, plain.prepared.output_ops, self._session.observer,
+                                    start)
+
+    def _run_kept(self, call: Call, ops: tuple, observer: Any = None,
+                  start: float = 0.0) -> Any:
+        """Run a repeated call's kept message (its arrays copied in, the session held);
+        its result, told to ``observer`` (``synk.profile()``, timed from ``start``)
+        where there is one."""
+        session = self._session
+        if observer is None:
+            replies = session.run_again(call) if session.runs_again else None
+            if replies is None:  # (not the last command's message)
+                replies = session.run_held(call, repeats=True)
+            return self._returned(replies, ops, None)
         staged = time.perf_counter()
-        replies = self._session.run_held(call, repeats=True)
-        return True, self._report(self._session.observer, start, staged, replies,
-                                  plain.prepared.output_ops, None)
+        replies = session.run_held(call, repeats=True)
+        return self._report(observer, start, staged, replies, ops, None)
 
     def _report(self, observer: Any, start: float, staged: float, replies: list, ops,
                 subset) -> Any:
@@ -628,15 +642,7 @@ class Bound:
                         buffers[i].data[...] = array
                         i += 1
                     else:
-                        ops = prepared.prepared.output_ops
-                        if observer is None:
-                            replies = session.run_again(call) if session.runs_again else None
-                            if replies is None:  # (not the last command's message)
-                                replies = session.run_held(call, repeats=True)
-                            return fn._returned(replies, ops, None)
-                        staged = time.perf_counter()
-                        replies = session.run_held(call, repeats=True)
-                        return fn._report(observer, start, staged, replies, ops, None)
+                        return fn._run_kept(call, prepared.prepared.output_ops, observer, start)
             finally:
                 session.leave(took)
         result = fn(*self._fixed, *arrays, num_slices=self._num_slices)
@@ -648,9 +654,6 @@ class Bound:
         run it again, if that call repeated an earlier one."""
         self._kept[profiled] = None
         fn, fixed = self._fn, self._fixed
-        if not all(type(item) is Data for item in fixed) or not all(
-                type(array) is np.ndarray for array in arrays):
-            return
         prepared = fn._plain if self._num_slices == 1 else fn._sliced
         key = repeat_key((*fixed, *arrays))
         found = None if prepared is None or key is None else prepared.kept(
@@ -659,7 +662,7 @@ class Bound:
             return
         call, positions, buffers = found
         if positions != list(range(len(fixed), len(fixed) + len(arrays))):
-            return
+            return  # (the numpy arguments are not the arrays, or not all of them)
         self._kept[profiled] = (call, buffers, Data._moved,
                                 tuple((array.shape, array.dtype) for array in arrays),
                                 prepared)

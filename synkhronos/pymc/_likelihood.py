@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import pickle
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytensor
@@ -442,26 +442,13 @@ class RowSum(Op):
             return self._evaluate_lean(self.session, theta)
         return self._evaluate_commands(theta)
 
-    def _as_input(self, theta: Any) -> Any:
-        """``theta`` as the Op's input type makes it (before each part takes its
-        entries)."""
-        return self.input_type.filter(theta, strict=False, allow_downcast=False)
-
     def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
         """``evaluate`` through the session: one parallel call for each part."""
         parts = self.parts
         assert parts is not None
         if self.direct:  # (the call's reduced output is a new array: its views are kept)
-            part = parts[0]
-            return _unpack(part.bound(theta))
-        theta = self._as_input(theta)
-        total = np.zeros((), dtype=self.dtype)
-        flat = np.zeros(self.total, dtype=self.dtype)  # new arrays: PyMC keeps them
-        for part in parts:
-            loglik, grad = _unpack(part.bound(theta[part.entries]))
-            total += loglik
-            flat[part.entries] += grad
-        return total, flat
+            return _unpack(parts[0].bound(theta))
+        return self._summed(theta, [part.bound for part in parts])
 
     def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
         """``evaluate`` without workers: each part's compiled function in place
@@ -476,17 +463,26 @@ class RowSum(Op):
                 lean = parts[0].lean
                 assert lean is not None
                 return _unpack(lean(theta))
-            theta = self._as_input(theta)
-            total = np.zeros((), dtype=self.dtype)
-            flat = np.zeros(self.total, dtype=self.dtype)
-            for part in parts:
-                assert part.lean is not None
-                loglik, grad = _unpack(part.lean(theta[part.entries]))
-                total += loglik
-                flat[part.entries] += grad
-            return total, flat
+            # (every part has its lean call: ``_adopt`` set the session for that alone)
+            return self._summed(theta, cast(list, [part.lean for part in parts]))
         finally:
             session.leave(took)
+
+    def _summed(self, theta: Any, calls: list[Callable[[np.ndarray], np.ndarray]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Each part's log-likelihood and flat gradient (``calls[i]`` of part ``i``'s
+        entries of ``theta``), summed into the Op's outputs: new arrays, as PyMC keeps
+        them."""
+        assert self.parts is not None
+        # as the Op's input type makes it, before each part takes its entries
+        theta = self.input_type.filter(theta, strict=False, allow_downcast=False)
+        total = np.zeros((), dtype=self.dtype)
+        flat = np.zeros(self.total, dtype=self.dtype)
+        for part, call in zip(self.parts, calls, strict=True):
+            loglik, grad = _unpack(call(theta[part.entries]))
+            total += loglik
+            flat[part.entries] += grad
+        return total, flat
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""

@@ -502,11 +502,19 @@ class Function:
             return results[0]
         return results
 
-    def _in_place(self) -> tuple[Callable[..., list], bool] | None:
+    @property
+    def session(self) -> Session:
+        """The session this function runs in (an in-package seam: ``synkhronos.pymc``
+        holds it around calls that run without a command)."""
+        return self._session
+
+    def direct_call(self) -> tuple[Callable[..., list], bool] | None:
         """This process's compiled function called directly on trusted inputs (rows,
         then broadcast values; ``_pytensor.trusted_call``) and whether its outputs may
         be overwritten by its next call; None where PyTensor must check the inputs.
-        For ``synkhronos.pymc`` without workers, which calls it with no command."""
+
+        An in-package seam, for ``synkhronos.pymc`` without workers, which calls it
+        with no command (holding ``session`` around each call)."""
         if not self._trusted:
             return None
         call = _pytensor.trusted_call(self._local)
@@ -514,9 +522,10 @@ class Function:
             return None
         return call, _pytensor.keeps_outputs(self._local)
 
-    def _bound(self, fixed: tuple, num_slices: int = 1) -> Bound:
+    def bind(self, fixed: tuple, num_slices: int = 1) -> Bound:
         """Calls whose first arguments are always the ``Data`` in ``fixed``, in
-        ``num_slices`` slices (``Bound``)."""
+        ``num_slices`` slices (``Bound``): an in-package seam, for ``synkhronos.pymc``'s
+        likelihood (its rows fixed, the point varying), replayed under a fixed key."""
         return Bound(self, fixed, num_slices)
 
     def as_pytensor(self, *args, output_subset=None, **kwargs):

@@ -270,9 +270,10 @@ class _Part:
     row_data: list[Data]
     slices: int
     entries: np.ndarray
+    dtype: str  # of its one output (the log-likelihood, then the flat gradient)
     # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
     # num_slices=slices)``, run again without its repeat's lookups once it repeats
-    # (``Function._bound``)
+    # (``Function.bind``)
     bound: Callable[[np.ndarray], np.ndarray]
     # Without workers (n_parallel 1): the compiled function itself, called in place
     # (``_Lean``); None where the session's command path runs it.
@@ -313,7 +314,7 @@ class _Lean:
 
     def __init__(self, fn: Function, row_data: list[Data], slices: int, call: Any,
                  keeps_outputs: bool):
-        self.call = call  # the compiled function on trusted inputs (``Function._in_place``)
+        self.call = call  # the compiled function on trusted inputs (``Function.direct_call``)
         self.row_data = row_data
         self.type = fn.bcast_inputs[0].type  # the flat values' (``theta``)
         self.dtype = np.dtype(self.type.dtype)
@@ -327,13 +328,13 @@ class _Lean:
     def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
         """The lean call of ``fn``, or None where PyTensor must check every call's
         inputs itself (types it cannot trust, rows of another dtype than the input's) or
-        its call does more than run the VM (``Function._in_place``)."""
+        its call does more than run the VM (``Function.direct_call``)."""
         if fn.sliceable_shareds:
             return None
         if any(item.dtype != var.type.dtype or item.ndim != var.ndim
                for item, var in zip(row_data, fn.inputs, strict=True)):
             return None
-        in_place = fn._in_place()
+        in_place = fn.direct_call()
         if in_place is None:
             return None
         return cls(fn, row_data, slices, *in_place)
@@ -399,12 +400,12 @@ class RowSum(Op):
         # Without workers, every part called in place (``_Lean``): the session it holds
         # while it runs (None: each part is a parallel call).
         lean = all(part.lean is not None for part in parts)
-        self.session = parts[0].fn._session if lean else None
+        self.session = parts[0].fn.session if lean else None
         # One part that reads every value and returns the Op's dtype: the Op's input is
         # its ``theta``, and its outputs, new arrays at every call, are the Op's.
         first = parts[0]
         self.direct = (len(parts) == 1 and len(first.entries) == self.total
-                       and first.fn._local.maker.fgraph.outputs[0].type.dtype == self.dtype)
+                       and first.dtype == self.dtype)
 
     @property
     def num_slices(self) -> int | tuple[int, ...]:
@@ -557,8 +558,8 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size:
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
     lean = _Lean.of(fn, row_data, slices) if size == 1 else None
-    return _Part(fn, row_data, slices, entries, fn._bound(tuple(row_data), slices),
-                 lean)
+    return _Part(fn, row_data, slices, entries, both.dtype,
+                 fn.bind(tuple(row_data), slices), lean)
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:

@@ -429,8 +429,8 @@ def test_a_bound_call_follows_what_it_relies_on(model, monkeypatch):
     monkeypatch.setattr(function_module, "repeat_key",
                         lambda args: keys.append(1) or repeat_key(args))
     xd = synk.data(X[:100], oversize=2)
-    bound = model.reduce._bound((xd,))
-    sliced = model.reduce._bound((xd,), num_slices=3)
+    bound = model.reduce.bind((xd,))
+    sliced = model.reduce.bind((xd,), num_slices=3)
 
     def check(call, rows, y, fast):
         before = len(keys)

@@ -13,9 +13,8 @@ which owns everything that running it needs in the master:
   buffer has a replica per machine, and a scattered input selected by a range of rows
   sends each machine only the rows its processes take (``replica_rows``), the other
   inputs whole;
-- its repeats: the ``Call`` of a plain call whose inputs look like an earlier one's
-  (the same ``Data``, or arrays of the same dtype and shape), reused with the arrays
-  copied where that call's went, so a training loop validates once;
+- its records: what a plain call kept for the calls that repeat it (``_replay.py``:
+  the ``Call``, where its arrays were copied), so a training loop validates once;
 - the reduction of the ranks' replies into what PyTensor would return.
 
 A ``Call`` is built without being run (``message``), so a training step can run
@@ -25,13 +24,14 @@ several in one command (a ``Sequence``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ._core.protocol import Message
+from ._core.session import Session
 from ._dataref import DataRef
 from ._reducers import ReduceOp, reduce_one, reduce_pairs, reduce_values
 from ._scatter import block
@@ -108,7 +108,7 @@ class Staging:
     """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices.
 
     One command may hold several calls of the same variant (``synkhronos.steps``):
-    each gets its own buffers (``epoch`` tells which command is being prepared), so no
+    each gets its own buffers (``command`` tells which command is being prepared), so no
     call overwrites the arrays of another still waiting to run.
 
     ``split``: over several machines, the rows each machine takes (``replica_rows``).
@@ -116,21 +116,17 @@ class Staging:
 
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
     split: Split | None = None
-    # Bumped by every ``put``, the only change of a buffer's memory or shape: arrays
-    # kept from the buffers (``destinations``) are still theirs while it stays.
-    version: int = 0
     rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
-    _epoch: int = -1
+    _command: int = -1
     _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
 
-    def put(self, slot: Any, array: np.ndarray, epoch: int = -1,
+    def put(self, slot: Any, array: np.ndarray, command: int = -1,
             rows: list[tuple[int, int]] | None = None) -> DataRef:
         """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref.
 
         ``rows``: over several machines, send each machine only these rows."""
-        self.version += 1
-        if epoch != self._epoch:
-            self._epoch, self._uses = epoch, {}
+        if command != self._command:
+            self._command, self._uses = command, {}
         use = self._uses.get(slot, 0)
         self._uses[slot] = use + 1
         key = (slot, use)
@@ -150,42 +146,21 @@ class Staging:
             self.rows[key] = rows
         return buffer.ref()
 
-    def refill(self, args: tuple, refs: tuple, arrays: list[int], kept: Any) -> Any:
-        """Copy a repeated call's arrays where an earlier call's went; return where they
-        went (``destinations``, kept for the next time), or None if that memory is not
-        where the earlier call reads any more.
-
-        ``refs`` are the earlier call's DataRefs of every input, ``arrays`` the
-        positions of numpy arguments (of the same dtypes and shapes as then: the
-        caller's key says so), ``kept`` what the last refill returned. Any call in
-        between may have regrown or moved a buffer (a ``put``: then ``kept`` is stale);
-        a buffer still on the same segment with the same shape is where the call
-        reads, and PyTensor's ``filter`` would have cast each array as ``copyto`` does.
-        """
-        if kept is None or kept[0] != self.version:
-            kept = self.destinations(refs, arrays)
-            if kept is None:
-                return None
-        # setitem casts as copyto(casting="unsafe"), at a third of its cost
-        for i, buffer in zip(arrays, kept[1]):  # noqa: B905 (as many)
-            buffer.data[...] = args[i]
-        return kept
-
-    def destinations(self, refs: tuple, arrays: list[int]) -> tuple[int, list] | None:
-        """``(version, buffers)``: the buffers where a call whose ``refs`` this staging
-        holds copies its numpy arguments (at ``arrays``) when it repeats, valid while
-        ``version`` stays; None where a buffer does not hold its ref (the call was
-        staged as a later one in its command). The buffers, not their arrays: an array
-        kept would keep a regrown buffer's old memory mapped."""
+    def destinations(self, refs: tuple, arrays: Sequence[int]) -> tuple[Data, ...] | None:
+        """The buffers where a call whose ``refs`` this staging holds copies its numpy
+        arguments (at ``arrays``) when it repeats, while the epoch stands (no buffer
+        moved); None where a buffer does not hold its ref (the call was staged as a
+        later one in its command). The buffers, not their arrays: an array kept would
+        keep a regrown buffer's old memory mapped."""
         kept = []
         for i in arrays:
             buffer = self.buffers.get((i, 0))
             if buffer is None or not buffer.holds(refs[i]):
                 return None
             kept.append(buffer)
-        return self.version, kept
+        return tuple(kept)
 
-    def sync(self, arrays: list[int]) -> None:
+    def sync(self, arrays: Sequence[int]) -> None:
         """Over several machines: the refilled buffers to every machine's replica (the
         rows each takes, as their last put sent)."""
         for i in arrays:
@@ -195,7 +170,7 @@ class Staging:
             else:
                 self.buffers[(i, 0)]._replicate_rows(rows)
 
-    def stage(self, checked: Checked, epoch: int, n_scattered: int = 0,
+    def stage(self, checked: Checked, command: int, n_scattered: int = 0,
               offsets: tuple[int, ...] | None = None
               ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
         """Refs for every input and the batch indices; numpy values are copied in."""
@@ -206,23 +181,19 @@ class Staging:
             rows = self.split(selection.start, selection.stop, offsets)
         refs = [
             value.ref() if isinstance(value, Data)
-            else self.put(i, value, epoch, rows if i < n_scattered else None)
+            else self.put(i, value, command, rows if i < n_scattered else None)
             for i, value in enumerate(checked.values)
         ]
         if selection is None or selection.indices is None:
             indices = None
             span = (selection.start, selection.stop) if selection is not None else (0, 0)
         else:
-            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64), epoch)
+            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64), command)
             span = (0, 0)
         return refs, span, indices
 
 
 _NOT_REDUCED = ReduceOp.NONE  # (an enum member costs a lookup in Python 3.11)
-_REPEATS_KEPT = 16  # Calls kept per variant for calls that repeat (train, validate, ...)
-# One process in all: numpy inputs of at least this many bytes are read in place rather
-# than copied (below it the copy costs less than arranging to skip it, about 2 us here)
-_IN_PLACE_BYTES = 32 << 10
 
 
 class PreparedCall:
@@ -237,31 +208,39 @@ class PreparedCall:
         self._n_scattered = n_scattered
         self._labels = labels
         self._prefix = prefix
-        self._replicated = split is not None  # several machines: staged values' replicas
-        self._staging = Staging(split=split)
-        # (slices, profiled, key) -> (Call, positions of numpy arguments, the refs of
-        # every input, where the arrays were last copied: ``Staging.refill``)
-        self._repeats: dict[tuple, tuple[Call, list[int], tuple, Any]] = {}
-        # ``reads_in_place`` (one process in all): key -> the same, for plain calls in
-        # one slice whose numpy arguments are big enough that ``Function`` reads them in
-        # place rather than copying them; always empty otherwise
-        self._reads_in_place = reads_in_place
-        self.in_place: dict[tuple, tuple[Call, list[int]]] = {}
+        self.staging = Staging(split=split)  # (split: several machines, their replicas)
+        # (slices, key) -> the ``_replay.Record`` a plain call kept for its repeats
+        self.records: dict[tuple, Any] = {}
+        # One process in all: a record of big numpy arguments reads them in place
+        self.reads_in_place = reads_in_place
         self._warned: set[int] = set()
 
+    @classmethod
+    def of(cls, session: Session, prepared: Prepared, n_scattered: int,
+           labels: list[str]) -> PreparedCall:
+        """The prepared calls of a variant in ``session``."""
+        return cls(
+            prepared.fn_id, prepared, n_scattered, labels, session.ctx.prefix,
+            replica_rows(session.replica_groups, session.ctx.size),
+            # One process in all: it reads big numpy inputs in place, where the
+            # placement says that costs less than the copy (CPU cores, a GPU; not
+            # JAX's CPU platform standing in for one)
+            reads_in_place=session.n == 1 and session.ctx.placement.reads_callers_arrays,
+        )
+
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
-                profile: bool, epoch: int, shared_rows: tuple | None = None,
+                profile: bool, command: int, shared_rows: tuple | None = None,
                 empty: bool = False, offsets: tuple[int, ...] | None = None) -> Call:
         """The ``Call`` for validated arguments; numpy inputs are staged now.
 
-        ``epoch``: which command this call will run in (calls prepared for the same
+        ``command``: which command this call will run in (calls prepared for the same
         command never share staging buffers). ``shared_rows``: the givens' slice
         pattern's rows per rank; ``empty``: that slice has no rows (the master runs
         anyway, as for scattered inputs with none). ``offsets``: the scattered rows
         split by ``shares`` (None: evenly).
         """
         self._warn_casts(checked.casts)
-        refs, span, indices = self._staging.stage(checked, epoch, self._n_scattered,
+        refs, span, indices = self.staging.stage(checked, command, self._n_scattered,
                                                   offsets)
         n = self._n_scattered
         return Call(
@@ -285,61 +264,6 @@ class PreparedCall:
                     "every process at every call; make the Data with the input's dtype to "
                     "skip the copy", stacklevel=5,
                 )
-
-    # -- repeats -----------------------------------------------------------------------------
-    def repeat(self, key: tuple, args: tuple, num_slices: int = 1,
-               profile: bool = False) -> Call | None:
-        """The Call of an earlier plain call with inputs like ``args`` in as many slices,
-        timed or not (``profile``), refilled; or None."""
-        found = (num_slices, profile, key)
-        entry = self._repeats.get(found)
-        if entry is None:
-            return None
-        call, arrays, refs, kept = entry
-        refilled = self._staging.refill(args, refs, arrays, kept)
-        if refilled is None:
-            return None
-        if refilled is not kept:  # a buffer was put since: its arrays found again
-            self._repeats[found] = (call, arrays, refs, refilled)
-        if self._replicated:
-            self._staging.sync(arrays)
-        return call
-
-    def kept(self, key: tuple, num_slices: int, profile: bool
-             ) -> tuple[Call, list, list] | None:
-        """For calls that go on repeating (``function.Bound``): the ``Call`` of an
-        earlier plain call with inputs like ``key`` in ``num_slices`` slices, timed or
-        not (``profile``), the positions of its numpy arguments and the buffers to copy
-        them into (where it reads them while no buffer is put anew); None where there
-        is no such call, its buffers hold another call's arrays, or over several
-        machines (the copies go to each machine's replica too)."""
-        found = (num_slices, profile, key)
-        entry = self._repeats.get(found)
-        if entry is None or self._replicated:
-            return None
-        call, arrays, refs, kept = entry
-        if kept is None or kept[0] != self._staging.version:
-            kept = self._staging.destinations(refs, arrays)
-            if kept is None:
-                return None
-            self._repeats[found] = (call, arrays, refs, kept)
-        return call, arrays, kept[1]
-
-    def remember(self, key: tuple, call: Call) -> None:
-        """Keep a plain call's ``Call`` for the calls that repeat it (after it ran)."""
-        if len(self._repeats) >= _REPEATS_KEPT:
-            self._repeats.clear()
-            self.in_place.clear()
-        if call.prepared is not None:  # it has been registered by running
-            call = replace(call, prepared=None)
-        arrays = [i for i, item in enumerate(key) if item[0] is None]
-        refs = call.scattered + call.bcast
-        self._repeats[(call.num_slices, call.profile, key)] = (call, arrays, refs, None)
-        if self._reads_in_place and call.num_slices == 1 and not call.profile:
-            size = sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
-                       for i in arrays)
-            if size >= _IN_PLACE_BYTES:
-                self.in_place[key] = (call, arrays)
 
 
 def repeat_key(args: tuple) -> tuple | None:

@@ -3,8 +3,9 @@
 A command never carries a ``Data`` itself, only its ``DataRef`` -- segment name,
 dtype, shape: a few bytes. Any process turns a ref into a numpy view of the segment
 through its arena (``ref.view(ctx)``), which maps each segment once. The views a loop
-of calls keeps are cached per process (``call_view``) and dropped whenever the arena
-drops a mapping (its ``generation`` moves on), so no view keeps released memory.
+of calls keeps are cached per process (``call_view``) and dropped whenever the
+process's epoch moves on (``_runtime/epoch.py``: the arena dropped a mapping, among
+others), so no view keeps released memory.
 
 The owner's side of a release is ``release_segment``: a finalizer that the ``Data``
 registers for each allocation, so that freeing, reallocating or collecting the
@@ -21,7 +22,7 @@ import posix_ipc
 
 from ._core import context
 from ._core.context import RankContext, RankVar
-from ._runtime import shmem
+from ._runtime import epoch, shmem
 
 __all__ = ["DataRef", "call_view", "release_segment"]
 
@@ -81,10 +82,10 @@ def mapping(segment: str, ctx: RankContext | None) -> Any:
 
 class _Views:
     """The last view of each segment this process made for calls, valid while the
-    arena keeps every mapping it had (its generation)."""
+    epoch stays (the arena keeps every mapping it had, among others)."""
 
     def __init__(self) -> None:
-        self.generation = -1
+        self.epoch = -1
         self.by_segment: dict[str, tuple[DataRef, np.ndarray]] = {}
 
 
@@ -98,15 +99,14 @@ def call_view(ref: DataRef, ctx: RankContext) -> np.ndarray:
     its shape in place.
     """
     views = _VIEWS.get(ctx)
-    arena = ctx.arena
-    if views.generation != arena.generation:
+    if views.epoch != epoch.current:
         views.by_segment.clear()
-        views.generation = arena.generation
+        views.epoch = epoch.current
     cached = views.by_segment.get(ref.segment)
     if cached is not None and cached[0] == ref:
         return cached[1]
     array = ref.view(ctx)
-    if arena.owns(ref.segment):  # only these are ever released through the arena
+    if ctx.arena.owns(ref.segment):  # only these are ever released through the arena
         views.by_segment[ref.segment] = (ref, array)
     return array
 

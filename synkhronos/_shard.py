@@ -29,7 +29,7 @@ table and writes its reply where the last one went.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from ._core import faults
 from ._core.context import RankContext, RankVar
 from ._dataref import call_view
 from ._reducers import Accumulator, ReduceOp
+from ._runtime import epoch
 from ._runtime.remote import Refusal
 from ._scatter import Batch, block, select_batch_s, select_rows, slice_bounds
 from .distribute import REGISTRY
@@ -63,7 +64,7 @@ class _CallViews:
     """
 
     def __init__(self) -> None:
-        self.generation = -1
+        self.epoch = -1
         self.by_call: dict[Call, tuple[list, list, int]] = {}
         self.last: tuple[Call | None, tuple[list, list, int]] = _NO_LAST  # by identity
         self.plan: tuple[Call | None, Any, tuple, int, Any] = _NO_PLAN
@@ -80,12 +81,12 @@ def _cast(array: np.ndarray, dtype: str | None) -> np.ndarray:
 def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays and its weight, kept per call."""
     views = _VIEWS.get(ctx)
-    generation = ctx.arena.generation
-    if views.generation != generation:  # a segment was released: let go of every view
+    now = epoch.current
+    if views.epoch != now:  # a segment was released (or more): let go of every view
         views.by_call.clear()
         views.last = _NO_LAST
         views.plan = _NO_PLAN
-        views.generation = generation
+        views.epoch = now
     last, entry = views.last
     if last is call:  # the same repeated message again: no hash of the whole Call
         return entry
@@ -208,10 +209,10 @@ def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast:
 def run_call(ctx: RankContext, call: Call) -> tuple | None:
     """This rank's share of a call: ``(weight, outputs[, timings])``, or ``None`` if it
     had no rows."""
-    if call.views_only and not faults.ARMED:
+    if call.views_only:
         views = _VIEWS.get(ctx)
         plan = views.plan
-        if plan[0] is call and views.generation == ctx.arena.generation:
+        if plan[0] is call and views.epoch == epoch.current:
             # The last call again (a training loop): what the first run worked out.
             _, fn, args, weight, strip = plan
             if call.profile:
@@ -233,15 +234,15 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     views = _VIEWS.get(ctx)
     plan = views.plan
     head = control.written_head
-    if plan[0] is not call or head is None or views.generation != ctx.arena.generation:
+    if plan[0] is not call or head is None or views.epoch != epoch.current:
         return None
     _, fn, args, weight, strip = plan
-    generation, arena = views.generation, ctx.arena
+    kept_under, arena = views.epoch, ctx.arena
     master_rank = ctx.master_rank
 
     def run(seq: int, rank: int) -> bool:
-        if views.plan is not plan or arena.generation != generation or faults.ARMED:
-            return False  # a mapping dropped, another plan kept, a test's fault point
+        if views.plan is not plan or epoch.current != kept_under:
+            return False  # a mapping dropped, another plan kept, a test's fault point...
         outputs = _as_list(fn(*args))
         if strip:
             outputs = _reduced_only(outputs, strip)
@@ -252,7 +253,7 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     return run
 
 
-def read_in_place(ctx: RankContext, call: Call, positions: list[int],
+def read_in_place(ctx: RankContext, call: Call, positions: Sequence[int],
                   args: tuple) -> tuple | None:
     """One process in all (``n_parallel=1``): make ``call`` run at once (as a kept
     plan) on the caller's numpy arrays (``args`` at ``positions``, of the dtypes and
@@ -262,7 +263,7 @@ def read_in_place(ctx: RankContext, call: Call, positions: list[int],
     arena last dropped a mapping), or an array is not what its copy would be (another
     dtype, which the copy casts, or not C-contiguous), so the caller copies."""
     views = _VIEWS.get(ctx)
-    if views.generation != ctx.arena.generation or faults.ARMED:
+    if views.epoch != epoch.current:
         return None
     kept = views.plan
     if kept[0] is call:

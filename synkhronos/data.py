@@ -53,7 +53,6 @@ unlinks, and cannot resize or free.
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import numbers
 import operator
@@ -67,13 +66,12 @@ import numpy as np
 from ._core import context
 from ._core.session import Session, State, require
 from ._dataref import DataRef, mapping, release_segment
-from ._runtime import shmem
+from ._runtime import epoch, shmem
 from ._runtime.arena import Segment
 
-__all__ = ["Data", "DataRef", "data"]
+__all__ = ["Data", "DataRef", "data", "data_for"]
 
 
-_MOVES = itertools.count(1)  # ``Data._moved``
 _KINDS = "biufc"  # bool, signed, unsigned, float, complex: what PyTensor computes on
 
 
@@ -153,12 +151,6 @@ class Data:
     After ``synk.close()`` the values stay readable and writable in this process only;
     anything that would allocate raises ``RuntimeError``.
     """
-
-    # A new number at every change of any Data's memory or visible shape in this process
-    # (``_show`` ends each; numbers never repeat, so that threads racing to set it still
-    # leave one not seen before): the one comparison that says no Data moved, for the
-    # calls bound to the same Data again and again (``function.Bound``).
-    _moved = 0
 
     def __init__(
         self,
@@ -468,7 +460,9 @@ class Data:
         size = array.size
         if size > self._alloc_size:
             self._reallocate(_alloc_items(size, oversize), keep=0)
-        self._show(array.shape)
+            self._show(array.shape)
+        elif array.shape != self._shape:
+            self._show(array.shape)
         np.copyto(self._view, array, casting="unsafe")
         session = self._session
         if (session is not None and session.replica_groups and replicate
@@ -489,7 +483,7 @@ class Data:
         else:
             self._view = shmem.array_view(self._map, self._dtype, shape)
         self._shape = shape
-        Data._moved = next(_MOVES)
+        epoch.advance()  # what was kept for replay may name the old memory or shape
 
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""
@@ -679,3 +673,20 @@ def data(
     >>> x[-200:] = 1.0
     """
     return Data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name)
+
+
+def data_for(values: list, variables: list, force_cast: bool, oversize: float,
+             minibatch: Any) -> tuple[Data, ...]:
+    """A ``Data`` for each of a function's input ``variables`` holding its value
+    (``Function.build_inputs``); ``minibatch``: one flag for all, or one per input."""
+    if isinstance(minibatch, (list, tuple)):
+        if len(minibatch) != len(values):
+            raise ValueError(f"minibatch must be one flag or one flag per input "
+                             f"({len(values)}); got {len(minibatch)} flags")
+        flags = [bool(flag) for flag in minibatch]
+    else:
+        flags = [bool(minibatch)] * len(values)
+    return tuple(
+        data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=flag)
+        for v, var, flag in zip(values, variables, flags, strict=True)
+    )

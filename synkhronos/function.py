@@ -17,7 +17,8 @@ This module builds; ``_call.py`` runs. One call, in the master::
                    weighted by rows; returned in PyTensor's conventions
 
 A call that repeats an earlier plain call (the same Data, or arrays of the same dtype
-and shape, nothing else asked) skips 1-3: the variant reuses that call's message.
+and shape, nothing else asked) replays it (``_replay.py``): it skips 1-3, its arrays
+copied where the earlier call's went, while nothing it relies on has moved.
 
 The compiled functions are built here, in the master: the one the user asked for
 (scattered inputs, broadcast inputs, then one input per sliceable shared variable,
@@ -31,107 +32,30 @@ returns the update values as outputs instead of applying them.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytensor
-from pytensor.graph.basic import Variable
 
-from . import _givens, _pytensor, _shard, _validate
-from ._call import Call, Prepared, PreparedCall, combine, repeat_key, replica_rows
+from . import _pytensor, _replay, _validate
+from ._call import Call, Prepared, PreparedCall, combine, repeat_key
 from ._core.session import Session, require
-from ._reducers import ReduceOp, parse_op
+from ._reducers import ReduceOp
+from ._runtime import epoch
 from ._scatter import normalize_shares, offsets, weighted_counts
-from .data import Data
+from ._signature import (
+    check_sliceable_outputs,
+    check_used,
+    parse_outputs,
+    parse_updates,
+    row_inputs,
+    sliceable,
+    variables,
+)
+from .data import data_for
 from .distribute import REGISTRY, distribute
 
-__all__ = ["function", "Function", "Bound"]
-
-
-def _parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool]:
-    """(variables, ops, single) from a variable, a (variable, op) pair, or a list."""
-    if outputs is None:
-        return [], [], False
-    if _is_pair(outputs) or isinstance(outputs, Variable):
-        variables, ops, _ = _parse_outputs([outputs])
-        return variables, ops, True
-    if not isinstance(outputs, (list, tuple)):
-        raise TypeError(
-            f"outputs must be a variable, a (variable, op) pair or a list of them; "
-            f"got {type(outputs).__name__}"
-        )
-    variables, ops = [], []
-    for i, item in enumerate(outputs):
-        var, op = item if _is_pair(item) else (item, "avg")
-        if not isinstance(var, Variable):
-            raise TypeError(f"output {i} must be a PyTensor variable; got {type(var).__name__}")
-        variables.append(var)
-        ops.append(parse_op(op, allow_gather=True))
-    return variables, ops, False
-
-
-def _is_pair(item: Any) -> bool:
-    return (
-        isinstance(item, tuple)
-        and len(item) == 2
-        and isinstance(item[0], Variable)
-        and (item[1] is None or isinstance(item[1], (str, ReduceOp)))
-    )
-
-
-def _parse_updates(updates: Any) -> tuple[list[tuple], list[ReduceOp]]:
-    if updates is None:
-        return [], []
-    items = list(updates.items()) if isinstance(updates, dict) else list(updates)
-    pairs, ops = [], []
-    for i, item in enumerate(items):
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-            raise TypeError(f"update {i} must be a (shared, new_value[, op]) tuple; got {item!r}")
-        pairs.append((item[0], item[1]))
-        ops.append(parse_op(item[2] if len(item) == 3 else "avg", allow_gather=False))
-    return pairs, ops
-
-
-def _variables(value: Any, what: str) -> list:
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for i, var in enumerate(items):
-        if not isinstance(var, Variable):
-            raise TypeError(f"{what}[{i}] must be a PyTensor variable; got {type(var).__name__}")
-    return items
-
-
-def _sliceable(value: Any) -> list:
-    """``sliceable_shareds`` as shared variables: an elementwise view of one (a cast,
-    the Theano tutorials' labels) counts as the variable it reads."""
-    variables = _variables(value, "sliceable_shareds")
-    for i, var in enumerate(variables):
-        shared = _givens.shared_of(var)
-        if shared is None:
-            raise TypeError(f"sliceable_shareds[{i}] must be a shared variable or an "
-                            f"elementwise view of one (a cast); got {var!r}")
-        variables[i] = shared
-    return variables
-
-
-def _check_used(sliceable: list, outputs: list, updates: list, givens: list) -> None:
-    """Refuse a sliceable shared variable that nothing the function computes reads."""
-    if not sliceable:
-        return
-    roots = list(outputs) + [value for _, value in updates]
-    replaced = [var for var, _ in givens]
-    roots += [value for _, value in givens if isinstance(value, Variable)]
-    used = set(_pytensor.ancestors(roots))
-    for i, var in enumerate(sliceable):
-        if var not in used or var in replaced:
-            name = f" {var.name!r}" if var.name else ""
-            raise ValueError(
-                f"sliceable_shareds[{i}]{name} is not used by the function's outputs, "
-                "updates or givens; remove it from sliceable_shareds"
-            )
+__all__ = ["function", "Function"]
 
 
 class Function:
@@ -161,30 +85,19 @@ class Function:
         session = require("synk.function()")
         session.check_usable()
         self.name = name
-        self.inputs = _variables(inputs, "inputs")
-        self.bcast_inputs = _variables(bcast_inputs, "bcast_inputs")
-        self._outputs, self._output_ops, self._single = _parse_outputs(outputs)
-        self._updates, self._update_ops = _parse_updates(updates)
-        self.sliceable_shareds = _sliceable(sliceable_shareds)
+        self.inputs = variables(inputs, "inputs")
+        self.bcast_inputs = variables(bcast_inputs, "bcast_inputs")
+        self._outputs, self._output_ops, self._single = parse_outputs(outputs)
+        self._updates, self._update_ops = parse_updates(updates)
+        self.sliceable_shareds = sliceable(sliceable_shareds)
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
-        _check_used(self.sliceable_shareds, self._outputs, self._updates, given)
-        self._kwargs = session.ctx.placement.compile_kwargs(dict(kwargs))
-        self._slices = _givens.find_slices(given, self.inputs, self.sliceable_shareds)
-        _givens.check_scalars(self.inputs, self._slices)
-        self._row_shareds = list(self.sliceable_shareds)  # each gets a stand-in input
-        if self._slices is not None:
-            self._row_shareds += self._slices.shareds
-        self._slice_inputs = [var.type(name=var.name) for var in self._row_shareds]
-        stand_ins = dict(zip(self._row_shareds, self._slice_inputs, strict=True))
-        if self._slices is not None:
-            given = self._use_slice_pattern(given, stand_ins)
-        mine = {var: stand_ins[var] for var in self.sliceable_shareds}
-        # The original's pattern givens=[(x, s_x)], sliceable_shareds=[s_x]: each
-        # process passes its selected rows of s_x in place of s_x, so the stand-in goes
-        # into the user's replacement values (PyTensor refuses chained givens).
-        given = [(var, _pytensor.substitute(value, mine) if isinstance(value, Variable)
-                  else value) for var, value in given]
-        self._givens = given + list(mine.items())
+        check_used(self.sliceable_shareds, self._outputs, self._updates, given)
+        rows = row_inputs(self.inputs, self.bcast_inputs, self.sliceable_shareds, given,
+                          self._outputs + [value for _, value in self._updates],
+                          session.ctx.placement.compile_kwargs(dict(kwargs)))
+        self.inputs, self.bcast_inputs, self._kwargs = rows.inputs, rows.bcast_inputs, rows.kwargs
+        self._slices, self._givens = rows.slices, rows.givens
+        self._row_shareds, self._slice_inputs = rows.shareds, rows.stand_ins
         self._signature = self.inputs + self.bcast_inputs
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
         self._binder = _validate.Binder(self._signature, len(self.inputs))
@@ -200,19 +113,6 @@ class Function:
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
         self._sliced: PreparedCall | None = None  # and the (None, True) variant's
-
-    def _use_slice_pattern(self, given: list, stand_ins: dict) -> list:
-        """The Theano tutorials' pattern (``_givens``): the scalar inputs become
-        broadcast, each slice is replaced by its variable's stand-in (fed with each
-        process's block of the slice), and the master compiles the slice's bounds.
-        Returns the rewritten givens."""
-        assert self._slices is not None
-        self.bcast_inputs = self._slices.scalars + self.bcast_inputs
-        self.inputs = []
-        roots = self._outputs + [value for _, value in self._updates + given]
-        self._kwargs = self._slices.compile_kwargs(self.bcast_inputs, roots, self._kwargs)
-        self._slices.compile(self.bcast_inputs)
-        return self._slices.givens(stand_ins)
 
     @property
     def output_modes(self) -> list[str | None]:
@@ -230,6 +130,7 @@ class Function:
             outputs,
             updates=updates,
             givens=self._givens,
+            name=self.name,  # (``synk.profile()`` names its records by it)
             **kwargs,
         )
         # Every process gets inputs that the master validated (ndim, dtype, static
@@ -263,15 +164,8 @@ class Function:
             tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
             tuple(self._update_ops) if sliced else (),
         )
-        session = self._session
-        prepared = self._prepared[fn_id] = PreparedCall(
-            fn_id, static, len(self.inputs), self._labels, session.ctx.prefix,
-            replica_rows(session.replica_groups, session.ctx.size),
-            # One process in all: it reads big numpy inputs in place, where the
-            # placement says that costs less than the copy (CPU cores, a GPU; not
-            # JAX's CPU platform standing in for one)
-            reads_in_place=session.n == 1 and session.ctx.placement.reads_callers_arrays,
-        )
+        prepared = self._prepared[fn_id] = PreparedCall.of(
+            self._session, static, len(self.inputs), self._labels)
         if key == (None, False):
             self._plain = prepared
         elif key == (None, True):
@@ -340,33 +234,23 @@ class Function:
                 self._sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
                     and output_subset is None and self._slices is None and shares is None):
-                if session.observer is not None:  # synk.profile(): the same path, timed
-                    done, result = self._timed_repeat(plain, args, num_slices)
-                    if done:
-                        return result
-                else:
-                    key = repeat_key(args)
-                    if plain.in_place and key is not None:  # one process in all
-                        entry = plain.in_place.get(key)
-                        if entry is not None:
-                            done, result = self._repeat_in_place(plain, entry, args)
-                            if done:
-                                return result
-                    call = plain.repeat(key, args, num_slices) if key is not None else None
-                    if call is not None:
-                        # Inputs like an earlier call's and nothing else asked: what that
-                        # call validated still holds, the arrays copied where its went.
-                        # (``_run_kept``, written out: the path of every repeated call)
-                        replies = session.run_again(call) if session.runs_again else None
-                        if replies is None:  # (not the last command's message)
-                            replies = session.run_held(call, repeats=True)
-                        return self._returned(replies, plain.prepared.output_ops, None)
-            call, finish = self.prepare(args, kwargs, output_subset, batch, batch_s, num_slices,
-                                        shares)
-            replies = session.run_held(call, repeats=call.batch_s is None)
-            return finish(replies)
+                # Inputs like an earlier call's and nothing else asked: replay it
+                key = repeat_key(args)
+                record = plain.records.get((num_slices, key)) if key is not None else None
+                if record is not None and record.epoch == epoch.current:
+                    return self.replay(record, args)
+            if session.instrument is not None:
+                return session.instrument.call(self._general, args, kwargs, output_subset,
+                                               batch, batch_s, num_slices, shares)
+            return self._general(args, kwargs, output_subset, batch, batch_s, num_slices,
+                                 shares)
         finally:
             session.leave(took)
+
+    def _general(self, *arguments: Any) -> Any:
+        """A call's general path (``prepare``, then its command), the session held."""
+        call, finish = self.prepare(*arguments)
+        return finish(self._session.run_held(call, repeats=call.batch_s is None))
 
     def prepare(self, args: tuple, kwargs: dict, output_subset: Any = None, batch: Any = None,
                 batch_s: Any = None, num_slices: Any = 1, shares: Any = None,
@@ -380,9 +264,7 @@ class Function:
         the function) as its third item, as under ``synk.profile()``.
         """
         session = self._session
-        observer = session.observer
-        if observer is not None:
-            start = time.perf_counter()
+        profile = profile or session.instrument is not None
         values = self._binder.bind(args, kwargs)
         subset = _validate.check_subset(output_subset, len(self._outputs))
         num_slices = _validate.check_num_slices(num_slices)
@@ -396,7 +278,7 @@ class Function:
             self._kwargs.get("allow_input_downcast"),
         )
         if num_slices > 1:
-            self._check_sliceable_outputs(subset)
+            check_sliceable_outputs(self._output_ops, subset)
         prepared = self._variant(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
         rows, empty, cuts = None, False, None
@@ -405,95 +287,41 @@ class Function:
             empty = length == 0
         elif shares is not None:
             cuts = offsets(weighted_counts(checked.total_rows, shares))
-        call = prepared.message(checked, selections, num_slices, observer is not None or profile,
+        call = prepared.message(checked, selections, num_slices, profile,
                                 session.commands, rows, empty, cuts)
+        # (a plain call is kept for replay; under ``synk.profile()`` too, timed)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
             and subset is None and self._slices is None
-            and shares is None and not profile) else None
+            and shares is None and profile == (session.instrument is not None)) else None
         ops = prepared.prepared.output_ops
-        if observer is not None:
-            staged = time.perf_counter()
 
         def finish(replies: list) -> Any:
             prepared.registered = True
             if key is not None:
-                prepared.remember(key, call)
-            if observer is None:
-                return self._returned(replies, ops, subset)
-            return self._report(observer, start, staged, replies, ops, subset)
+                _replay.keep(prepared, key, call)
+            return self._returned(replies, ops, subset)
 
         return call, finish
 
-    def _repeat_in_place(self, plain: PreparedCall, entry: tuple, args: tuple
-                         ) -> tuple[bool, Any]:
-        """One process in all: ``(True, result)`` of a call that repeats an earlier one
-        (``entry``: its ``Call`` and the positions of its numpy arguments), run on the
-        caller's arrays where they are (no copy into shared memory: nobody else reads
-        it); else ``(False, None)``, and the call copies as always."""
-        call, positions = entry
-        session = self._session
-        token = _shard.read_in_place(session.ctx, call, positions, args)
-        if token is None:
-            return False, None
-        try:
-            replies = session.run_held(call, repeats=True)
-        finally:
-            _shard.put_back(session.ctx, token)
-        return True, self._returned(replies, plain.prepared.output_ops, None)
+    # -- replay (``_replay.py``) ---------------------------------------------------------
+    def record(self, key: tuple, num_slices: int = 1) -> _replay.Record | None:
+        """The current record a plain call with ``key`` in ``num_slices`` slices kept,
+        or None."""
+        plain = self._plain if num_slices == 1 else self._sliced
+        record = None if plain is None else plain.records.get((num_slices, key))
+        return record if record is not None and record.epoch == epoch.current else None
 
-    def _timed_repeat(self, plain: Any, args: tuple, num_slices: int) -> tuple[bool, Any]:
-        """Under ``synk.profile()``: ``(True, result)`` of a call that repeats an earlier
-        timed one, run as it would run unprofiled and reported to the profile; else
-        ``(False, None)``."""
-        start = time.perf_counter()
-        key = repeat_key(args)
-        call = plain.repeat(key, args, num_slices, True) if key is not None else None
-        if call is None:
-            return False, None
-        return True, self._run_kept(call, plain.prepared.output_ops, self._session.observer,
-                                    start)
+    def replay(self, record: _replay.Record, args: tuple) -> Any:
+        """Run ``record`` again on ``args`` (the caller holds the session and checked
+        the record); the call's result, as ``__call__`` returns it."""
+        instrument = self._session.instrument
+        if instrument is not None:
+            return instrument.call(self._replayed, record, args)
+        return self._returned(_replay.run(self._session, record, args), record.ops, None)
 
-    def _run_kept(self, call: Call, ops: tuple, observer: Any = None,
-                  start: float = 0.0) -> Any:
-        """Run a repeated call's kept message (its arrays copied in, the session held);
-        its result, told to ``observer`` (``synk.profile()``, timed from ``start``)
-        where there is one."""
-        session = self._session
-        if observer is None:
-            replies = session.run_again(call) if session.runs_again else None
-            if replies is None:  # (not the last command's message)
-                replies = session.run_held(call, repeats=True)
-            return self._returned(replies, ops, None)
-        staged = time.perf_counter()
-        replies = session.run_held(call, repeats=True)
-        return self._report(observer, start, staged, replies, ops, None)
-
-    def _report(self, observer: Any, start: float, staged: float, replies: list, ops,
-                subset) -> Any:
-        """The call's results; its phases told to ``observer``."""
-        ran = time.perf_counter()
-        results = self._returned(replies, ops, subset)
-        timings = [reply[2] for reply in replies if reply is not None]
-        observer.call(self.name, start=start, staged=staged, ran=ran,
-                      done=time.perf_counter(), straggler=self._session.last_timing[1],
-                      gather=[float(t[0]) for t in timings],
-                      function=[float(t[1]) for t in timings])
-        return results
-
-    def _check_sliceable_outputs(self, subset: tuple[int, ...] | None) -> None:
-        """An output with op None has no rule to combine the master's slices by: its
-        sliced result could not equal the unsliced one (the original Synkhronos
-        returned the last slice's, silently)."""
-        chosen = range(len(self._outputs)) if subset is None else subset
-        for i in chosen:
-            if self._output_ops[i] is ReduceOp.NONE:
-                raise ValueError(
-                    f"output {i} has op None (not reduced), so its slices cannot be "
-                    "combined into the unsliced result: give it an op (\"gather\" for "
-                    "per-row values), leave it out with output_subset, or call with "
-                    "num_slices=1"
-                )
+    def _replayed(self, record: _replay.Record, args: tuple) -> Any:
+        return self._returned(_replay.run(self._session, record, args), record.ops, None)
 
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
@@ -522,11 +350,12 @@ class Function:
             return None
         return call, _pytensor.keeps_outputs(self._local)
 
-    def bind(self, fixed: tuple, num_slices: int = 1) -> Bound:
+    def bind(self, fixed: tuple, num_slices: int = 1) -> _replay.Bound:
         """Calls whose first arguments are always the ``Data`` in ``fixed``, in
-        ``num_slices`` slices (``Bound``): an in-package seam, for ``synkhronos.pymc``'s
-        likelihood (its rows fixed, the point varying), replayed under a fixed key."""
-        return Bound(self, fixed, num_slices)
+        ``num_slices`` slices (``_replay.Bound``): an in-package seam, for
+        ``synkhronos.pymc``'s likelihood (its rows fixed, the point varying), replayed
+        under a fixed key."""
+        return _replay.Bound(self, fixed, num_slices)
 
     def as_pytensor(self, *args, output_subset=None, **kwargs):
         """Run the plain PyTensor function in the master alone, on the whole inputs.
@@ -584,97 +413,13 @@ class Function:
             A missing or unknown input, a ``minibatch`` list of the wrong length, or a
             value that does not fit its input (as ``synk.data`` raises).
         """
-        from .data import data
-
-        values = self._binder.bind(args, kwargs)
-        if isinstance(minibatch, (list, tuple)):
-            if len(minibatch) != len(values):
-                raise ValueError(f"minibatch must be one flag or one flag per input "
-                                 f"({len(values)}); got {len(minibatch)} flags")
-            flags = [bool(flag) for flag in minibatch]
-        else:
-            flags = [bool(minibatch)] * len(values)
-        built = tuple(
-            data(value=v, var=var, force_cast=force_cast, oversize=oversize, minibatch=flag)
-            for v, var, flag in zip(values, self._signature, flags, strict=True)
-        )
+        built = data_for(self._binder.bind(args, kwargs), self._signature, force_cast,
+                         oversize, minibatch)
         return built[0] if len(built) == 1 else built
 
     def __repr__(self) -> str:
         name = f" {self.name!r}" if self.name else ""
         return f"<synk.Function{name}, {len(self._outputs)} outputs>"
-
-
-class Bound:
-    """Calls of a ``Function`` whose first arguments are always the same ``Data`` and
-    whose others are numpy arrays of one dtype and shape call after call: the rows and
-    the point of ``synkhronos.pymc``'s likelihood, tens of thousands of calls a
-    sampling.
-
-    Such a call repeats (``Function.__call__``'s repeat: the earlier call's message, the
-    arrays copied where its went). Once one has repeated, a bound call checks what that
-    relies on, each in a comparison or two: no Data in this process moved or changed
-    shape since (``Data._moved``: the staging buffers are Data too, so no call moved
-    them either) and the arrays have the dtypes and shapes they had; then it copies the
-    arrays and runs the kept message, without the repeat key, its lookup and the
-    general return path. Under ``synk.profile()`` it runs the kept timed message and
-    reports it, as a profiled repeat does. Anything else runs as ``fn(*fixed, *arrays,
-    num_slices=...)``, and what it then repeats is kept anew.
-    """
-
-    def __init__(self, fn: Function, fixed: tuple, num_slices: int):
-        self._fn = fn
-        self._fixed = fixed
-        self._num_slices = num_slices
-        # Unprofiled, then profiled: (call, buffers, Data._moved, the arrays' (shape,
-        # dtype), the variant's PreparedCall), once such a call has repeated
-        self._kept: list[tuple | None] = [None, None]
-
-    def __call__(self, *arrays: Any) -> Any:
-        fn = self._fn
-        session = fn._session
-        observer = session.observer
-        kept = self._kept[observer is not None]
-        if kept is not None:
-            start = 0.0 if observer is None else time.perf_counter()
-            call, buffers, moved, kinds, prepared = kept
-            took = session.enter()
-            try:
-                if (session.observer is observer and Data._moved == moved
-                        and len(arrays) == len(kinds)):
-                    i = 0
-                    for array in arrays:
-                        shape, dtype = kinds[i]
-                        if type(array) is not np.ndarray or array.shape != shape or (
-                                array.dtype is not dtype and array.dtype != dtype):
-                            break
-                        buffers[i].data[...] = array
-                        i += 1
-                    else:
-                        return fn._run_kept(call, prepared.prepared.output_ops, observer, start)
-            finally:
-                session.leave(took)
-        result = fn(*self._fixed, *arrays, num_slices=self._num_slices)
-        self._keep(arrays, observer is not None)
-        return result
-
-    def _keep(self, arrays: tuple, profiled: bool) -> None:
-        """After a call through ``Function.__call__``: keep what the next call needs to
-        run it again, if that call repeated an earlier one."""
-        self._kept[profiled] = None
-        fn, fixed = self._fn, self._fixed
-        prepared = fn._plain if self._num_slices == 1 else fn._sliced
-        key = repeat_key((*fixed, *arrays))
-        found = None if prepared is None or key is None else prepared.kept(
-            key, self._num_slices, profiled)
-        if found is None:
-            return
-        call, positions, buffers = found
-        if positions != list(range(len(fixed), len(fixed) + len(arrays))):
-            return  # (the numpy arguments are not the arrays, or not all of them)
-        self._kept[profiled] = (call, buffers, Data._moved,
-                                tuple((array.shape, array.dtype) for array in arrays),
-                                prepared)
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,

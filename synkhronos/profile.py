@@ -1,11 +1,14 @@
 """synk.profile(): where the time of each call goes, in the paper's Table 1 terms.
 
-A ``Profile`` is an observer of the session: while a ``synk.profile()`` block is
-active, the session tells it about every command, and each function call about its
-phases:
+A ``Profile`` is an instrument of the session (``Session.instrument``, as Trio's
+instruments watch its run): while a ``synk.profile()`` block is active, the session
+hands it every command to run (``command``: it times the whole command and the
+master's own share in it, and reads each rank's seconds from the replies of a call),
+and each function call hands it the whole call (``call``: it times the master's work
+before and after the command). The phases of a call:
 
 - ``stage``: the master's binding, validation and copying into shared memory (for a
-  call that repeats an earlier one, the refill of its arrays, as outside the block);
+  call that replays an earlier one, the copy of its arrays, as outside the block);
 - ``gather``: each process's building of its rows (the parallel shuffle of a
   ``batch`` index list), per rank;
 - ``function``: each process's PyTensor function time (all slices), per rank;
@@ -15,18 +18,25 @@ phases:
 - ``collective``: whole commands other than function calls (``all_reduce`` and the
   other collectives), wall time.
 
-With no block active, nothing is recorded and a command checks one attribute.
+Starting or ending a block moves the epoch on (``_runtime/epoch.py``): the calls kept
+for replay are made again, with messages that ask every rank for its seconds (or no
+longer ask), so that a profiled call takes the path it takes unprofiled. With no
+block active, nothing is recorded and a command checks one attribute.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._call import Call
 from ._core.protocol import Message, Sequence
-from ._core.session import require
+from ._core.session import Run, require
+from ._runtime import epoch
+from .distribute import REGISTRY
 
 __all__ = ["Profile", "profile", "CallRecord"]
 
@@ -51,35 +61,65 @@ class Profile:
 
     A step of several calls and collectives in one command (``synkhronos.steps``, a
     training step) is one ``"step"`` record, holding the command's wait for the
-    slowest worker; its calls are ``"call"`` records with their own phases.
+    slowest worker; each of its calls is a ``"call"`` record with its ranks' phases.
     """
 
     records: list[CallRecord] = field(default_factory=list)
-    _calls_in_step: int = 0  # calls of the last step still to report (their wait is its)
+    # Function names by compiled function id (the registry's, in the master)
+    names: Callable[[int], str | None] = lambda fn_id: None
+    # (start, end, record) of the last command that was one call, for ``call``
+    _command: tuple[float, float, CallRecord] | None = None
 
-    # -- the session's observer protocol --------------------------------------------------
-    def command(self, message: Message, total: float, own: float, wait: float) -> None:
-        """A command finished (function calls also report their phases, in ``call``)."""
+    # -- the session's instrument protocol -------------------------------------------------
+    def command(self, message: Message, run: Run, share: Any, key: Any) -> Any:
+        """Run one command (``run``), timing it and the master's own share in it."""
+        marks = [0.0, 0.0]
+
+        def timed(message: Message) -> Any:  # the master's own share
+            marks[0] = time.perf_counter()
+            try:
+                return share(message)
+            finally:
+                marks[1] = time.perf_counter()
+
+        start = time.perf_counter()
+        result = run(message, timed, key)
+        end = time.perf_counter()
+        replies, wait = result[0], end - max(marks[1], start)
         if isinstance(message, Call):
-            return
-        if isinstance(message, Sequence):
-            self._calls_in_step = sum(isinstance(m, Call) for m in message.steps)
-            self.records.append(CallRecord("step", None, total=total, straggler=wait))
-            return
-        self.records.append(CallRecord("collective", None, total=total, straggler=wait))
+            record = self._call_record(message, replies, total=end - start, straggler=wait)
+            self._command = (start, end, record)
+        elif isinstance(message, Sequence):
+            self.records.append(CallRecord("step", None, total=end - start, straggler=wait))
+            for i, step in enumerate(message.steps):
+                if isinstance(step, Call):
+                    self._call_record(step, [None if reply is None else reply[i]
+                                             for reply in replies])
+        else:
+            self.records.append(CallRecord("collective", None, total=end - start,
+                                           straggler=wait))
+        return result
 
-    def call(self, name: str | None, *, start: float, staged: float, ran: float, done: float,
-             straggler: float, gather: list[float], function: list[float]) -> None:
-        """A function call's phases (``perf_counter`` times, per-rank seconds)."""
-        total = done - start
-        if self._calls_in_step:  # part of a step: the step's record holds the command
-            self._calls_in_step -= 1
-            straggler = 0.0
-            total = (staged - start) + (done - ran)  # its parts outside the command
-        self.records.append(CallRecord(
-            "call", name, total=total, stage=staged - start, straggler=straggler,
-            reduce=done - ran, gather=gather, function=function,
-        ))
+    def _call_record(self, call: Call, replies: list, **times: float) -> CallRecord:
+        """A call's record, with each rank's (gather, function) seconds from its reply."""
+        timings = [reply[2] for reply in replies if reply is not None and len(reply) > 2]
+        record = CallRecord("call", self.names(call.prepared_id),
+                            gather=[float(t[0]) for t in timings],
+                            function=[float(t[1]) for t in timings], **times)
+        self.records.append(record)
+        return record
+
+    def call(self, run: Callable[..., Any], *args: Any) -> Any:
+        """Run one function call (``run(*args)``): its command's record gets the
+        master's staging before the command and reduction after it."""
+        start = time.perf_counter()
+        self._command = None
+        result = run(*args)
+        done = time.perf_counter()
+        if self._command is not None:
+            began, ended, record = self._command
+            record.stage, record.reduce, record.total = began - start, done - ended, done - start
+        return result
 
     # -- reading ----------------------------------------------------------------------------
     def summary(self) -> dict[str, float]:
@@ -122,11 +162,14 @@ def profile() -> Iterator[Profile]:
     >>> prof.summary()["straggler"]                        # doctest: +SKIP
     """
     session = require("synk.profile()")
-    if session.observer is not None:
+    if session.instrument is not None:
         raise RuntimeError("synk.profile() blocks cannot be nested")
-    result = Profile()
-    session.observer = result
+    functions = REGISTRY.get(session.ctx).functions
+    result = Profile(names=lambda fn_id: getattr(functions.get(fn_id), "name", None))
+    session.instrument = result
+    epoch.advance()  # what was kept for replay is made again, timed
     try:
         yield result
     finally:
-        session.observer = None
+        session.instrument = None
+        epoch.advance()

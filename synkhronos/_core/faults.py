@@ -16,7 +16,9 @@ point                     where
                           (or, without one, after it moved its data)
 ========================  ====================================================
 
-Unarmed, a point costs one truth test of a module global.
+Unarmed, a point costs one truth test of a module global. Arming one moves the
+process's epoch on (``_runtime/epoch.py``), so that nothing kept for replay runs past
+it: the next command takes the general path, which passes every point.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import os
 import signal
 import sys
 import time
+
+from .._runtime import epoch
 
 __all__ = ["POINTS", "HOWS", "SLOW_SECONDS", "ARMED", "PENDING", "arm", "activate", "disarm", "hit",
            "break_process"]
@@ -45,12 +49,15 @@ def arm(point: str, how: str, code: int = 3, now: bool = True) -> None:
     if how not in HOWS:
         raise ValueError(f"how must be one of {', '.join(HOWS)}; got {how!r}")
     (ARMED if now else PENDING)[point] = (how, code)
+    if now:
+        epoch.advance()
 
 
 def activate() -> None:
     """At the start of a command: points armed during the last one take effect."""
     ARMED.update(PENDING)
     PENDING.clear()
+    epoch.advance()
 
 
 def disarm() -> None:

@@ -78,7 +78,6 @@ class LocalGroup:
         self.also: Callable[[], None] | None = None  # the owner's part of ``watch``
         self.seq = 0  # the last command posted (or settled)
         self.pending: int | None = None  # a command Ctrl-C abandoned, workers maybe in it
-        self.last_timing = (0.0, 0.0)  # (own share, wait for workers) of a timed round
         self._started: float | None = None  # while a round waits (for the timeout)
         self._restores: list[Callable[[], None]] = []
         ctx.watch = self.watch
@@ -139,7 +138,7 @@ class LocalGroup:
 
     # -- one command ---------------------------------------------------------------------
     def round(self, message: Message, own_share: Share, key: Any = None,
-              fatal: Callable[[Outcome], bool] | None = None, timed: bool = False) -> Round:
+              fatal: Callable[[Outcome], bool] | None = None) -> Round:
         """Run ``message`` on this machine: post it, run ``own_share(message)``, wait for
         every worker, collect their replies (see the module docstring).
 
@@ -149,11 +148,6 @@ class LocalGroup:
         control = self.ctx.control
         local = self.ctx.local_rank
         if control is None:
-            if timed:
-                start = time.perf_counter()
-                own = own_share(message)
-                self.last_timing = (time.perf_counter() - start, 0.0)
-                return local, own, []
             return local, own_share(message), []
         before = control.seq
         share_done = False
@@ -162,8 +156,6 @@ class LocalGroup:
             self.seq = seq
             if self.timeout is not None:
                 self._started = time.monotonic()
-            if timed:
-                start = time.perf_counter()
             own = own_share(message)
             share_done = True
             if own.failure is not None:
@@ -171,11 +163,7 @@ class LocalGroup:
                 if fatal is not None and fatal(own):
                     assert own.exception is not None
                     raise own.exception
-            if timed:
-                shared = time.perf_counter()
             control.wait_done(local, seq, self._done_fields, self.watch)
-            if timed:
-                self.last_timing = (shared - start, time.perf_counter() - shared)
             return local, own, control.collect(self.ranks, self.ctx.arena,
                                                not message.replies_reduced_at_once)
         except KeyboardInterrupt:
@@ -187,7 +175,7 @@ class LocalGroup:
     def round_again(self, message: Message, own_share: Share,
                     ) -> tuple[Outcome, list | None, list[tuple[int, bool, Any]]] | None:
         """``round`` for the message the last round posted, the same object (a training
-        loop's call), untimed: posted again as it stands (``ControlBlock.post_again``)
+        loop's call): posted again as it stands (``ControlBlock.post_again``)
         and, when every worker answers with arrays described as last time, their
         replies taken as the views kept from then (``ControlBlock.replies_again``;
         replies of None as they are).

@@ -297,12 +297,12 @@ class Several(Transport):
         group.also = machines.check_alarms  # another machine's report, while waiting here
         machines.set_liveness(group.watch)
 
-    def run(self, message: Message, own_share: Share, key: Any,
-            timed: bool) -> tuple[list[Any], Outcome, First]:
+    def run(self, message: Message, own_share: Share, key: Any
+            ) -> tuple[list[Any], Outcome, First]:
         machines, group = self._machines, self.group
         machines.send(COMMAND, message, group.ctx.arena.take_journal(), key)
         local, own, parts = group.round(
-            message, own_share, key, timed=timed, fatal=machines.ends_command)
+            message, own_share, key, fatal=machines.ends_command)
         replies: list[Any] = [None] * group.ctx.size
         replies[local] = own.reply
         first = merge(replies, parts, None, 0)  # on machine 0, local ranks are global

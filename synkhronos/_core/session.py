@@ -36,8 +36,10 @@ every worker has marked the pending command done, and throws its replies away
 sequence number, the abort flag and the barrier epochs all carry the command's
 number, so nothing of the abandoned command is mistaken for the next one.
 
-An observer (``synk.profile()``) may watch commands; without one, a command costs one
-attribute check for it.
+An instrument (``synk.profile()``) may watch commands (as Trio's instruments watch
+its run): the session then hands it each command to run, with the master's share, and
+it times what it likes around them; without one, a command costs one ``is None`` check
+for it. Nothing below the session knows about it.
 
 Steps 2-5 are the transport's (``_core/transport.py``), chosen once at ``fork`` and
 held: one machine's runs the local group's round (``_core/group.py``); the one over
@@ -54,7 +56,6 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
@@ -63,11 +64,11 @@ from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .execute import Executor, Outcome
-from .group import LocalGroup
+from .group import LocalGroup, Share
 from .protocol import Message
 from .transport import First, Transport, merge
 
-__all__ = ["Session", "State", "Observer", "current", "require", "install"]
+__all__ = ["Session", "State", "Instrument", "current", "require", "install"]
 
 log = logging.getLogger("synkhronos")
 _get_ident = threading.get_ident
@@ -84,14 +85,23 @@ class State(enum.Enum):
 _READY, _BROKEN, _CLOSED = State.READY, State.BROKEN, State.CLOSED
 
 
-class Observer(Protocol):
-    """What an observer (``synk.profile()``) is told: each command by the session, and
-    each function call's phases by the function layer."""
+Run = Callable[[Message, Share, Any], tuple[list[Any], Outcome, Any]]  # a transport's run
 
-    def command(self, message: Message, total: float, own: float, wait: float) -> None: ...
 
-    def call(self, name: str | None, *, start: float, staged: float, ran: float, done: float,
-             straggler: float, gather: list[float], function: list[float]) -> None: ...
+class Instrument(Protocol):
+    """What watches the session's commands (``synk.profile()``).
+
+    The session calls ``command`` instead of running a command itself; ``command``
+    must call ``run(message, share, key)`` once (it may wrap ``share``, the master's
+    own share) and return what it returned. The function layer calls ``call`` around
+    a whole function call in the same way (``run(*args)`` once, its result returned),
+    so that the instrument sees the master's work before and after the command.
+    """
+
+    def command(self, message: Message, run: Run, share: Share, key: Any
+                ) -> tuple[list[Any], Outcome, Any]: ...
+
+    def call(self, run: Callable[..., Any], *args: Any) -> Any: ...
 
 
 class Session:
@@ -120,7 +130,7 @@ class Session:
         self.timeout = group.timeout
         self.state = _READY
         self.broken: BaseException | None = None
-        self.observer: Observer | None = None
+        self.instrument: Instrument | None = None  # ``synk.profile()``, while one runs
         self.transport = Transport(group)
         #: Whether ``run_again`` may run a command (the transport has a lane for it).
         self.runs_again = self.transport.round_again is not None
@@ -152,11 +162,6 @@ class Session:
     def replica_groups(self) -> tuple[tuple[int, int], ...] | None:
         """Per copy of the session's memory, (first rank, ranks); None: one copy."""
         return self.transport.replica_groups
-
-    @property
-    def last_timing(self) -> tuple[float, float]:
-        """(own share, wait for workers) of the last observed command."""
-        return self.group.last_timing
 
     @property
     def busy(self) -> bool:
@@ -267,14 +272,16 @@ class Session:
         try:
             if self.group.pending is not None:
                 self._settle()
-            timed = self.observer is not None
-            if timed:
-                start = time.perf_counter()
             signals.forget()  # only a signal that arrives during this command is ours
             transport = self.transport
+            instrument = self.instrument
             try:
-                replies, own, first = transport.run(message, self._own_share,
-                                                    message if repeats else None, timed)
+                if instrument is None:
+                    replies, own, first = transport.run(message, self._own_share,
+                                                        message if repeats else None)
+                else:
+                    replies, own, first = instrument.command(
+                        message, transport.run, self._own_share, message if repeats else None)
             except KeyboardInterrupt as exc:
                 if not transport.interrupt_breaks:
                     raise  # the group left the command pending: the session stays
@@ -283,8 +290,6 @@ class Session:
                 self._fail_raise(exc)
             if own.failure is not None or first is not None:
                 _raise_root_failure(self.ctx.master_rank, own, first)
-            if timed:
-                self._observed(message, start)
             return replies
         finally:
             self._running = False
@@ -294,10 +299,10 @@ class Session:
         the same object (a training loop's call): the same command, with what the
         layers between would look up again taken as it was (``LocalGroup.round_again``,
         where the transport has it). None, having done nothing, where that does not
-        apply (a command left pending, ``synk.profile()`` timing, several machines,
+        apply (a command left pending, an instrument watching, several machines,
         another message posted since): the caller then runs ``run_held``."""
         again = self.transport.round_again
-        if again is None or self.group.pending is not None or self.observer is not None:
+        if again is None or self.group.pending is not None or self.instrument is not None:
             return None
         self._running = True
         try:
@@ -324,12 +329,6 @@ class Session:
             return replies
         finally:
             self._running = False
-
-    def _observed(self, message: Message, start: float) -> None:
-        own, wait = self.last_timing
-        observer = self.observer
-        if observer is not None:
-            observer.command(message, time.perf_counter() - start, own, wait)
 
     def _settle(self) -> None:
         """Wait until every worker is done with the command Ctrl-C left pending, and

@@ -61,11 +61,11 @@ class Transport:
         self.round_again: Callable[..., Any] | None = (
             group.round_again if group.ctx.control is not None else None)
 
-    def run(self, message: Message, own_share: Share, key: Any,
-            timed: bool) -> tuple[list[Any], Outcome, First]:
+    def run(self, message: Message, own_share: Share, key: Any
+            ) -> tuple[list[Any], Outcome, First]:
         """``message`` on every process (``own_share(message)`` here): the replies by
         rank, this process's outcome, and the other processes' root-cause failure."""
-        local, own, parts = self.group.round(message, own_share, key, None, timed)
+        local, own, parts = self.group.round(message, own_share, key)
         replies: list[Any] = [None] * self._size
         replies[local] = own.reply
         return replies, own, merge(replies, parts, None, 0) if parts else None

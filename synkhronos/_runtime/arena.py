@@ -10,8 +10,8 @@ its slot) is created, named, mapped and released here, and nowhere else.
 - **Create** (``create``): exclusive, mode 0600, pages reserved at once. The creating
   process keeps its mapping.
 - **Map** (``map``): any process maps a segment by name the first time it needs it and
-  keeps the mapping; ``generation`` counts the mappings dropped since, so caches of
-  views built on mappings know when to let go.
+  keeps the mapping; dropping one moves the process's epoch on (``epoch.py``), so
+  caches of views built on mappings know when to let go.
 - **One-off segments** (a message or reply too large for its slot): created here,
   handed over (``hand_over``) to the reader, which copies it out (``take``) and
   unlinks it; never logged.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import shmem
+from . import epoch, shmem
 
 JournalEntry = tuple  # ("create", id, nbytes) | ("copy", source, target, nbytes) |
 #                       ("release", id) | ("unlink", id)
@@ -117,7 +117,6 @@ class Arena:
         self._next = 0 if is_master else (rank + 1) << WORKER_ID_SHIFT
         self._maps: dict[str, mmap.mmap] = {}
         self._seen = log.count if log is not None else 0
-        self.generation = 0
         self._prefixes: str | tuple[str, ...] = prefix  # names this arena maps and caches
         self.alias: str | None = None  # the master's prefix, on another machine
         self.journal: list[JournalEntry] | None = None  # the master's, with several machines
@@ -252,17 +251,17 @@ class Arena:
         if released is None:  # fell a whole ring behind: let go of everything
             if self._maps:
                 self._maps.clear()
-                self.generation += 1
+                epoch.advance()
             return
         for segment_id in released:
             self._drop(self.name_of(segment_id))
 
     def _drop(self, name: str) -> None:
         if self._maps.pop(name, None) is not None:
-            self.generation += 1
+            epoch.advance()
         if self.alias is not None:  # a replica is kept under the master's name too
             if self._maps.pop(self.alias + name[len(self.prefix):], None) is not None:
-                self.generation += 1
+                epoch.advance()
 
     def __contains__(self, name: str) -> bool:
         return name in self._maps

@@ -44,6 +44,7 @@ from .._core.protocol import Sequence as SequenceMessage
 from .._core.session import Session
 from .._dataref import DataRef
 from .._reducers import ReduceOp
+from .._runtime import epoch
 from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
 from .backend import (
@@ -625,7 +626,9 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     """A worker's shortcut for an ``all_reduce`` repeated (``Executor.lanes``: the same
     group and op again, an all-reduce between training steps): the backend's
     ``pair_reduce`` (two ranks) or ``all_reduce`` called and the reply written, nothing
-    looked up. None for a message that maps a new group or carries a setup."""
+    looked up, while the epoch it was made under stands (``_runtime/epoch.py``: a
+    fault point armed, a mapping dropped). None for a message that maps a new group or
+    carries a setup."""
     control = ctx.control
     if (control is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.setup is not None):
@@ -633,11 +636,12 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, None)
     op, master_rank, arena = message.op, ctx.master_rank, ctx.arena
+    kept_under = epoch.current
 
     if message.pair:
         def run(seq: int, rank: int) -> bool:
-            if faults.ARMED:  # a test's fault points: the usual way passes them
-                return False
+            if epoch.current != kept_under:  # (a test's fault point: the usual way
+                return False  # passes them)
             mismatch = backend.pair_reduce(ctx, group, op)
             control.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
                            False, master_rank, arena)
@@ -647,7 +651,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     reduce = backend.all_reduce
 
     def run_all(seq: int, rank: int) -> bool:
-        if faults.ARMED:
+        if epoch.current != kept_under:
             return False
         reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
         control.finish(rank, seq, reply, False, master_rank, arena)

@@ -458,7 +458,7 @@ class RowSum(Op):
         assert parts is not None
         took = session.enter()
         try:
-            if session.observer is not None:  # synk.profile() records each call: commands
+            if session.instrument is not None:  # synk.profile() records each call: commands
                 return self._evaluate_commands(theta)
             if self.direct:
                 lean = parts[0].lean

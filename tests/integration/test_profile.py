@@ -68,7 +68,8 @@ def test_profiled_repeated_calls_take_the_path_they_take_unprofiled(n, monkeypat
         assert [r.kind for r in prof.records] == ["call"] * 4
         assert all(len(r.function) == n and r.stage > 0 for r in prof.records)
         xs, ws = values[0]
-        np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))  # unprofiled again
-        assert len(prepared) == 2 and len(prof.records) == 4
+        for _ in range(2):  # unprofiled again: ending the block moved the epoch on, so
+            np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))  # the first
+        assert len(prepared) == 3 and len(prof.records) == 4  # prepares, the next replays
     finally:
         synk.close()

@@ -1,6 +1,6 @@
 """One process in all (``n_parallel=1``): a repeated call reads the caller's numpy
 arrays where they are, instead of copying them into shared memory that no other
-process reads (``Function._repeat_in_place``, ``_shard.read_in_place``). With workers
+process reads (a replay record's ``in_place``, ``_shard.read_in_place``). With workers
 the copy stays: they read it. Results against the plain PyTensor function are checked
 in ``tests/integration/test_function.py`` at every size."""
 
@@ -18,7 +18,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import _call
+from synkhronos import _shard
 
 
 def _session(n):
@@ -29,16 +29,20 @@ def _session(n):
     return f
 
 
-def _forbid_copies(monkeypatch):
-    copies = []
+def _count_reads_in_place(monkeypatch):
+    """A list that gets one item per replay that read the caller's arrays where they
+    are (a replay that does not copies them into its staging buffers)."""
+    reads = []
 
-    def refill(self, args, refs, arrays, kept):
-        copies.append(len(arrays))
-        return original(self, args, refs, arrays, kept)
+    def read_in_place(*args):
+        token = original(*args)
+        if token is not None:
+            reads.append(1)
+        return token
 
-    original = _call.Staging.refill
-    monkeypatch.setattr(_call.Staging, "refill", refill)
-    return copies
+    original = _shard.read_in_place
+    monkeypatch.setattr(_shard, "read_in_place", read_in_place)
+    return reads
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -51,11 +55,11 @@ def test_repeated_calls_copy_only_where_a_worker_reads(n, rows, monkeypatch):
         x, w = np.arange(2.0 * rows).reshape(rows, 2), np.array([1.0, -2.0])
         for _ in range(3):  # prepared, then repeated: the plan is made on the second
             np.testing.assert_allclose(f(x, w), (x * w).sum(axis=0))
-        copies = _forbid_copies(monkeypatch)
+        reads = _count_reads_in_place(monkeypatch)
         for k in range(3):
             x[k, 0] += 10.0  # the caller's array changes in place between calls
             np.testing.assert_allclose(f(x, w), (x * w).sum(axis=0))
-        assert copies == ([] if n == 1 and rows == 4096 else [2, 2, 2])
+        assert len(reads) == (3 if n == 1 and rows == 4096 else 0)
     finally:
         synk.close()
 
@@ -91,12 +95,12 @@ def test_calls_in_turn_each_read_in_place():
         with pytest.MonkeyPatch.context() as patch:
             for k in range(6):
                 if k == 3:
-                    copies = _forbid_copies(patch)  # from here on: read in place
+                    reads = _count_reads_in_place(patch)  # from here on: in place
                 a[k] += 1.0
                 b[-1, 0] = 100.0 + k
                 np.testing.assert_allclose(total(a, weights), (a * weights).sum(axis=0))
                 np.testing.assert_allclose(peak(b), b.max(axis=0))
-            assert copies == []
+            assert len(reads) == 6
     finally:
         synk.close()
 
@@ -106,7 +110,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 import synkhronos as synk
-from synkhronos import _call
+from synkhronos import _shard
 from synkhronos._core.session import current
 
 synk.fork(1, device="gpu")
@@ -119,14 +123,22 @@ synk.distribute()
 rows = np.arange(4096 * 2.0).reshape(4096, 2)  # 64 KiB
 for _ in range(2):  # prepared, then repeated: the plan is made on the second
     f(rows)
-copies = []
-refill = _call.Staging.refill
-_call.Staging.refill = lambda *args: copies.append(args) or refill(*args)
+reads = []
+read_in_place = _shard.read_in_place
+
+
+def counted(*args):
+    token = read_in_place(*args)
+    reads.append(token is not None)
+    return token
+
+
+_shard.read_in_place = counted
 for k in range(3):
     rows[k, 1] += 10.0  # the caller's array changes in place between calls
     for got, want in zip(f(rows), f.as_pytensor(rows), strict=True):
         np.testing.assert_allclose(got, want)
-assert not copies, len(copies)
+assert reads == [True, True, True], reads
 synk.close()
 print("ok")
 """

@@ -1,0 +1,182 @@
+"""Replay: a call run again from what its first run kept, nothing checked or built again.
+
+The general path of a call (``Function.prepare``: bind, validate, stage, build the
+message; then the command) ends by keeping a ``Record`` of it (``keep``), under its
+key (``_call.repeat_key``: the same ``Data``, or arrays of the same dtype and shape,
+nothing else asked) in its variant's ``PreparedCall.records``: the ``Call`` message,
+the staging ``Data`` its numpy arguments were copied into, and the ops that reduce its
+replies. A record holds the epoch it was made under (``_runtime/epoch.py``); while the
+epoch stands nothing it relies on has moved, and a call with its key replays it
+(``Function.replay`` -> ``run``): the arrays copied where the first call's went, the
+kept message posted again. A stale record is never repaired: the call takes the
+general path, which keeps a new one.
+
+One record, three ways to find it:
+
+- ``Function.__call__``: a plain call looks its key up in its variant's records;
+- ``Bound``: calls whose first arguments are always the same ``Data`` (the rows of
+  ``synkhronos.pymc``'s likelihood) hold the record of their last call, and check only
+  the epoch and their arrays' dtypes and shapes;
+- with one process in all (CPU cores or a GPU) a record of big numpy arguments is run
+  on the caller's arrays where they are (nobody else reads a copy: ``_shard``).
+
+The workers keep their side of a repeated command the same way, under their own
+process's epoch: a kept plan (``_shard.py``) and the lanes of a command posted again
+(``Executor.lanes``).
+
+``SYNK_REPLAY=0`` in the environment (``epoch.REPLAY``, read at import) keeps nothing:
+every call, step and collective takes the general path, on every process.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import _shard
+from ._call import Call, PreparedCall, repeat_key
+from ._core.session import Session
+from ._reducers import ReduceOp
+from ._runtime import epoch
+from .data import Data
+
+__all__ = ["Record", "Bound", "keep", "run"]
+
+_KEPT = 16  # records kept per variant (train, validate, ... on the same function)
+# One process in all: numpy inputs of at least this many bytes are read in place rather
+# than copied (below it the copy costs less than arranging to skip it, about 2 us here)
+_IN_PLACE_BYTES = 32 << 10
+
+
+class Replays(Protocol):
+    """What ``Bound`` asks of the function it binds (``function.Function``)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    def __call__(self, *args: Any, num_slices: int = 1) -> Any: ...
+
+    def record(self, key: tuple, num_slices: int = 1) -> Record | None: ...
+
+    def replay(self, record: Record, args: tuple) -> Any: ...
+
+
+@dataclass(eq=False)
+class Record:
+    """What a call's general path kept for the calls that repeat it."""
+
+    call: Call  # its message (registered: without the static part)
+    ops: tuple[ReduceOp, ...]  # its outputs' reductions
+    positions: tuple[int, ...]  # the positions of its numpy arguments
+    buffers: tuple[Data, ...]  # where each is copied (the variant's staging)
+    in_place: bool  # one process in all: try the caller's arrays where they are
+    sync: Callable[[], None] | None  # several machines: the copies to every replica
+    epoch: int  # valid while ``epoch.current`` is this
+
+
+def keep(prepared: PreparedCall, key: tuple, call: Call) -> None:
+    """After a plain call ran (the caller holds the session): keep its record."""
+    if not epoch.REPLAY:
+        return
+    records = prepared.records
+    if len(records) >= _KEPT:
+        records.clear()
+    if call.prepared is not None:  # it has been registered by running
+        call = replace(call, prepared=None)
+    positions = tuple(i for i, item in enumerate(key) if item[0] is None)
+    refs = call.scattered + call.bcast
+    buffers = prepared.staging.destinations(refs, positions)
+    if buffers is None:  # (staged as a later call of its command: not where it reads)
+        return
+    in_place = prepared.reads_in_place and call.num_slices == 1 and not call.profile and (
+        sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
+            for i in positions) >= _IN_PLACE_BYTES)
+    sync = (functools.partial(prepared.staging.sync, positions)
+            if prepared.staging.split is not None else None)
+    records[(call.num_slices, key)] = Record(call, prepared.prepared.output_ops, positions,
+                                             buffers, in_place, sync, epoch.current)
+
+
+def run(session: Session, record: Record, args: tuple) -> list:
+    """The replies of ``record``'s call run again on ``args`` (their numpy arrays at
+    ``record.positions``, of the dtypes and shapes it had). The caller holds the
+    session and has checked that the record is current."""
+    call = record.call
+    if record.in_place:
+        token = _shard.read_in_place(session.ctx, call, record.positions, args)
+        if token is not None:
+            try:
+                return session.run_held(call, repeats=True)
+            finally:
+                _shard.put_back(session.ctx, token)
+    buffers = record.buffers
+    i = 0
+    for position in record.positions:
+        # setitem casts as copyto(casting="unsafe"), at a third of its cost
+        buffers[i].data[...] = args[position]
+        i += 1
+    if record.sync is not None:
+        record.sync()
+    replies = session.run_again(call) if session.runs_again else None
+    if replies is None:  # (not the last command's message)
+        replies = session.run_held(call, repeats=True)
+    return replies
+
+
+class Bound:
+    """Calls of a ``Function`` whose first arguments are always the same ``Data`` and
+    whose others are numpy arrays of one dtype and shape call after call: the rows and
+    the point of ``synkhronos.pymc``'s likelihood, tens of thousands of calls a
+    sampling (``Function.bind``).
+
+    Once a call has kept its record, the next checks only that the epoch stands and
+    that its arrays have the dtypes and shapes they had, then replays it, without the
+    repeat key and its lookup. Anything else runs as ``fn(*fixed, *arrays,
+    num_slices=...)``, and its record is taken anew.
+    """
+
+    def __init__(self, fn: Replays, fixed: tuple, num_slices: int):
+        self._fn = fn
+        self._fixed = fixed
+        self._num_slices = num_slices
+        self._record: Record | None = None
+        self._kinds: tuple = ()  # the arrays' (shape, dtype), as the record had them
+
+    def __call__(self, *arrays: Any) -> Any:
+        fn = self._fn
+        record = self._record
+        if record is not None:
+            session = fn.session
+            took = session.enter()
+            try:
+                if record.epoch == epoch.current and len(arrays) == len(self._kinds):
+                    i = 0
+                    for array in arrays:
+                        shape, dtype = self._kinds[i]
+                        if type(array) is not np.ndarray or array.shape != shape or (
+                                array.dtype is not dtype and array.dtype != dtype):
+                            break
+                        i += 1
+                    else:
+                        return fn.replay(record, self._fixed + arrays)
+            finally:
+                session.leave(took)
+        result = fn(*self._fixed, *arrays, num_slices=self._num_slices)
+        self._keep(arrays)
+        return result
+
+    def _keep(self, arrays: tuple) -> None:
+        """After a call through ``Function.__call__``: hold its record, if it kept one
+        whose numpy arguments are exactly the arrays."""
+        self._record = None
+        key = repeat_key((*self._fixed, *arrays))
+        record = None if key is None else self._fn.record(key, self._num_slices)
+        first = len(self._fixed)
+        if record is None or record.positions != tuple(range(first, first + len(arrays))):
+            return
+        self._record = record
+        self._kinds = tuple((array.shape, array.dtype) for array in arrays)

@@ -29,10 +29,8 @@ A process given no rows (a minibatch shorter than ``n_parallel``) does not run s
 1, so a step that zeroes ``grad_shared`` in every process comes first then.
 
 Checkpoints (``state_dict`` / ``load_state_dict``) speak one layout whatever the form
-and the number of processes: each parameter, and each piece of rule state shaped as
-its parameter (``state/<kind>/<parameter>``), plus the step counter. Sharded, the
-state's pieces are gathered from (and cut again into) the processes' pieces of the
-flat vector; unsharded, the master's copy is every process's.
+and the number of processes; ``_checkpoint`` owns it (keys, checks, the state's moves),
+and this module distributes the functions before it moves anything.
 """
 
 from __future__ import annotations
@@ -47,12 +45,13 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .. import Function, broadcast, device, distribute, function, gather, n_parallel, set_value
+from .. import Function, broadcast, device, distribute, function, n_parallel, set_value
 from .. import data as synk_data
 from .. import steps as synk_steps
 from . import updates
 from ._balance import Balancer
-from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
+from ._checkpoint import Checkpoint
+from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
            "make_train_function_theano"]
@@ -261,6 +260,8 @@ class TrainFunction:
         self._zero_function: Function = function(
             [], updates=zeroed, name=f"train_zero_{name}", **compile_kwargs,
         )
+        self._checkpoint = Checkpoint(self.params, self.state, name,
+                                      _rule_name(update_rule) is not None, self.sharded)
         self._ready = False
         self._steps: dict[str, synk_steps.Step] = {}
 
@@ -468,12 +469,9 @@ class TrainFunction:
         >>> with np.load("checkpoint.npz") as saved:             # doctest: +SKIP
         ...     train.load_state_dict(dict(saved))
         """
-        self._checkpoint_ready()
-        state = {key: np.array(param.get_value(borrow=True))
-                 for key, param in zip(self._param_keys(), self.params, strict=True)}
-        for key, value in zip(self._state_keys(), self._state_values(), strict=True):
-            state[key] = value
-        return state
+        if not self._ready:
+            self._setup()
+        return self._checkpoint.save()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set the parameters and the rule's state in every process from ``state``.
@@ -503,180 +501,14 @@ class TrainFunction:
             dtype (a float into an integer counter's place is refused likewise).
             Nothing is changed then.
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict takes the dict state_dict() returns; got "
-                            f"{type(state).__name__}")
-        param_keys, state_keys = self._param_keys(), self._state_keys()
-        expected = self._expected_arrays(param_keys, state_keys)
-        missing = [key for key in expected if key not in state]
-        extra = [key for key in state if key not in expected]
-        if missing or extra:
-            raise ValueError(
-                f"the state does not fit this {self.update_rule.__name__} training "
-                f"function (another model or rule?): missing {_listed(missing)}, "
-                f"unexpected {_listed(extra)}; nothing was loaded"
-            )
-        values = {}
-        for key, (shape, dtype) in expected.items():
-            value = np.asarray(state[key])
-            if value.shape != shape:
-                raise ValueError(f"state[{key!r}] has shape {value.shape}; this model's is "
-                                 f"{shape}; nothing was loaded")
-            if not np.can_cast(value.dtype, dtype, casting="same_kind"):
-                raise TypeError(f"state[{key!r}] has dtype {value.dtype}, which does not "
-                                f"cast to {dtype}; nothing was loaded")
-            values[key] = value.astype(dtype, copy=False)
-        self._checkpoint_ready()
-        broadcast(self.params, [values[key] for key in param_keys])
-        self._load_state([values[key] for key in state_keys])
-
-    def _checkpoint_ready(self) -> None:
+        param_values, state_values = self._checkpoint.check(state)  # before anything moves
         if not self._ready:
             self._setup()
-
-    def _param_keys(self) -> list[str]:
-        names = [param.name for param in self.params]
-        return [f"params/{name}" if name and names.count(name) == 1 else f"params/#{i}"
-                for i, name in enumerate(names)]
-
-    def _layout(self) -> list[tuple[str, int | None]] | None:
-        """``(kind, parameter index or None)`` of each variable of ``self.state``
-        (None: a rule of the user's own, whose state has no known layout)."""
-        name = _rule_name(self.update_rule)
-        if name is None:
-            return None
-        if self.sharded:  # one flat piece per kind, in the order they were made
-            kinds = _StateRecorder.kinds(name, 1, made_order=True)
-            return [(kind, None if index is None else -1) for kind, index in kinds]
-        return _StateRecorder.kinds(name, len(self.params), made_order=False)
-
-    def _state_keys(self) -> list[str]:
-        """The checkpoint's keys of the rule state, in the order the values travel."""
-        layout = self._layout()
-        if layout is None:
-            return [f"state/{i}" for i in range(len(self.state))]
-        names = [key.removeprefix("params/") for key in self._param_keys()]
-        keys = []
-        for kind, index in layout:
-            if index is None:
-                keys.append(f"state/{kind}")
-            elif index == -1:  # a flat piece over every parameter
-                keys += [f"state/{kind}/{name}" for name in names]
-            else:
-                keys.append(f"state/{kind}/{names[index]}")
-        return keys
-
-    def _expected_arrays(self, param_keys: list[str], state_keys: list[str]
-                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Shape and dtype of every value of the checkpoint, by key."""
-        expected = {key: (tuple(np.shape(param.get_value(borrow=True))),
-                          np.dtype(param.type.dtype))
-                    for key, param in zip(param_keys, self.params, strict=True)}
-        layout = self._layout()
-        if layout is None:
-            for key, var in zip(state_keys, self.state, strict=True):
-                expected[key] = (tuple(np.shape(var.get_value(borrow=True))),
-                                 np.dtype(var.type.dtype))
-            return expected
-        keys = iter(state_keys)
-        for (_, index), var in zip(layout, self.state, strict=True):
-            dtype = np.dtype(var.type.dtype)
-            if index is None:
-                expected[next(keys)] = ((), dtype)
-            elif index == -1:
-                for param_key in param_keys:
-                    expected[next(keys)] = (expected[param_key][0], dtype)
-            else:
-                expected[next(keys)] = (expected[param_keys[index]][0], dtype)
-        return expected
-
-    def _state_values(self) -> list[np.ndarray]:
-        """The rule state in the order of ``_state_keys``: sharded, each kind's pieces
-        gathered from the processes and cut per parameter."""
-        if not self.sharded:
-            return [np.array(var.get_value(borrow=True)) for var in self.state]
-        pieces = [var for var in self.state if var.ndim == 1]
-        whole = gather(pieces, nd_up=0) if pieces else []
-        whole = [whole] if isinstance(whole, np.ndarray) else list(whole)
-        values = []
-        for var in self.state:
-            if var.ndim == 0:
-                values.append(np.array(var.get_value(borrow=True)))
-                continue
-            flat = whole.pop(0)
-            values += [flat[start:stop].reshape(shape)
-                       for start, stop, shape in _offsets(self.params)]
-        return values
-
-    def _load_state(self, values: list[np.ndarray]) -> None:
-        """Every process's rule state from ``values`` (in ``_state_keys`` order)."""
-        if not self.state:
-            return
-        if not self.sharded:
-            broadcast(self.state, values)
-            return
-        counters, flats = [], []
-        given = iter(values)
-        for var in self.state:
-            if var.ndim == 0:
-                counters.append((var, next(given)))
-            else:
-                flats.append((var, np.concatenate(
-                    [next(given).ravel() for _ in self.params])))
-        for var, value in counters:
-            broadcast(var, value)
-        if flats:
-            variables = [var for var, _ in flats]
-            for rank, (start, stop) in enumerate(self._pieces):
-                set_value(rank, variables, [flat[start:stop] for _, flat in flats])
-
+        pieces = self._pieces if self.sharded else None
+        self._checkpoint.load(param_values, state_values, pieces)
 
     def __repr__(self) -> str:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
-
-
-def _listed(keys: list[str], most: int = 6) -> str:
-    if not keys:
-        return "none"
-    shown = ", ".join(map(repr, keys[:most]))
-    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
-
-
-class _StateRecorder(updates.State):
-    """Runs a rule's arithmetic on stand-ins to learn which state it makes, so that a
-    checkpoint can name each state variable ``(kind, parameter index)``."""
-
-    def __init__(self, params: list) -> None:
-        self._params = params
-        self.made: dict[int, tuple[str, int | None]] = {}
-        self.order: list[tuple[str, int | None]] = []
-
-    def like(self, param: Any, name: str) -> SharedVariable:
-        var = pytensor.shared(np.zeros(1), name=name)
-        index = next(i for i, p in enumerate(self._params) if p is param)
-        self.made[id(var)] = (name, index)
-        self.order.append((name, index))
-        return var
-
-    def scalar(self, dtype: str, name: str) -> SharedVariable:
-        var = super().scalar("float64", name)
-        self.made[id(var)] = (name, None)
-        self.order.append((name, None))
-        return var
-
-    @classmethod
-    def kinds(cls, rule: str, n_params: int, made_order: bool
-              ) -> list[tuple[str, int | None]]:
-        """``(kind, parameter index or None)`` of the rule's state for ``n_params``
-        parameters: in the order it is made (``_PieceState.made``), or in the order
-        of the rule's updates (the unsharded ``TrainFunction.state``)."""
-        params = [pt.vector(f"p{i}") for i in range(n_params)]
-        recorder = cls(params)
-        _, extra = updates.MATH[rule](params, [pt.vector() for _ in params], recorder,
-                                      learning_rate=1.0)
-        if made_order:
-            return recorder.order
-        return [recorder.made[id(var)] for var, _ in extra]
 
 
 def _data_form(inputs: list, givens: list, sliceable: Any) -> str:

@@ -12,8 +12,9 @@ exchange to the update without a round trip to the master.
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows. Summed over processes, ``grad_shared`` is the
    mean gradient over the whole minibatch.
-2. Sharded (the default with several processes): ``reduce_scatter(grad_shared,
-   "sum")`` leaves each process the summed gradient of its piece of the parameters;
+2. Sharded (the default with several processes; ``_sharded`` builds and holds it,
+   this module runs its steps): ``reduce_scatter(grad_shared, "sum")`` leaves each
+   process the summed gradient of its piece of the parameters;
    ``apply_function`` applies the rule to that piece of ``params_flat`` (and of the
    rule's state, which each process holds for its piece only); ``all_gather_pieces``
    copies every new piece into every process's ``params_flat``, which every parameter
@@ -35,7 +36,6 @@ and this module distributes the functions before it moves anything.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,12 +45,11 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .. import Function, broadcast, device, distribute, function, n_parallel, set_value
-from .. import data as synk_data
+from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
-from . import updates
 from ._balance import Balancer
 from ._checkpoint import Checkpoint
+from ._sharded import ShardedUpdate, obstacles, rule_name
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -84,42 +83,6 @@ def _selected(data: Any, batch: Any) -> int | None:
         return len(batch)
     except TypeError:
         return None
-
-
-class _PieceState(updates.State):
-    """State for a rule applied to each process's piece of the flat parameters: a
-    vector whose length differs per process (set by ``TrainFunction`` before its
-    first step), so each process holds the state of its piece only."""
-
-    def __init__(self) -> None:
-        self.made: list[SharedVariable] = []  # every state variable, step counter too
-
-    def like(self, param: Any, name: str) -> SharedVariable:
-        var = pytensor.shared(np.zeros(0, dtype=param.dtype), name=f"piece_{name}",
-                              shape=(None,))
-        self.made.append(var)
-        return var
-
-    def scalar(self, dtype: str, name: str) -> SharedVariable:
-        var = super().scalar(dtype, name)
-        self.made.append(var)
-        return var
-
-
-def _rule_name(update_rule: Any) -> str | None:
-    """The name of a rule of ``updates`` (whose arithmetic can run on a piece)."""
-    name = getattr(update_rule, "__name__", None)
-    return name if name in updates.MATH and RULES.get(name) is update_rule else None
-
-
-def _hyper_of(update_rule: Any, rule_args: Sequence[Any], hyper: dict) -> dict:
-    """The rule's hyper-parameters by name (positional ones too; ``lr`` is
-    ``learning_rate``)."""
-    hyper = dict(hyper)
-    if "lr" in hyper:
-        hyper["learning_rate"] = hyper.pop("lr")
-    bound = inspect.signature(update_rule).bind(None, None, *rule_args, **hyper)
-    return {k: v for k, v in bound.arguments.items() if k not in ("loss", "params")}
 
 
 class TrainFunction:
@@ -246,9 +209,13 @@ class TrainFunction:
                 name=f"train_rows_{name}",
                 **dict(compile_kwargs, on_unused_input="ignore"))  # the labels' rows
         self.params_flat: SharedVariable | None = None
+        self._piece_update: ShardedUpdate | None = None
         if self.sharded:
-            self.state = self._build_sharded(name, _hyper_of(update_rule, rule_args, hyper),
-                                             compile_kwargs)
+            self._piece_update = ShardedUpdate(self.params, grad_shared, update_rule,
+                                               rule_args, hyper, compile_kwargs)
+            self.params_flat = self._piece_update.params_flat
+            self.apply_function = self._piece_update.apply_function
+            self.state = self._piece_update.state
         else:
             self.apply_function = function([], updates=param_updates,
                                            name=f"train_apply_{name}", **compile_kwargs)
@@ -261,7 +228,7 @@ class TrainFunction:
             [], updates=zeroed, name=f"train_zero_{name}", **compile_kwargs,
         )
         self._checkpoint = Checkpoint(self.params, self.state, name,
-                                      _rule_name(update_rule) is not None, self.sharded)
+                                      rule_name(update_rule) is not None, self.sharded)
         self._ready = False
         self._steps: dict[str, synk_steps.Step] = {}
 
@@ -280,40 +247,13 @@ class TrainFunction:
         return rows, pytensor.shared(np.zeros((), dtype=dtype), name="train_total_rows")
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
-        """Sharded unless asked otherwise, or impossible: one process, a rule of the
-        user's own, parameters of several dtypes, or the JAX backend (``device="gpu"``
-        or ``mode="JAX"``: immutable arrays cannot be viewed and updated in place)."""
-        reasons = []
-        if _rule_name(self.update_rule) is None:
-            reasons.append("the rule is not one of synkhronos.extensions.updates")
-        if len({p.type.dtype for p in self.params}) > 1:
-            reasons.append("the parameters have several dtypes")
-        if str(compile_kwargs.get("mode", "")).upper() == "JAX" or device() == "gpu":
-            # each process updates its own piece, of its own size: JAX compiles static
-            # shapes, and its arrays cannot be viewed and updated in place
-            reasons.append("JAX arrays cannot be updated in place (device='gpu' or "
-                           "mode='JAX')")
+        """Sharded unless asked otherwise, or impossible (``_sharded.obstacles``)."""
+        reasons = obstacles(self.update_rule, self.params, compile_kwargs)
         if sharded is None:
             return n_parallel() > 1 and not reasons
         if sharded and reasons:
             raise ValueError(f"sharded=True is not possible here: {'; '.join(reasons)}")
         return bool(sharded)
-
-    def _build_sharded(self, name: str, hyper: dict, compile_kwargs: dict) -> list:
-        """The flat parameters, and the update of one process's piece of them."""
-        values = [np.asarray(p.get_value(borrow=True)).ravel() for p in self.params]
-        self.params_flat = flat = pytensor.shared(np.concatenate(values), name="params_flat")
-        bounds = pt.lmatrix("piece")  # one scattered row per process: (start, stop)
-        start, stop = bounds[0, 0], bounds[0, 1]
-        state = _PieceState()
-        new, extra = updates.MATH[name]([flat[start:stop]], [self.grad_shared[start:stop]],
-                                        state, **hyper)
-        piece = new[0] if new[0].dtype == flat.dtype else pt.cast(new[0], flat.dtype)
-        self.apply_function = function(
-            [bounds], updates=[(flat, pt.set_subtensor(flat[start:stop], piece))] + extra,
-            name=f"train_apply_piece_{name}", **compile_kwargs,
-        )
-        return state.made
 
     def reset_state(self) -> None:
         """Zero the rule's state (velocities, moments, Adam's step count) in every
@@ -323,35 +263,18 @@ class TrainFunction:
         """
         if not self._ready or not self.state:
             return  # nothing has run (the state is as made), or the rule keeps none
-        if self.sharded:
-            self._zero_pieces()
+        if self._piece_update is not None:
+            self._piece_update.zero_state()
         else:
             broadcast(self.state, [np.zeros_like(var.get_value(borrow=True))
                                    for var in self.state])
-
-    def _zero_pieces(self) -> None:
-        assert self.params_flat is not None
-        dtype = self.params_flat.type.dtype
-        for var in self.state:
-            if var.ndim == 0:  # a step counter: the same in every process
-                broadcast(var, np.zeros((), dtype=var.type.dtype))
-                continue
-            for rank, (start, stop) in enumerate(self._pieces):
-                set_value(rank, var, np.zeros(stop - start, dtype=dtype))
 
     def _setup(self) -> None:
         """First call: distribute, and (sharded) give each process its piece's bounds
         and its piece of the rule state."""
         distribute()
-        if self.sharded:
-            assert self.params_flat is not None
-            self._pieces = synk_steps.pieces(self.params_flat)
-            self._bounds = synk_data(np.asarray(self._pieces, dtype=np.int64))
-            self._zero_pieces()
-            self._steps["views_in"] = synk_steps.views(self.params_flat, self.params, True)
-            self._steps["views_out"] = synk_steps.views(self.params_flat, self.params, False)
-            self._steps["reduce"] = synk_steps.reduce_scatter(self.grad_shared, op="sum")
-            self._steps["gather"] = synk_steps.all_gather_pieces(self.params_flat)
+        if self._piece_update is not None:
+            self._piece_update.setup()
         else:
             self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum")
         if self._count_function is not None:
@@ -409,8 +332,9 @@ class TrainFunction:
             self._setup()
         n = n_parallel()
         steps = []
-        if self.sharded:
-            steps.append(self._steps["views_in"])  # a parameter set since: its value counts
+        if self._piece_update is not None:
+            # a parameter set since the last step: its value counts
+            steps.append(self._piece_update.views_in)
         if (total is not None and total < n) or (self.form != "inputs" and n > 1):
             # some process runs nothing in the gradient call: its old gradient must not
             # count (with data in shared variables, the master does not know the rows)
@@ -429,9 +353,8 @@ class TrainFunction:
             num_slices=num_slices, shares=shares,
             timings=None if balancer is None else balancer.record,
         ))
-        if self.sharded:
-            steps += [self._steps["reduce"], synk_steps.call(self.apply_function, self._bounds),
-                      self._steps["gather"], self._steps["views_out"]]
+        if self._piece_update is not None:
+            steps += self._piece_update.update_steps()
         else:
             if n > 1:
                 steps.append(self._steps["reduce"])
@@ -504,7 +427,7 @@ class TrainFunction:
         param_values, state_values = self._checkpoint.check(state)  # before anything moves
         if not self._ready:
             self._setup()
-        pieces = self._pieces if self.sharded else None
+        pieces = None if self._piece_update is None else self._piece_update.pieces
         self._checkpoint.load(param_values, state_values, pieces)
 
     def __repr__(self) -> str:

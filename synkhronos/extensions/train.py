@@ -12,14 +12,13 @@ exchange to the update without a round trip to the master.
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows. Summed over processes, ``grad_shared`` is the
    mean gradient over the whole minibatch.
-2. Sharded (the default with several processes; ``_sharded`` builds and holds it,
-   this module runs its steps): ``reduce_scatter(grad_shared, "sum")`` leaves each
-   process the summed gradient of its piece of the parameters;
-   ``apply_function`` applies the rule to that piece of ``params_flat`` (and of the
-   rule's state, which each process holds for its piece only); ``all_gather_pieces``
-   copies every new piece into every process's ``params_flat``, which every parameter
-   views. Unsharded: ``all_reduce(grad_shared, "sum")``, then every process applies
-   the rule to every parameter.
+2. Sharded (the default with several processes; built and held by ``_sharded``):
+   ``reduce_scatter(grad_shared, "sum")`` leaves each process the summed gradient of
+   its piece of the parameters; ``apply_function`` applies the rule to that piece of
+   ``params_flat`` (and of the rule's state, which each process holds for its piece
+   only); ``all_gather_pieces`` copies every new piece into every process's
+   ``params_flat``, which every parameter views. Unsharded: ``all_reduce(grad_shared,
+   "sum")``, then every process applies the rule to every parameter.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
@@ -29,9 +28,11 @@ timed per process, and the next steps' rows follow the processes' rows per secon
 A process given no rows (a minibatch shorter than ``n_parallel``) does not run step
 1, so a step that zeroes ``grad_shared`` in every process comes first then.
 
-Checkpoints (``state_dict`` / ``load_state_dict``) speak one layout whatever the form
-and the number of processes; ``_checkpoint`` owns it (keys, checks, the state's moves),
-and this module distributes the functions before it moves anything.
+Checkpoints (``state_dict`` / ``load_state_dict``, laid out by ``_checkpoint``) speak
+one layout whatever the form and the number of processes: each parameter, and each
+piece of rule state shaped as its parameter (``state/<kind>/<parameter>``), plus the
+step counter. Sharded, the state's pieces are gathered from (and cut again into) the
+processes' pieces of the flat vector; unsharded, the master's copy is every process's.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ exchange to the update without a round trip to the master.
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows. Summed over processes, ``grad_shared`` is the
    mean gradient over the whole minibatch.
-2. Sharded (the default with several processes): ``reduce_scatter(grad_shared,
-   "sum")`` leaves each process the summed gradient of its piece of the parameters;
-   ``apply_function`` applies the rule to that piece of ``params_flat`` (and of the
-   rule's state, which each process holds for its piece only); ``all_gather_pieces``
-   copies every new piece into every process's ``params_flat``, which every parameter
-   views. Unsharded: ``all_reduce(grad_shared, "sum")``, then every process applies
-   the rule to every parameter.
+2. Sharded (the default with several processes; built and held by ``_sharded``):
+   ``reduce_scatter(grad_shared, "sum")`` leaves each process the summed gradient of
+   its piece of the parameters; ``apply_function`` applies the rule to that piece of
+   ``params_flat`` (and of the rule's state, which each process holds for its piece
+   only); ``all_gather_pieces`` copies every new piece into every process's
+   ``params_flat``, which every parameter views. Unsharded: ``all_reduce(grad_shared,
+   "sum")``, then every process applies the rule to every parameter.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
@@ -28,16 +28,15 @@ timed per process, and the next steps' rows follow the processes' rows per secon
 A process given no rows (a minibatch shorter than ``n_parallel``) does not run step
 1, so a step that zeroes ``grad_shared`` in every process comes first then.
 
-Checkpoints (``state_dict`` / ``load_state_dict``) speak one layout whatever the form
-and the number of processes: each parameter, and each piece of rule state shaped as
-its parameter (``state/<kind>/<parameter>``), plus the step counter. Sharded, the
-state's pieces are gathered from (and cut again into) the processes' pieces of the
-flat vector; unsharded, the master's copy is every process's.
+Checkpoints (``state_dict`` / ``load_state_dict``, laid out by ``_checkpoint``) speak
+one layout whatever the form and the number of processes: each parameter, and each
+piece of rule state shaped as its parameter (``state/<kind>/<parameter>``), plus the
+step counter. Sharded, the state's pieces are gathered from (and cut again into) the
+processes' pieces of the flat vector; unsharded, the master's copy is every process's.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,12 +46,12 @@ import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 
-from .. import Function, broadcast, device, distribute, function, gather, n_parallel, set_value
-from .. import data as synk_data
+from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
-from . import updates
 from ._balance import Balancer
-from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
+from ._checkpoint import Checkpoint
+from ._sharded import ShardedUpdate, obstacles, rule_name
+from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
            "make_train_function_theano"]
@@ -85,42 +84,6 @@ def _selected(data: Any, batch: Any) -> int | None:
         return len(batch)
     except TypeError:
         return None
-
-
-class _PieceState(updates.State):
-    """State for a rule applied to each process's piece of the flat parameters: a
-    vector whose length differs per process (set by ``TrainFunction`` before its
-    first step), so each process holds the state of its piece only."""
-
-    def __init__(self) -> None:
-        self.made: list[SharedVariable] = []  # every state variable, step counter too
-
-    def like(self, param: Any, name: str) -> SharedVariable:
-        var = pytensor.shared(np.zeros(0, dtype=param.dtype), name=f"piece_{name}",
-                              shape=(None,))
-        self.made.append(var)
-        return var
-
-    def scalar(self, dtype: str, name: str) -> SharedVariable:
-        var = super().scalar(dtype, name)
-        self.made.append(var)
-        return var
-
-
-def _rule_name(update_rule: Any) -> str | None:
-    """The name of a rule of ``updates`` (whose arithmetic can run on a piece)."""
-    name = getattr(update_rule, "__name__", None)
-    return name if name in updates.MATH and RULES.get(name) is update_rule else None
-
-
-def _hyper_of(update_rule: Any, rule_args: Sequence[Any], hyper: dict) -> dict:
-    """The rule's hyper-parameters by name (positional ones too; ``lr`` is
-    ``learning_rate``)."""
-    hyper = dict(hyper)
-    if "lr" in hyper:
-        hyper["learning_rate"] = hyper.pop("lr")
-    bound = inspect.signature(update_rule).bind(None, None, *rule_args, **hyper)
-    return {k: v for k, v in bound.arguments.items() if k not in ("loss", "params")}
 
 
 class TrainFunction:
@@ -247,9 +210,13 @@ class TrainFunction:
                 name=f"train_rows_{name}",
                 **dict(compile_kwargs, on_unused_input="ignore"))  # the labels' rows
         self.params_flat: SharedVariable | None = None
+        self._piece_update: ShardedUpdate | None = None
         if self.sharded:
-            self.state = self._build_sharded(name, _hyper_of(update_rule, rule_args, hyper),
-                                             compile_kwargs)
+            self._piece_update = ShardedUpdate(self.params, grad_shared, update_rule,
+                                               rule_args, hyper, compile_kwargs)
+            self.params_flat = self._piece_update.params_flat
+            self.apply_function = self._piece_update.apply_function
+            self.state = self._piece_update.state
         else:
             self.apply_function = function([], updates=param_updates,
                                            name=f"train_apply_{name}", **compile_kwargs)
@@ -261,6 +228,8 @@ class TrainFunction:
         self._zero_function: Function = function(
             [], updates=zeroed, name=f"train_zero_{name}", **compile_kwargs,
         )
+        self._checkpoint = Checkpoint(self.params, self.state, name,
+                                      rule_name(update_rule) is not None, self.sharded)
         self._ready = False
         self._steps: dict[str, synk_steps.Step] = {}
 
@@ -279,40 +248,13 @@ class TrainFunction:
         return rows, pytensor.shared(np.zeros((), dtype=dtype), name="train_total_rows")
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
-        """Sharded unless asked otherwise, or impossible: one process, a rule of the
-        user's own, parameters of several dtypes, or the JAX backend (``device="gpu"``
-        or ``mode="JAX"``: immutable arrays cannot be viewed and updated in place)."""
-        reasons = []
-        if _rule_name(self.update_rule) is None:
-            reasons.append("the rule is not one of synkhronos.extensions.updates")
-        if len({p.type.dtype for p in self.params}) > 1:
-            reasons.append("the parameters have several dtypes")
-        if str(compile_kwargs.get("mode", "")).upper() == "JAX" or device() == "gpu":
-            # each process updates its own piece, of its own size: JAX compiles static
-            # shapes, and its arrays cannot be viewed and updated in place
-            reasons.append("JAX arrays cannot be updated in place (device='gpu' or "
-                           "mode='JAX')")
+        """Sharded unless asked otherwise, or impossible (``_sharded.obstacles``)."""
+        reasons = obstacles(self.update_rule, self.params, compile_kwargs)
         if sharded is None:
             return n_parallel() > 1 and not reasons
         if sharded and reasons:
             raise ValueError(f"sharded=True is not possible here: {'; '.join(reasons)}")
         return bool(sharded)
-
-    def _build_sharded(self, name: str, hyper: dict, compile_kwargs: dict) -> list:
-        """The flat parameters, and the update of one process's piece of them."""
-        values = [np.asarray(p.get_value(borrow=True)).ravel() for p in self.params]
-        self.params_flat = flat = pytensor.shared(np.concatenate(values), name="params_flat")
-        bounds = pt.lmatrix("piece")  # one scattered row per process: (start, stop)
-        start, stop = bounds[0, 0], bounds[0, 1]
-        state = _PieceState()
-        new, extra = updates.MATH[name]([flat[start:stop]], [self.grad_shared[start:stop]],
-                                        state, **hyper)
-        piece = new[0] if new[0].dtype == flat.dtype else pt.cast(new[0], flat.dtype)
-        self.apply_function = function(
-            [bounds], updates=[(flat, pt.set_subtensor(flat[start:stop], piece))] + extra,
-            name=f"train_apply_piece_{name}", **compile_kwargs,
-        )
-        return state.made
 
     def reset_state(self) -> None:
         """Zero the rule's state (velocities, moments, Adam's step count) in every
@@ -322,35 +264,18 @@ class TrainFunction:
         """
         if not self._ready or not self.state:
             return  # nothing has run (the state is as made), or the rule keeps none
-        if self.sharded:
-            self._zero_pieces()
+        if self._piece_update is not None:
+            self._piece_update.zero_state()
         else:
             broadcast(self.state, [np.zeros_like(var.get_value(borrow=True))
                                    for var in self.state])
-
-    def _zero_pieces(self) -> None:
-        assert self.params_flat is not None
-        dtype = self.params_flat.type.dtype
-        for var in self.state:
-            if var.ndim == 0:  # a step counter: the same in every process
-                broadcast(var, np.zeros((), dtype=var.type.dtype))
-                continue
-            for rank, (start, stop) in enumerate(self._pieces):
-                set_value(rank, var, np.zeros(stop - start, dtype=dtype))
 
     def _setup(self) -> None:
         """First call: distribute, and (sharded) give each process its piece's bounds
         and its piece of the rule state."""
         distribute()
-        if self.sharded:
-            assert self.params_flat is not None
-            self._pieces = synk_steps.pieces(self.params_flat)
-            self._bounds = synk_data(np.asarray(self._pieces, dtype=np.int64))
-            self._zero_pieces()
-            self._steps["views_in"] = synk_steps.views(self.params_flat, self.params, True)
-            self._steps["views_out"] = synk_steps.views(self.params_flat, self.params, False)
-            self._steps["reduce"] = synk_steps.reduce_scatter(self.grad_shared, op="sum")
-            self._steps["gather"] = synk_steps.all_gather_pieces(self.params_flat)
+        if self._piece_update is not None:
+            self._piece_update.setup()
         else:
             self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum")
         if self._count_function is not None:
@@ -408,8 +333,9 @@ class TrainFunction:
             self._setup()
         n = n_parallel()
         steps = []
-        if self.sharded:
-            steps.append(self._steps["views_in"])  # a parameter set since: its value counts
+        if self._piece_update is not None:
+            # a parameter set since the last step: its value counts
+            steps.append(self._piece_update.views_in)
         if (total is not None and total < n) or (self.form != "inputs" and n > 1):
             # some process runs nothing in the gradient call: its old gradient must not
             # count (with data in shared variables, the master does not know the rows)
@@ -428,9 +354,8 @@ class TrainFunction:
             num_slices=num_slices, shares=shares,
             timings=None if balancer is None else balancer.record,
         ))
-        if self.sharded:
-            steps += [self._steps["reduce"], synk_steps.call(self.apply_function, self._bounds),
-                      self._steps["gather"], self._steps["views_out"]]
+        if self._piece_update is not None:
+            steps += self._piece_update.update_steps()
         else:
             if n > 1:
                 steps.append(self._steps["reduce"])
@@ -468,12 +393,9 @@ class TrainFunction:
         >>> with np.load("checkpoint.npz") as saved:             # doctest: +SKIP
         ...     train.load_state_dict(dict(saved))
         """
-        self._checkpoint_ready()
-        state = {key: np.array(param.get_value(borrow=True))
-                 for key, param in zip(self._param_keys(), self.params, strict=True)}
-        for key, value in zip(self._state_keys(), self._state_values(), strict=True):
-            state[key] = value
-        return state
+        if not self._ready:
+            self._setup()
+        return self._checkpoint.save()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set the parameters and the rule's state in every process from ``state``.
@@ -503,180 +425,14 @@ class TrainFunction:
             dtype (a float into an integer counter's place is refused likewise).
             Nothing is changed then.
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict takes the dict state_dict() returns; got "
-                            f"{type(state).__name__}")
-        param_keys, state_keys = self._param_keys(), self._state_keys()
-        expected = self._expected_arrays(param_keys, state_keys)
-        missing = [key for key in expected if key not in state]
-        extra = [key for key in state if key not in expected]
-        if missing or extra:
-            raise ValueError(
-                f"the state does not fit this {self.update_rule.__name__} training "
-                f"function (another model or rule?): missing {_listed(missing)}, "
-                f"unexpected {_listed(extra)}; nothing was loaded"
-            )
-        values = {}
-        for key, (shape, dtype) in expected.items():
-            value = np.asarray(state[key])
-            if value.shape != shape:
-                raise ValueError(f"state[{key!r}] has shape {value.shape}; this model's is "
-                                 f"{shape}; nothing was loaded")
-            if not np.can_cast(value.dtype, dtype, casting="same_kind"):
-                raise TypeError(f"state[{key!r}] has dtype {value.dtype}, which does not "
-                                f"cast to {dtype}; nothing was loaded")
-            values[key] = value.astype(dtype, copy=False)
-        self._checkpoint_ready()
-        broadcast(self.params, [values[key] for key in param_keys])
-        self._load_state([values[key] for key in state_keys])
-
-    def _checkpoint_ready(self) -> None:
+        param_values, state_values = self._checkpoint.check(state)  # before anything moves
         if not self._ready:
             self._setup()
-
-    def _param_keys(self) -> list[str]:
-        names = [param.name for param in self.params]
-        return [f"params/{name}" if name and names.count(name) == 1 else f"params/#{i}"
-                for i, name in enumerate(names)]
-
-    def _layout(self) -> list[tuple[str, int | None]] | None:
-        """``(kind, parameter index or None)`` of each variable of ``self.state``
-        (None: a rule of the user's own, whose state has no known layout)."""
-        name = _rule_name(self.update_rule)
-        if name is None:
-            return None
-        if self.sharded:  # one flat piece per kind, in the order they were made
-            kinds = _StateRecorder.kinds(name, 1, made_order=True)
-            return [(kind, None if index is None else -1) for kind, index in kinds]
-        return _StateRecorder.kinds(name, len(self.params), made_order=False)
-
-    def _state_keys(self) -> list[str]:
-        """The checkpoint's keys of the rule state, in the order the values travel."""
-        layout = self._layout()
-        if layout is None:
-            return [f"state/{i}" for i in range(len(self.state))]
-        names = [key.removeprefix("params/") for key in self._param_keys()]
-        keys = []
-        for kind, index in layout:
-            if index is None:
-                keys.append(f"state/{kind}")
-            elif index == -1:  # a flat piece over every parameter
-                keys += [f"state/{kind}/{name}" for name in names]
-            else:
-                keys.append(f"state/{kind}/{names[index]}")
-        return keys
-
-    def _expected_arrays(self, param_keys: list[str], state_keys: list[str]
-                         ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Shape and dtype of every value of the checkpoint, by key."""
-        expected = {key: (tuple(np.shape(param.get_value(borrow=True))),
-                          np.dtype(param.type.dtype))
-                    for key, param in zip(param_keys, self.params, strict=True)}
-        layout = self._layout()
-        if layout is None:
-            for key, var in zip(state_keys, self.state, strict=True):
-                expected[key] = (tuple(np.shape(var.get_value(borrow=True))),
-                                 np.dtype(var.type.dtype))
-            return expected
-        keys = iter(state_keys)
-        for (_, index), var in zip(layout, self.state, strict=True):
-            dtype = np.dtype(var.type.dtype)
-            if index is None:
-                expected[next(keys)] = ((), dtype)
-            elif index == -1:
-                for param_key in param_keys:
-                    expected[next(keys)] = (expected[param_key][0], dtype)
-            else:
-                expected[next(keys)] = (expected[param_keys[index]][0], dtype)
-        return expected
-
-    def _state_values(self) -> list[np.ndarray]:
-        """The rule state in the order of ``_state_keys``: sharded, each kind's pieces
-        gathered from the processes and cut per parameter."""
-        if not self.sharded:
-            return [np.array(var.get_value(borrow=True)) for var in self.state]
-        pieces = [var for var in self.state if var.ndim == 1]
-        whole = gather(pieces, nd_up=0) if pieces else []
-        whole = [whole] if isinstance(whole, np.ndarray) else list(whole)
-        values = []
-        for var in self.state:
-            if var.ndim == 0:
-                values.append(np.array(var.get_value(borrow=True)))
-                continue
-            flat = whole.pop(0)
-            values += [flat[start:stop].reshape(shape)
-                       for start, stop, shape in _offsets(self.params)]
-        return values
-
-    def _load_state(self, values: list[np.ndarray]) -> None:
-        """Every process's rule state from ``values`` (in ``_state_keys`` order)."""
-        if not self.state:
-            return
-        if not self.sharded:
-            broadcast(self.state, values)
-            return
-        counters, flats = [], []
-        given = iter(values)
-        for var in self.state:
-            if var.ndim == 0:
-                counters.append((var, next(given)))
-            else:
-                flats.append((var, np.concatenate(
-                    [next(given).ravel() for _ in self.params])))
-        for var, value in counters:
-            broadcast(var, value)
-        if flats:
-            variables = [var for var, _ in flats]
-            for rank, (start, stop) in enumerate(self._pieces):
-                set_value(rank, variables, [flat[start:stop] for _, flat in flats])
-
+        pieces = None if self._piece_update is None else self._piece_update.pieces
+        self._checkpoint.load(param_values, state_values, pieces)
 
     def __repr__(self) -> str:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
-
-
-def _listed(keys: list[str], most: int = 6) -> str:
-    if not keys:
-        return "none"
-    shown = ", ".join(map(repr, keys[:most]))
-    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
-
-
-class _StateRecorder(updates.State):
-    """Runs a rule's arithmetic on stand-ins to learn which state it makes, so that a
-    checkpoint can name each state variable ``(kind, parameter index)``."""
-
-    def __init__(self, params: list) -> None:
-        self._params = params
-        self.made: dict[int, tuple[str, int | None]] = {}
-        self.order: list[tuple[str, int | None]] = []
-
-    def like(self, param: Any, name: str) -> SharedVariable:
-        var = pytensor.shared(np.zeros(1), name=name)
-        index = next(i for i, p in enumerate(self._params) if p is param)
-        self.made[id(var)] = (name, index)
-        self.order.append((name, index))
-        return var
-
-    def scalar(self, dtype: str, name: str) -> SharedVariable:
-        var = super().scalar("float64", name)
-        self.made[id(var)] = (name, None)
-        self.order.append((name, None))
-        return var
-
-    @classmethod
-    def kinds(cls, rule: str, n_params: int, made_order: bool
-              ) -> list[tuple[str, int | None]]:
-        """``(kind, parameter index or None)`` of the rule's state for ``n_params``
-        parameters: in the order it is made (``_PieceState.made``), or in the order
-        of the rule's updates (the unsharded ``TrainFunction.state``)."""
-        params = [pt.vector(f"p{i}") for i in range(n_params)]
-        recorder = cls(params)
-        _, extra = updates.MATH[rule](params, [pt.vector() for _ in params], recorder,
-                                      learning_rate=1.0)
-        if made_order:
-            return recorder.order
-        return [recorder.made[id(var)] for var, _ in extra]
 
 
 def _data_form(inputs: list, givens: list, sliceable: Any) -> str:

@@ -1,6 +1,8 @@
-"""The divided log-likelihood: PyMC's ``ValueGradFunction`` with the rows on every process.
+"""The divided log-likelihood, built: PyMC's ``ValueGradFunction`` with the rows on every process.
 
-Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is ``_split``):
+This module owns the building, once per function (the Op that runs every evaluation
+is ``_rowsum``'s). Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is
+``_split``):
 
 2. rebuild each divided observed variable on row inputs (data replaced, size resized
    with ``change_dist_size``) and take ``pm.logp`` of it; free variables become the
@@ -14,34 +16,37 @@ Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is ``_split``):
 4. check once, at a jittered point, that the sum over processes equals the same graph
    on the whole data: a term that mixes rows (a mean over the data inside the model)
    is refused instead of sampled wrongly;
-5. wrap it in an Op (:class:`RowSum`) whose gradient is the reduced gradient, and hand
-   PyMC its own ``ValueGradFunction`` of log-prior + Op.
+5. wrap each group's function in a ``Part`` of one Op (``_rowsum.RowSum``) whose
+   gradient is the reduced gradient, over the value variables in one flat vector
+   (``Values``), and hand PyMC its own ``ValueGradFunction`` of log-prior + Op.
+
+Its interface, besides ``logp_dlogp_function``: ``build_logp_dlogp`` (steps 1-5, for
+``sample`` and ``find_MAP``, which also need the Op), ``check_grainsize``,
+``session_size``, and ``row_terms`` (step 2's graphs, pointwise, for
+``compute_log_likelihood``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import pickle
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.gradient import DisconnectedType, grad_not_implemented
-from pytensor.graph.basic import Apply
-from pytensor.graph.op import Op
 from pytensor.graph.replace import clone_replace, graph_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
 from pytensor.tensor.shape import SpecifyShape
 
 from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
 from . import _pymc_compat as compat
+from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
-__all__ = ["logp_dlogp_function", "RowSum"]
+__all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "session_size",
+           "row_terms"]
 
 log = logging.getLogger("synkhronos")
 
@@ -55,7 +60,7 @@ _GRAIN_BYTES = 1 << 20
 _SLICE_FROM_BYTES = 16 << 20
 
 
-def _session_size() -> int | None:
+def session_size() -> int | None:
     """The session's number of processes, or None before ``synk.fork()``."""
     try:
         return n_parallel()
@@ -64,7 +69,7 @@ def _session_size() -> int | None:
 
 
 # -- 2. the likelihood on row inputs -----------------------------------------------------
-def _row_terms(pm, model, group: _Group):
+def row_terms(pm, model, group: _Group):
     """Each observed variable's elementwise log-probability on row inputs (and each
     potential's value), in terms of stand-ins for the free variables.
 
@@ -115,7 +120,7 @@ def _row_likelihood(pm, model, group: _Group):
 
     Returns the graph and the row input of each divided data variable.
     """
-    terms, rows, stand_ins = _row_terms(pm, model, group)
+    terms, rows, stand_ins = row_terms(pm, model, group)
     terms = [term.sum() for term in terms]
     loglik = terms[0] if len(terms) == 1 else pt.add(*terms)
     read = set(ancestors([loglik]))
@@ -134,36 +139,8 @@ def _pins_rows(graph, row_inputs) -> bool:
                and var.owner.inputs[0] in row_inputs for var in ancestors([graph]))
 
 
-# -- the values, in one vector ----------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _Values:
-    """The value variables the likelihood reads, laid end to end in one flat vector of
-    ``dtype`` (their upcast): the Op's one input and its gradient's layout."""
-
-    vars: list
-    shapes: list[tuple[int, ...]]
-    offsets: list[int]  # where each starts in the vector, then its length
-    dtype: str
-
-    @classmethod
-    def of(cls, vars: list, point: dict) -> _Values:
-        shapes = [tuple(np.shape(point[v.name])) for v in vars]
-        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
-        return cls(vars, shapes, offsets, pytensor.scalar.upcast(*[v.dtype for v in vars]))
-
-    def flat(self, point: dict) -> np.ndarray:
-        """The vector of a point (value variable name -> value)."""
-        return np.concatenate([np.asarray(point[v.name], dtype=self.dtype).ravel()
-                               for v in self.vars])
-
-    def joined(self):
-        """The vector in a PyTensor graph of the value variables."""
-        return pt.concatenate([(v if v.dtype == self.dtype else pt.cast(v, self.dtype)).ravel()
-                               for v in self.vars])
-
-
 # -- 3. the synkhronos function ------------------------------------------------------------
-def _check_grainsize(grainsize) -> int | None:
+def check_grainsize(grainsize) -> int | None:
     if grainsize is None:
         return None
     if isinstance(grainsize, bool) or not isinstance(grainsize, (int, np.integer)):
@@ -201,7 +178,7 @@ def _one_block(plan, grainsize: int | None) -> bool:
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
-def _check_rows(fn: Function, row_data: list[Data], values: _Values, entries: np.ndarray,
+def _check_rows(fn: Function, row_data: list[Data], values: Values, entries: np.ndarray,
                 model, group: _Group, n: int, slices: int) -> None:
     """Step 4: the sum over processes must equal the same graph on the whole data.
 
@@ -224,7 +201,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: _Values, entries: np
                                      dtype=np.asarray(value).dtype)
                     for name, value in start.items()}
         point = values.flat(jittered)[entries]
-        whole_loglik, whole_grad = _unpack(fn.as_pytensor(*[d.data for d in row_data], point))
+        whole_loglik, whole_grad = unpack(fn.as_pytensor(*[d.data for d in row_data], point))
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
         if pymc_logp is not None:
@@ -236,7 +213,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: _Values, entries: np
                     f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
                     f"{float(want)!r}; pass split=[...] without them")
         try:
-            loglik, grad = _unpack(fn(*row_data, point, num_slices=slices))
+            loglik, grad = unpack(fn(*row_data, point, num_slices=slices))
         except WorkerError as exc:
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
@@ -258,269 +235,9 @@ def _check_rows(fn: Function, row_data: list[Data], values: _Values, entries: np
     log.info("synkhronos.pymc: no finite point found to check the row split; not checked")
 
 
-# -- 5. the Op PyMC's function calls ---------------------------------------------------------
-@dataclasses.dataclass
-class _Part:
-    """One group's compiled likelihood: ``fn(*row_data, theta)`` over its rows, in
-    ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
-    vector (``_unpack``); ``entries`` are those of the flat values (the Op's input, and
-    its flat gradient) that ``theta`` holds."""
-
-    fn: Function
-    row_data: list[Data]
-    slices: int
-    entries: np.ndarray
-    dtype: str  # of its one output (the log-likelihood, then the flat gradient)
-    # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
-    # num_slices=slices)``, run again without its repeat's lookups once it repeats
-    # (``Function.bind``)
-    bound: Callable[[np.ndarray], np.ndarray]
-    # Without workers (n_parallel 1): the compiled function itself, called in place
-    # (``_Lean``); None where the session's command path runs it.
-    lean: _Lean | None = None
-
-
-def _unpack(both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The log-likelihood (0-d) and the flat gradient, views of a part's one output."""
-    return both[:1].reshape(()), both[1:]
-
-
-def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of ``slices`` consecutive slices of ``length`` rows, as a call
-    with ``num_slices`` cuts a process's rows: the first ``length % slices`` one row
-    longer."""
-    base, extra = divmod(length, slices)
-    bounds, start = [], 0
-    for k in range(slices):
-        stop = start + base + (k < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-class _Lean:
-    """One process, no workers: a part's compiled PyTensor function, called directly.
-
-    The session's command path (stage the values in shared memory, a command, the
-    master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
-    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
-    calls the master's compiled function on the rows' arrays in place: the rows were
-    checked once (their dtype is the row inputs'), the flat values come from PyMC's
-    graph with the Op's input type (checked here in a few comparisons; anything else
-    goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
-    checks are skipped (``trust_input``). Its slices are run and summed as every process
-    runs its own (``_shard``).
-    """
-
-    def __init__(self, fn: Function, row_data: list[Data], slices: int, call: Any,
-                 keeps_outputs: bool):
-        self.call = call  # the compiled function on trusted inputs (``Function.direct_call``)
-        self.row_data = row_data
-        self.type = fn.bcast_inputs[0].type  # the flat values' (``theta``)
-        self.dtype = np.dtype(self.type.dtype)
-        self.shape = self.type.shape
-        self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
-        # A VM that keeps its storage between calls (no allow_gc) may reuse an output's
-        # array in the next call: keep a copy of it then.
-        self.fresh = not keeps_outputs
-
-    @classmethod
-    def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
-        """The lean call of ``fn``, or None where PyTensor must check every call's
-        inputs itself (types it cannot trust, rows of another dtype than the input's) or
-        its call does more than run the VM (``Function.direct_call``)."""
-        if fn.sliceable_shareds:
-            return None
-        if any(item.dtype != var.type.dtype or item.ndim != var.ndim
-               for item, var in zip(row_data, fn.inputs, strict=True)):
-            return None
-        in_place = fn.direct_call()
-        if in_place is None:
-            return None
-        return cls(fn, row_data, slices, *in_place)
-
-    def run(self, arrays: list) -> np.ndarray:
-        """One call of the compiled function on ``arrays`` (rows, then values)."""
-        both = self.call(*arrays)[0]
-        return both if self.fresh else both.copy()
-
-    def __call__(self, theta: Any) -> np.ndarray:
-        """The log-likelihood and flat gradient of all the rows in this process at the
-        flat values ``theta``, in one vector (``_unpack``)."""
-        if type(theta) is not np.ndarray or (
-                theta.dtype is not self.dtype and theta.dtype != self.dtype) or (
-                theta.shape != self.shape):
-            # not from PyTensor's own graph: its type checks it, as PyTensor would
-            theta = self.type.filter(theta, strict=False, allow_downcast=False)
-        rows = [item.data for item in self.row_data]
-        if self.bounds is None:
-            return self.run([*rows, theta])
-        both: Any = None
-        for start, stop in self.bounds:
-            if stop == start:
-                continue
-            part = self.run([*[r[start:stop] for r in rows], theta])
-            if both is None:
-                both = part
-            else:
-                both += part
-        return both
-
-
-class RowSum(Op):
-    """The divided observed log-likelihood and its gradient.
-
-    The value variables, flat in one vector (``_Values``) -> (log-likelihood, flat
-    gradient), summed over the processes: one parallel call for each group of rows
-    (one, unless two datasets of different lengths are divided). One vector in: on
-    Numba, one array for PyTensor's object mode to hand the Op, and one for a call to
-    stage and send. It holds handles to the session's functions and the rows' shared
-    memory: it is never copied or pickled.
-    """
-
-    def __init__(self, parts: list[_Part] | None, sources: list, values: _Values,
-                 dtype: str, connect: Callable[[], list[_Part]] | None = None):
-        self.parts = parts
-        self._connect = connect  # builds the parts where they are None
-        # (a shared variable's name, the cell holding its value, the value copied into
-        # the rows): a cell that holds another value is a pm.set_data since
-        self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
-        self.total = values.offsets[-1]
-        self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
-        self.dtype = dtype
-        self.released = False
-        self.session: Any = None
-        self.direct = False
-        if parts is not None:
-            self._adopt(parts)
-
-    def _adopt(self, parts: list[_Part]) -> None:
-        """Take ``parts`` (at build, or at the first evaluation when deferred)."""
-        self.parts = parts
-        # Without workers, every part called in place (``_Lean``): the session it holds
-        # while it runs (None: each part is a parallel call).
-        lean = all(part.lean is not None for part in parts)
-        self.session = parts[0].fn.session if lean else None
-        # One part that reads every value and returns the Op's dtype: the Op's input is
-        # its ``theta``, and its outputs, new arrays at every call, are the Op's.
-        first = parts[0]
-        self.direct = (len(parts) == 1 and len(first.entries) == self.total
-                       and first.dtype == self.dtype)
-
-    @property
-    def num_slices(self) -> int | tuple[int, ...]:
-        """Each process's blocks of rows (grainsize): one number, or one a group."""
-        slices = tuple(part.slices for part in self.parts or ())
-        return slices[0] if len(slices) == 1 else slices
-
-    def make_node(self, theta):
-        theta = self.input_type.filter_variable(theta)
-        outputs = [pt.scalar(dtype=self.dtype), pt.vector(dtype=self.dtype, shape=(self.total,))]
-        return Apply(self, [theta], outputs)
-
-    def perform(self, node, inputs, output_storage):
-        output_storage[0][0], output_storage[1][0] = self.evaluate(inputs[0])
-
-    def evaluate(self, theta: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The log-likelihood and its flat gradient at the flat values ``theta``: the
-        Op's outputs (new arrays; on Numba called straight from the compiled graph,
-        ``compat.numba_object_call``)."""
-        # (A process forked from the master, such as a PyMC chain process with
-        # cores > 1, gets the session's RuntimeError from this call.)
-        if self.released:
-            raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
-                               "memory is freed); build a new one")
-        if self.parts is None:  # deferred: this process's first evaluation builds them
-            assert self._connect is not None
-            self._adopt(self._connect())
-        for name, cell, value in self.sources:
-            if cell[0] is not value:
-                raise RuntimeError(
-                    f"the model's data {name!r} changed (pm.set_data) after "
-                    "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
-                )
-        if self.session is not None:
-            return self._evaluate_lean(self.session, theta)
-        return self._evaluate_commands(theta)
-
-    def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
-        """``evaluate`` through the session: one parallel call for each part."""
-        parts = self.parts
-        assert parts is not None
-        if self.direct:  # (the call's reduced output is a new array: its views are kept)
-            return _unpack(parts[0].bound(theta))
-        return self._summed(theta, [part.bound for part in parts])
-
-    def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
-        """``evaluate`` without workers: each part's compiled function in place
-        (``_Lean``), holding the session (usable, this thread's) as a command would."""
-        parts = self.parts
-        assert parts is not None
-        took = session.enter()
-        try:
-            if session.instrument is not None:  # synk.profile() records each call: commands
-                return self._evaluate_commands(theta)
-            if self.direct:
-                lean = parts[0].lean
-                assert lean is not None
-                return _unpack(lean(theta))
-            # (every part has its lean call: ``_adopt`` set the session for that alone)
-            return self._summed(theta, cast(list, [part.lean for part in parts]))
-        finally:
-            session.leave(took)
-
-    def _summed(self, theta: Any, calls: list[Callable[[np.ndarray], np.ndarray]]
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """Each part's log-likelihood and flat gradient (``calls[i]`` of part ``i``'s
-        entries of ``theta``), summed into the Op's outputs: new arrays, as PyMC keeps
-        them."""
-        assert self.parts is not None
-        # as the Op's input type makes it, before each part takes its entries
-        theta = self.input_type.filter(theta, strict=False, allow_downcast=False)
-        total = np.zeros((), dtype=self.dtype)
-        flat = np.zeros(self.total, dtype=self.dtype)
-        for part, call in zip(self.parts, calls, strict=True):
-            loglik, grad = _unpack(call(theta[part.entries]))
-            total += loglik
-            flat[part.entries] += grad
-        return total, flat
-
-    def pullback(self, inputs, outputs, cotangents):
-        """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
-        g_loglik, g_flat = cotangents
-        if not isinstance(g_flat.type, DisconnectedType) or isinstance(
-            g_loglik.type, DisconnectedType
-        ):
-            return [grad_not_implemented(self, 0, inputs[0], "second derivatives of a "
-                                         "synkhronos likelihood are not available")]
-        # (outputs[1]: the same node as the value, one call computes both)
-        grad = g_loglik * outputs[1]
-        return [grad if grad.dtype == inputs[0].dtype else pt.cast(grad, inputs[0].dtype)]
-
-    L_op = pullback  # PyTensor < 3.3 asks for the same thing under this name
-
-    def infer_shape(self, *args):  # (fgraph, node, shapes) before PyTensor 3.3
-        return [(), (self.total,)]
-
-    def __deepcopy__(self, memo):
-        return self  # holds handles to processes and shared memory, never copies
-
-    def __reduce__(self):
-        # PyMC catches this and samples its chains in the master instead of spawned
-        # processes (which could not reach the session).
-        raise pickle.PicklingError("a synkhronos likelihood cannot be pickled: it is "
-                                   "evaluated by the session of this master process")
-
-    def release(self) -> None:
-        """Free the rows' shared memory now (otherwise when the Op is collected)."""
-        self.released = True
-        for part in self.parts or ():
-            for item in part.row_data:
-                item.free_memory()
-
-
-def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size: int,
-                grainsize: int | None) -> _Part:
+# -- 3-5. the parts and the Op, in PyMC's function -------------------------------------------
+def _build_part(model, group: _Group, loglik, rows: dict, values: Values, size: int,
+                grainsize: int | None) -> Part:
     """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
     and check.
 
@@ -545,7 +262,7 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size:
     loglik = graph_replace(loglik, dict(zip(mine, pieces, strict=True)))
     grads: Any = pytensor.grad(loglik, pieces)
     # One output, the log-likelihood then the flat gradient: one reduction and one
-    # array to send a call, not two (``_unpack`` takes it apart)
+    # array to send a call, not two (``unpack`` takes it apart)
     both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
@@ -557,9 +274,7 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: _Values, size:
     _check_rows(fn, row_data, values, entries, model, group, size, slices)
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    lean = _Lean.of(fn, row_data, slices) if size == 1 else None
-    return _Part(fn, row_data, slices, entries, both.dtype,
-                 fn.bind(tuple(row_data), slices), lean)
+    return Part.of(fn, row_data, slices, entries, both.dtype, in_place=size == 1)
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:
@@ -571,8 +286,8 @@ def _read_by(model, group: _Group, loglik, rows: dict) -> list:
          *group.potentials], model)]
 
 
-def _build(pm, model, split, grainsize, jacobian: bool = True,
-           open_session: Callable[[], int] | None = None):
+def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
+                     open_session: Callable[[], int] | None = None):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
     Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
@@ -583,7 +298,7 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
     the process that makes it (a chain process forked from this one, which then has a
     session of its own), and the check's errors are raised there.
     """
-    size = _session_size()
+    size = session_size()
     if size is None and open_session is None:
         raise RuntimeError("synk.fork() must be called before "
                            "synkhronos.pymc.logp_dlogp_function()")
@@ -606,13 +321,13 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
             # evaluation, 5-12% of PyMC's at 10^4 rows.
             return compat.value_grad_function(model.logp(jacobian=jacobian), model,
                                               point), None
-        flat = _Values.of(values, point)
+        flat = Values.of(values, point)
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
 
-        def connect() -> list[_Part]:
+        def connect() -> list[Part]:
             size = open_session() if open_session is not None else n_parallel()
-            parts: list[_Part] = []
+            parts: list[Part] = []
             try:
                 with model:
                     for group, (loglik, rows) in zip(plan.groups, built, strict=True):
@@ -620,8 +335,7 @@ def _build(pm, model, split, grainsize, jacobian: bool = True,
                                                  grainsize))
             except BaseException:
                 for part in parts:
-                    for item in part.row_data:
-                        item.free_memory()
+                    part.release()
                 raise
             return parts
 
@@ -692,8 +406,8 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
     in PyMC; with slices, the compiled likelihood is called in place, without a
     command.
     """
-    grainsize = _check_grainsize(grainsize)
+    grainsize = check_grainsize(grainsize)
     pm = compat.import_pymc()
     model = pm.modelcontext(model)
-    vgf, _ = _build(pm, model, split, grainsize)
+    vgf, _ = build_logp_dlogp(pm, model, split, grainsize)
     return vgf

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import data, distribute, function
 from . import _pymc_compat as compat
-from ._likelihood import _row_terms, _session_size
+from ._likelihood import row_terms, session_size
 from ._split import _choose_split, _data_value
 
 __all__ = ["compute_log_likelihood"]
@@ -96,7 +96,7 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
     """
     pm = compat.import_pymc()
     model = pm.modelcontext(model)
-    if _session_size() is None:
+    if session_size() is None:
         raise RuntimeError("synk.fork() must be called before "
                            "synkhronos.pymc.compute_log_likelihood()")
     observed = {rv.name: rv for rv in model.observed_RVs}
@@ -120,7 +120,7 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
                 wanted = [rv for rv in group.observed if rv.name in names]
                 if not wanted:
                     continue
-                terms, rows, stand_ins = _row_terms(pm, model, group)
+                terms, rows, stand_ins = row_terms(pm, model, group)
                 observed_terms = terms[:len(group.observed)]  # (potentials follow)
                 outputs = [(term, "gather") for rv, term in zip(group.observed,
                                                                 observed_terms, strict=True)

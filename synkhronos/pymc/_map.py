@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _pymc_compat as compat
-from ._likelihood import _build, _check_grainsize
+from ._likelihood import build_logp_dlogp, check_grainsize
 
 __all__ = ["find_MAP"]
 
@@ -56,10 +56,10 @@ def find_MAP(model=None, *, split=None, grainsize=None, start=None, method="L-BF
     """
     from scipy.optimize import minimize
 
-    grainsize = _check_grainsize(grainsize)
+    grainsize = check_grainsize(grainsize)
     pm = compat.import_pymc()
     model = pm.modelcontext(model)
-    vgf, op = _build(pm, model, split, grainsize, jacobian=False)
+    vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=False)
     try:
         vgf.set_extra_values({})
         point = compat.start_point_fn(model, start)(seed)

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import close, fork, n_parallel
 from . import _pymc_compat as compat
-from ._likelihood import _build, _check_grainsize, _session_size
+from ._likelihood import build_logp_dlogp, check_grainsize, session_size
 
 __all__ = ["sample"]
 
@@ -144,8 +144,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                          "the processes; sample the full data (pm.Data), or fit "
                          "minibatches with ADVI (pm.fit)")
     cores = _check_count("cores", kwargs.pop("cores", None))
-    grainsize = _check_grainsize(grainsize)  # before a session is forked for nothing
-    size = _session_size()
+    grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
+    size = session_size()
     processes = _check_processes(processes_per_chain, size)
     if sampler == "nutpie":
         return _in_master(pm, model, split, grainsize, processes, size,
@@ -185,7 +185,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     # Each chain's process forks its own session at its first evaluation. Oversubscribed
     # cores (more processes than cores) must not spin while they wait.
     spin = 0.0 if running * processes > usable else None
-    vgf, op = _build(pm, model, split, grainsize, open_session=_chain_session(processes, spin))
+    vgf, op = build_logp_dlogp(pm, model, split, grainsize,
+                               open_session=_chain_session(processes, spin))
     try:
         return _sample_nuts(pm, model, vgf, sampling, running)
     except Exception as exc:
@@ -205,7 +206,7 @@ def _in_master(pm, model, split, grainsize, processes, size, run, pin: bool = Fa
     if own_session:
         fork(processes, pin=pin)
     try:
-        vgf, op = _build(pm, model, split, grainsize)
+        vgf, op = build_logp_dlogp(pm, model, split, grainsize)
         try:
             return run(vgf)
         finally:

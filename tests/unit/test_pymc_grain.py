@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from synkhronos.pymc._likelihood import _check_grainsize, _num_slices
+from synkhronos.pymc._likelihood import _num_slices, check_grainsize
 
 
 def _rows(*widths: int) -> list:
@@ -38,11 +38,11 @@ def test_a_given_grainsize_counts_rows():
 @pytest.mark.parametrize("bad", [2.5, "64", True, [64]])
 def test_grainsize_must_be_a_whole_number(bad):
     with pytest.raises(TypeError, match="grainsize must be a whole number of rows"):
-        _check_grainsize(bad)
+        check_grainsize(bad)
 
 
 def test_grainsize_must_be_positive():
     with pytest.raises(ValueError, match="at least 1 row; got 0"):
-        _check_grainsize(0)
-    assert _check_grainsize(np.int64(5)) == 5
-    assert _check_grainsize(None) is None
+        check_grainsize(0)
+    assert check_grainsize(np.int64(5)) == 5
+    assert check_grainsize(None) is None

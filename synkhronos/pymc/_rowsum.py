@@ -1,0 +1,345 @@
+"""The Op PyMC's compiled function calls: the divided log-likelihood, evaluated.
+
+This module owns what happens at every evaluation (``_likelihood`` builds the pieces
+once: the row graphs, their ``synk.function``, the rows in shared memory, the check).
+One evaluation, as PyMC's graph asks for it::
+
+    RowSum.evaluate(theta)        theta: the value variables end to end (``Values``)
+      for each group of rows (a ``Part``): theta[part.entries] ->
+        part.bound(...)           the session's command path: every process runs its
+                                  rows in its slices, reduced with op "sum"
+        or part.lean(...)         no workers (n_parallel 1): the master's compiled
+                                  function on the rows in place, slice by slice
+        -> unpack: (log-likelihood, flat gradient), summed into the Op's outputs
+    <- (log-likelihood, flat gradient)
+
+The gradient PyTensor asks of the Op (``pullback``) is that flat gradient, times the
+log-likelihood's cotangent: the same node, so one call computes both.
+
+Its interface, for ``_likelihood``: ``Values`` (the flat vector's layout), ``Part``
+(one group's compiled likelihood, made by ``Part.of``), ``unpack`` (a part's one output
+taken apart) and the Op, ``RowSum``. The function is reached through ``Function``'s
+in-package seams only (``bind``, ``direct_call``, ``session``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.gradient import DisconnectedType, grad_not_implemented
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+from .. import Data, Function
+from . import _pymc_compat as compat
+
+__all__ = ["Values", "Part", "unpack", "RowSum"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Values:
+    """The value variables the likelihood reads, laid end to end in one flat vector of
+    ``dtype`` (their upcast): the Op's one input and its gradient's layout."""
+
+    vars: list
+    shapes: list[tuple[int, ...]]
+    offsets: list[int]  # where each starts in the vector, then its length
+    dtype: str
+
+    @classmethod
+    def of(cls, vars: list, point: dict) -> Values:
+        """The layout of ``vars`` as they are at ``point`` (value variable name -> value)."""
+        shapes = [tuple(np.shape(point[v.name])) for v in vars]
+        offsets = np.cumsum([0] + [int(np.prod(s, dtype=int)) for s in shapes]).tolist()
+        return cls(vars, shapes, offsets, pytensor.scalar.upcast(*[v.dtype for v in vars]))
+
+    def flat(self, point: dict) -> np.ndarray:
+        """The vector of a point (value variable name -> value)."""
+        return np.concatenate([np.asarray(point[v.name], dtype=self.dtype).ravel()
+                               for v in self.vars])
+
+    def joined(self):
+        """The vector in a PyTensor graph of the value variables."""
+        return pt.concatenate([(v if v.dtype == self.dtype else pt.cast(v, self.dtype)).ravel()
+                               for v in self.vars])
+
+
+@dataclasses.dataclass
+class Part:
+    """One group's compiled likelihood: ``fn(*row_data, theta)`` over its rows, in
+    ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
+    vector (``unpack``); ``entries`` are those of the flat values (the Op's input, and
+    its flat gradient) that ``theta`` holds."""
+
+    fn: Function
+    row_data: list[Data]
+    slices: int
+    entries: np.ndarray
+    dtype: str  # of its one output (the log-likelihood, then the flat gradient)
+    # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
+    # num_slices=slices)``, run again without its repeat's lookups once it repeats
+    # (``Function.bind``)
+    bound: Callable[[np.ndarray], np.ndarray]
+    # Without workers (n_parallel 1): the compiled function itself, called in place
+    # (``_Lean``); None where the session's command path runs it.
+    lean: _Lean | None = None
+
+    @classmethod
+    def of(cls, fn: Function, row_data: list[Data], slices: int, entries: np.ndarray,
+           dtype: str, in_place: bool) -> Part:
+        """The part of ``fn`` (its row inputs, then ``theta``; one output of ``dtype``)
+        over ``row_data`` in ``slices`` blocks a process; ``in_place``: the session has
+        no workers, so the compiled function is called in place where it can be."""
+        lean = _Lean.of(fn, row_data, slices) if in_place else None
+        return cls(fn, row_data, slices, entries, dtype, fn.bind(tuple(row_data), slices),
+                   lean)
+
+    def release(self) -> None:
+        """Free its rows' shared memory now (otherwise when they are collected)."""
+        for item in self.row_data:
+            item.free_memory()
+
+
+def unpack(both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The log-likelihood (0-d) and the flat gradient, views of a part's one output."""
+    return both[:1].reshape(()), both[1:]
+
+
+def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of ``slices`` consecutive slices of ``length`` rows, as a call
+    with ``num_slices`` cuts a process's rows: the first ``length % slices`` one row
+    longer."""
+    base, extra = divmod(length, slices)
+    bounds, start = [], 0
+    for k in range(slices):
+        stop = start + base + (k < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class _Lean:
+    """One process, no workers: a part's compiled PyTensor function, called directly.
+
+    The session's command path (stage the values in shared memory, a command, the
+    master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
+    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
+    calls the master's compiled function on the rows' arrays in place: the rows were
+    checked once (their dtype is the row inputs'), the flat values come from PyMC's
+    graph with the Op's input type (checked here in a few comparisons; anything else
+    goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
+    checks are skipped (``trust_input``). Its slices are run and summed as every process
+    runs its own (``_shard``).
+    """
+
+    def __init__(self, fn: Function, row_data: list[Data], slices: int, call: Any,
+                 keeps_outputs: bool):
+        self.call = call  # the compiled function on trusted inputs (``Function.direct_call``)
+        self.row_data = row_data
+        self.type = fn.bcast_inputs[0].type  # the flat values' (``theta``)
+        self.dtype = np.dtype(self.type.dtype)
+        self.shape = self.type.shape
+        self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
+        # A VM that keeps its storage between calls (no allow_gc) may reuse an output's
+        # array in the next call: keep a copy of it then.
+        self.fresh = not keeps_outputs
+
+    @classmethod
+    def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
+        """The lean call of ``fn``, or None where PyTensor must check every call's
+        inputs itself (types it cannot trust, rows of another dtype than the input's) or
+        its call does more than run the VM (``Function.direct_call``)."""
+        if fn.sliceable_shareds:
+            return None
+        if any(item.dtype != var.type.dtype or item.ndim != var.ndim
+               for item, var in zip(row_data, fn.inputs, strict=True)):
+            return None
+        in_place = fn.direct_call()
+        if in_place is None:
+            return None
+        return cls(fn, row_data, slices, *in_place)
+
+    def run(self, arrays: list) -> np.ndarray:
+        """One call of the compiled function on ``arrays`` (rows, then values)."""
+        both = self.call(*arrays)[0]
+        return both if self.fresh else both.copy()
+
+    def __call__(self, theta: Any) -> np.ndarray:
+        """The log-likelihood and flat gradient of all the rows in this process at the
+        flat values ``theta``, in one vector (``unpack``)."""
+        if type(theta) is not np.ndarray or (
+                theta.dtype is not self.dtype and theta.dtype != self.dtype) or (
+                theta.shape != self.shape):
+            # not from PyTensor's own graph: its type checks it, as PyTensor would
+            theta = self.type.filter(theta, strict=False, allow_downcast=False)
+        rows = [item.data for item in self.row_data]
+        if self.bounds is None:
+            return self.run([*rows, theta])
+        both: Any = None
+        for start, stop in self.bounds:
+            if stop == start:
+                continue
+            part = self.run([*[r[start:stop] for r in rows], theta])
+            if both is None:
+                both = part
+            else:
+                both += part
+        return both
+
+
+class RowSum(Op):
+    """The divided observed log-likelihood and its gradient.
+
+    The value variables, flat in one vector (``Values``) -> (log-likelihood, flat
+    gradient), summed over the processes: one parallel call for each group of rows
+    (one, unless two datasets of different lengths are divided). One vector in: on
+    Numba, one array for PyTensor's object mode to hand the Op, and one for a call to
+    stage and send. It holds handles to the session's functions and the rows' shared
+    memory: it is never copied or pickled.
+    """
+
+    def __init__(self, parts: list[Part] | None, sources: list, values: Values,
+                 dtype: str, connect: Callable[[], list[Part]] | None = None):
+        self.parts = parts
+        self._connect = connect  # builds the parts where they are None
+        # (a shared variable's name, the cell holding its value, the value copied into
+        # the rows): a cell that holds another value is a pm.set_data since
+        self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
+        self.total = values.offsets[-1]
+        self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
+        self.dtype = dtype
+        self.released = False
+        self.session: Any = None
+        self.direct = False
+        if parts is not None:
+            self._adopt(parts)
+
+    def _adopt(self, parts: list[Part]) -> None:
+        """Take ``parts`` (at build, or at the first evaluation when deferred)."""
+        self.parts = parts
+        # Without workers, every part called in place (``_Lean``): the session it holds
+        # while it runs (None: each part is a parallel call).
+        lean = all(part.lean is not None for part in parts)
+        self.session = parts[0].fn.session if lean else None
+        # One part that reads every value and returns the Op's dtype: the Op's input is
+        # its ``theta``, and its outputs, new arrays at every call, are the Op's.
+        first = parts[0]
+        self.direct = (len(parts) == 1 and len(first.entries) == self.total
+                       and first.dtype == self.dtype)
+
+    @property
+    def num_slices(self) -> int | tuple[int, ...]:
+        """Each process's blocks of rows (grainsize): one number, or one a group."""
+        slices = tuple(part.slices for part in self.parts or ())
+        return slices[0] if len(slices) == 1 else slices
+
+    def make_node(self, theta):
+        theta = self.input_type.filter_variable(theta)
+        outputs = [pt.scalar(dtype=self.dtype), pt.vector(dtype=self.dtype, shape=(self.total,))]
+        return Apply(self, [theta], outputs)
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0], output_storage[1][0] = self.evaluate(inputs[0])
+
+    def evaluate(self, theta: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The log-likelihood and its flat gradient at the flat values ``theta``: the
+        Op's outputs (new arrays; on Numba called straight from the compiled graph,
+        ``compat.numba_object_call``)."""
+        # (A process forked from the master, such as a PyMC chain process with
+        # cores > 1, gets the session's RuntimeError from this call.)
+        if self.released:
+            raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
+                               "memory is freed); build a new one")
+        if self.parts is None:  # deferred: this process's first evaluation builds them
+            assert self._connect is not None
+            self._adopt(self._connect())
+        for name, cell, value in self.sources:
+            if cell[0] is not value:
+                raise RuntimeError(
+                    f"the model's data {name!r} changed (pm.set_data) after "
+                    "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
+                )
+        if self.session is not None:
+            return self._evaluate_lean(self.session, theta)
+        return self._evaluate_commands(theta)
+
+    def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
+        """``evaluate`` through the session: one parallel call for each part."""
+        parts = self.parts
+        assert parts is not None
+        if self.direct:  # (the call's reduced output is a new array: its views are kept)
+            return unpack(parts[0].bound(theta))
+        return self._summed(theta, [part.bound for part in parts])
+
+    def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
+        """``evaluate`` without workers: each part's compiled function in place
+        (``_Lean``), holding the session (usable, this thread's) as a command would."""
+        parts = self.parts
+        assert parts is not None
+        took = session.enter()
+        try:
+            if session.instrument is not None:  # synk.profile() records each call: commands
+                return self._evaluate_commands(theta)
+            if self.direct:
+                lean = parts[0].lean
+                assert lean is not None
+                return unpack(lean(theta))
+            # (every part has its lean call: ``_adopt`` set the session for that alone)
+            return self._summed(theta, cast(list, [part.lean for part in parts]))
+        finally:
+            session.leave(took)
+
+    def _summed(self, theta: Any, calls: list[Callable[[np.ndarray], np.ndarray]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Each part's log-likelihood and flat gradient (``calls[i]`` of part ``i``'s
+        entries of ``theta``), summed into the Op's outputs: new arrays, as PyMC keeps
+        them."""
+        assert self.parts is not None
+        # as the Op's input type makes it, before each part takes its entries
+        theta = self.input_type.filter(theta, strict=False, allow_downcast=False)
+        total = np.zeros((), dtype=self.dtype)
+        flat = np.zeros(self.total, dtype=self.dtype)
+        for part, call in zip(self.parts, calls, strict=True):
+            loglik, grad = unpack(call(theta[part.entries]))
+            total += loglik
+            flat[part.entries] += grad
+        return total, flat
+
+    def pullback(self, inputs, outputs, cotangents):
+        """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
+        g_loglik, g_flat = cotangents
+        if not isinstance(g_flat.type, DisconnectedType) or isinstance(
+            g_loglik.type, DisconnectedType
+        ):
+            return [grad_not_implemented(self, 0, inputs[0], "second derivatives of a "
+                                         "synkhronos likelihood are not available")]
+        # (outputs[1]: the same node as the value, one call computes both)
+        grad = g_loglik * outputs[1]
+        return [grad if grad.dtype == inputs[0].dtype else pt.cast(grad, inputs[0].dtype)]
+
+    L_op = pullback  # PyTensor < 3.3 asks for the same thing under this name
+
+    def infer_shape(self, *args):  # (fgraph, node, shapes) before PyTensor 3.3
+        return [(), (self.total,)]
+
+    def __deepcopy__(self, memo):
+        return self  # holds handles to processes and shared memory, never copies
+
+    def __reduce__(self):
+        # PyMC catches this and samples its chains in the master instead of spawned
+        # processes (which could not reach the session).
+        raise pickle.PicklingError("a synkhronos likelihood cannot be pickled: it is "
+                                   "evaluated by the session of this master process")
+
+    def release(self) -> None:
+        """Free the rows' shared memory now (otherwise when the Op is collected)."""
+        self.released = True
+        for part in self.parts or ():
+            part.release()
+

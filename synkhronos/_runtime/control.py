@@ -36,7 +36,8 @@ machine's leader agrees with the other leaders and writes the outcome (``set_cro
 and a second barrier lets every local rank read it (``cross``).
 
 Messages or replies larger than their slot travel in a one-off segment of the arena
-whose name is written in the slot instead; the reader unlinks it once read.
+whose name is written in the slot instead (``wire.write_pickled``); the reader
+unlinks it once read (the master frees a message's once every worker has read it).
 
 Two savings for commands that repeat (a training loop calls one function with the
 same arguments thousands of times):
@@ -51,7 +52,6 @@ same arguments thousands of times):
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from collections.abc import Callable
 
@@ -72,7 +72,6 @@ _SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
 _DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
-_EXTERNAL = -1
 _NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
 
@@ -315,7 +314,9 @@ class ControlBlock:
         # The mailbox is about to change: until the post ends it holds no known message
         # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
         self._in_mailbox = 0
-        data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
+        length, data = wire.write_pickled(self._buffer, self._mailbox_at, MAILBOX_BYTES,
+                                          message, arena)
+        self.header[_PAYLOAD_LEN] = length
         message_id = 0
         if key is not None and data is not None:
             message_id = self._memo.add(key, data)[0]
@@ -340,7 +341,8 @@ class ControlBlock:
             if message is not None:
                 self._last_read = (message_id, message)
                 return message
-        message = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
+        message = wire.read_pickled(self._buffer, self._mailbox_at, self.header[_PAYLOAD_LEN],
+                                    arena)
         if message_id:
             self._decoded.put(message_id, message)
             self._last_read = (message_id, message)
@@ -374,7 +376,8 @@ class ControlBlock:
             else:
                 self._written = (None, [])
                 header[base + _REPLY_HEAD] = 0
-                self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, arena)
+                pickled, _ = wire.write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
+                header[base + _REPLY_LEN] = pickled
                 header[base + _REPLY_KIND] = wire.PICKLE
         header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
         header[base + _DONE] = seq
@@ -442,7 +445,7 @@ class ControlBlock:
                 reply = wire.read_arrays(self._buffer, at, length, copy=False)
                 self._replies_read[rank] = (head, reply)
             return reply if not copy else wire.copied(reply)
-        return self._read(at, length, arena, discard=True)
+        return wire.read_pickled(self._buffer, at, length, arena, discard=True)
 
     def collect(self, ranks: list[int], arena: Arena, copy: bool = True,
                 ) -> list[tuple[int, bool, object]]:
@@ -567,35 +570,10 @@ class ControlBlock:
                 return False
         return True
 
-    # -- payload and reply slots ------------------------------------------------------------
-    def _write(self, obj: object, at: int, capacity: int, length_field: int,
-               arena: Arena) -> bytes | None:
-        """Pickle ``obj`` into its slot (or a one-off segment); return the bytes if in
-        the slot."""
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written
-        if len(data) <= capacity:
-            self._buffer[at : at + len(data)] = data
-            self.header[length_field] = len(data)
-            return data
-        segment = arena.create(len(data), replicated=False)
-        segment.buffer[: len(data)] = data
-        encoded = pickle.dumps((segment.name, len(data)))
-        arena.hand_over(segment)  # the reader unlinks it once read
-        self._buffer[at : at + len(encoded)] = encoded
-        self.header[length_field] = _EXTERNAL - len(encoded)
-        return None
-
-    def _read(self, at: int, length: int, arena: Arena, discard: bool = False) -> object:
-        if length >= 0:
-            return pickle.loads(self._buffer[at : at + length])
-        name, size = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-        return pickle.loads(arena.take(name, size, unlink=discard))
-
+    # -- the mailbox's one-off segment -------------------------------------------------
     def release_external_payload(self, arena: Arena) -> None:
         """The master's clean-up of an oversized message once every worker read it."""
         length = self.header[_PAYLOAD_LEN]
         if length < 0:
-            at = self._mailbox_at
-            name, _ = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-            arena.discard(name)
+            arena.discard(wire.one_off_name(self._buffer, self._mailbox_at, length))
             self.header[_PAYLOAD_LEN] = 0

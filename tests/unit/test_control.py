@@ -443,11 +443,11 @@ def test_a_post_interrupted_half_way_leaves_no_stale_mailbox_id(make_block, monk
     block.post(message, 0, arena, key=message)
     assert block.read_command(block.worker_arena) == message
 
-    def half_written(obj, at, capacity, length_field, arena):
-        block._buffer[at : at + 7] = b"garbage"
+    def half_written(buffer, at, capacity, obj, arena):
+        buffer[at : at + 7] = b"garbage"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(block, "_write", half_written)
+    monkeypatch.setattr(C.wire, "write_pickled", half_written)
     with pytest.raises(KeyboardInterrupt):
         block.post("another message", 0, arena)
     monkeypatch.undo()

@@ -20,8 +20,8 @@ tuples, so a tuple always stands for an array.
 Decoded arrays are copies (the slot is overwritten by the next command), unless the
 reader asks for views it is done with before then. A reply that repeats (a training
 loop's, timed or not) has the description of the last one: the writer keeps the last
-description it pickled, so it does not pickle it again (the control block keeps the
-places and the reader's decoded views for it).
+description it pickled, so it does not pickle it again (the reply slots,
+``replies.py``, keep the places and the reader's decoded views for it).
 """
 
 from __future__ import annotations

@@ -626,8 +626,8 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     group and op again, an all-reduce between training steps): the backend's
     ``pair_reduce`` (two ranks) or ``all_reduce`` called and the reply written, nothing
     looked up. None for a message that maps a new group or carries a setup."""
-    control = ctx.control
-    if (control is None or ctx.rank == ctx.master_rank
+    replies = ctx.replies
+    if (replies is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.setup is not None):
         return None
     backend = BACKEND.get(ctx)
@@ -639,7 +639,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
             if faults.ARMED:  # a test's fault points: the usual way passes them
                 return False
             mismatch = backend.pair_reduce(ctx, group, op)
-            control.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
+            replies.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
                            False, master_rank, arena)
             return True
 
@@ -650,7 +650,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
         if faults.ARMED:
             return False
         reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
-        control.finish(rank, seq, reply, False, master_rank, arena)
+        replies.finish(rank, seq, reply, False, master_rank, arena)
         return True
 
     return run_all

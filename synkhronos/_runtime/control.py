@@ -61,11 +61,12 @@ from functools import partial
 
 import posix_ipc
 
-from . import shmem, wire
+from . import shmem
 from .arena import Arena, ReleaseLog
 from .memo import Decoded, Memo
 from .remote import BarrierAborted
 from .replies import REPLY_BYTES, STATUS_FAILED, STATUS_OK, ReplySlots
+from .wire import one_off_name, read_pickled, write_pickled
 
 __all__ = ["ControlBlock", "MAILBOX_BYTES", "ReleaseLog"]
 
@@ -316,8 +317,8 @@ class ControlBlock:
         # The mailbox is about to change: until the post ends it holds no known message
         # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
         self._in_mailbox = 0
-        length, data = wire.write_pickled(self._buffer, self._mailbox_at, MAILBOX_BYTES,
-                                          message, arena)
+        length, data = write_pickled(self._buffer, self._mailbox_at, MAILBOX_BYTES, message,
+                                     arena)
         self.header[_PAYLOAD_LEN] = length
         message_id = 0
         if key is not None and data is not None:
@@ -343,8 +344,7 @@ class ControlBlock:
             if message is not None:
                 self._last_read = (message_id, message)
                 return message
-        message = wire.read_pickled(self._buffer, self._mailbox_at, self.header[_PAYLOAD_LEN],
-                                    arena)
+        message = read_pickled(self._buffer, self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
         if message_id:
             self._decoded.put(message_id, message)
             self._last_read = (message_id, message)
@@ -445,5 +445,5 @@ def _release_message(header: memoryview, buffer: memoryview, mailbox_at: int,
     """``release_external_payload`` of the block whose header and segment these are."""
     length = header[_PAYLOAD_LEN]
     if length < 0:
-        arena.discard(wire.one_off_name(buffer, mailbox_at, length))
+        arena.discard(one_off_name(buffer, mailbox_at, length))
         header[_PAYLOAD_LEN] = 0

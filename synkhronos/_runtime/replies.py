@@ -41,6 +41,7 @@ import posix_ipc
 
 from . import wire
 from .arena import Arena
+from .wire import read_pickled, write_pickled
 
 __all__ = ["ReplySlots", "REPLY_BYTES", "STATUS_OK", "STATUS_FAILED"]
 
@@ -129,7 +130,7 @@ class ReplySlots:
             else:
                 self._written = (None, [])
                 header[number] = 0
-                pickled, _ = wire.write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
+                pickled, _ = write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
                 header[length] = pickled
                 header[kind] = wire.PICKLE
         header[status] = STATUS_FAILED if failed else STATUS_OK
@@ -193,7 +194,7 @@ class ReplySlots:
                 reply = wire.read_arrays(self._buffer, at, length, copy=False)
                 self._replies_read[rank] = (head, reply)
             return reply if not copy else wire.copied(reply)
-        return wire.read_pickled(self._buffer, at, length, arena, discard=True)
+        return read_pickled(self._buffer, at, length, arena, discard=True)
 
     def collect(self, ranks: list[int], arena: Arena, copy: bool = True,
                 ) -> list[tuple[int, bool, object]]:

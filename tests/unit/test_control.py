@@ -450,7 +450,7 @@ def test_a_post_interrupted_half_way_leaves_no_stale_mailbox_id(make_block, monk
         buffer[at : at + 7] = b"garbage"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(C.wire, "write_pickled", half_written)
+    monkeypatch.setattr(C, "write_pickled", half_written)
     with pytest.raises(KeyboardInterrupt):
         block.post("another message", 0, arena)
     monkeypatch.undo()

@@ -90,7 +90,7 @@ class RankContext:
     exact: bool = False  # reductions between machines bit-identical to one machine
     leaders: Machines | None = None  # this machine's leader, over several machines
     watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
-    replies: ReplySlots | None = field(default=None, init=False, repr=False)  # control's
+    replies: ReplySlots | None = field(default=None, init=False, repr=False)  # set from control
     _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

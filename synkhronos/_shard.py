@@ -225,15 +225,15 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
 def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     """A worker's shortcut for ``call`` repeated (``Executor.lanes``), once it has a kept
     plan and its reply went into the slot as arrays: the plan run and its outputs
-    copied where the last reply's went (``ControlBlock.finish_kept``), with no lookup
+    copied where the last reply's went (``ReplySlots.finish_kept``), with no lookup
     of handler, plan or description. None: not such a call (not plain views, timed,
     not planned yet, or a reply that was pickled)."""
-    control = ctx.control
-    if control is None or not call.views_only or call.profile or call.num_slices != 1:
+    replies = ctx.replies
+    if replies is None or not call.views_only or call.profile or call.num_slices != 1:
         return None
     views = _VIEWS.get(ctx)
     plan = views.plan
-    head = control.written_head
+    head = replies.written_head
     if plan[0] is not call or head is None or views.epoch != epoch.current:
         return None
     _, fn, args, weight, strip = plan
@@ -246,8 +246,8 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
         outputs = _as_list(fn(*args))
         if strip:
             outputs = _reduced_only(outputs, strip)
-        if not control.finish_kept(rank, seq, head, outputs):  # outputs of other shapes
-            control.finish(rank, seq, (weight, outputs), False, master_rank, arena)
+        if not replies.finish_kept(rank, seq, head, outputs):  # outputs of other shapes
+            replies.finish(rank, seq, (weight, outputs), False, master_rank, arena)
         return True
 
     return run

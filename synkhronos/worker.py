@@ -75,8 +75,8 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
     ctx = worker_context(master, rank)
     core_session.install(None)  # the master's session is not this process's
     install(ctx)
-    control, arena = ctx.control, ctx.arena
-    assert control is not None
+    control, replies, arena = ctx.control, ctx.replies, ctx.arena
+    assert control is not None and replies is not None
     master_rank = ctx.master_rank
     seen = forked_seq
     watch = ctx.watch
@@ -89,12 +89,12 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
         if faults.PENDING:
             faults.activate()
         if control.aborted(seen):  # abandoned by the master before this rank began it
-            control.finish(rank, seen, _SKIPPED, True, master_rank, arena)
+            replies.finish(rank, seen, _SKIPPED, True, master_rank, arena)
             continue
         try:
             message = control.read_command(arena)
         except Exception as exc:  # e.g. a class this process cannot import
-            control.finish(rank, seen, RemoteFailure.from_exception(exc, keep=False), True,
+            replies.finish(rank, seen, RemoteFailure.from_exception(exc, keep=False), True,
                            master_rank, arena)
             continue
         outcome: Outcome | None = None
@@ -114,11 +114,11 @@ def main(master: RankContext, executor: Executor, rank: int, forked_seq: int) ->
             outcome = at_reply(outcome)
         failure = outcome.failure
         try:
-            control.finish(rank, seen, failure if failure is not None else outcome.reply,
+            replies.finish(rank, seen, failure if failure is not None else outcome.reply,
                            failure is not None, master_rank, arena)
         except Exception as exc:  # e.g. a reply that cannot be pickled
             failure = RemoteFailure.from_exception(exc, keep=False)
-            control.finish(rank, seen, failure, True, master_rank, arena)
+            replies.finish(rank, seen, failure, True, master_rank, arena)
         make = lanes.get(type(message)) if failure is None else None
         lane = make(ctx, message) if make is not None else None
         last = message if lane is not None else None

@@ -10,7 +10,8 @@ are rewritten before it runs anything). It holds what every layer may ask:
   local rank = rank); ``leader_rank``, the rank of this machine's leader (the master
   on machine 0); ``exact``, the reduction mode between machines;
 - the program's shared-memory owner (``arena``) and control block (``control``; local
-  ranks index it);
+  ranks index it), and the block's reply slots (``replies``: ``control.replies``, held
+  here too for the code that only writes a reply);
 - ``device`` and ``placement``: where this process's shared values live and how arrays
   move there (``_runtime.placement``: numpy in place on ``"cpu"``, JAX arrays on
   ``"gpu"``), chosen once at fork;
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .._runtime.arena import Arena
 from .._runtime.control import ControlBlock
 from .._runtime.placement import HostPlacement, Placement
+from .._runtime.replies import ReplySlots
 
 if TYPE_CHECKING:
     from .machines import Machines
@@ -88,9 +90,12 @@ class RankContext:
     exact: bool = False  # reductions between machines bit-identical to one machine
     leaders: Machines | None = None  # this machine's leader, over several machines
     watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
+    replies: ReplySlots | None = field(default=None, init=False, repr=False)  # set from control
     _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.control is not None:
+            self.replies = self.control.replies
         if self.local_rank < 0:
             self.local_rank = self.rank
         if self.local_size < 0:

@@ -145,14 +145,15 @@ class LocalGroup:
         ``key``: the message repeats (the control block's memo); ``fatal(own)``: a
         failed own share that must end the round at once (its exception raised).
         """
-        control = self.ctx.control
-        local = self.ctx.local_rank
+        ctx = self.ctx
+        control = ctx.control
+        local = ctx.local_rank
         if control is None:
             return local, own_share(message), []
         before = control.seq
         share_done = False
         try:
-            seq = control.post(message, local, self.ctx.arena, key)
+            seq = control.post(message, local, ctx.arena, key)
             self.seq = seq
             if self.timeout is not None:
                 self._started = time.monotonic()
@@ -164,8 +165,8 @@ class LocalGroup:
                     assert own.exception is not None
                     raise own.exception
             control.wait_done(local, seq, self._done_fields, self.watch)
-            return local, own, control.collect(self.ranks, self.ctx.arena,
-                                               not message.replies_reduced_at_once)
+            return local, own, control.replies.collect(self.ranks, ctx.arena,
+                                                       not message.replies_reduced_at_once)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise
@@ -177,18 +178,19 @@ class LocalGroup:
         """``round`` for the message the last round posted, the same object (a training
         loop's call): posted again as it stands (``ControlBlock.post_again``)
         and, when every worker answers with arrays described as last time, their
-        replies taken as the views kept from then (``ControlBlock.replies_again``;
+        replies taken as the views kept from then (``ReplySlots.replies_again``;
         replies of None as they are).
         Returns ``(own, replies, parts)``: the workers' replies by rank (None at this
         rank), or None and ``parts`` as ``round`` gives them; or None having posted
         nothing (the message is not the last one posted: the caller runs ``round``).
         Signals that arrived before the post are forgotten, as ``Session.run_held``
         does before a round."""
-        control = self.ctx.control
+        ctx = self.ctx
+        control = ctx.control
         if control is None or control.again is not message:
             return None
         signals.forget()  # only a signal that arrives during this command is ours
-        local = self.ctx.local_rank
+        local = ctx.local_rank
         before = control.seq
         share_done = False
         try:
@@ -202,18 +204,19 @@ class LocalGroup:
             own = own_share(message)
             share_done = True
             views = message.replies_reduced_at_once  # (views of the slots will do)
+            slots = control.replies
             if own.failure is not None:
                 control.mark_failed(local, seq)
             else:
-                replies = control.replies_again(seq, self.ranks, views)
+                replies = slots.replies_again(seq, self.ranks, views)
                 if replies is not None:  # every worker done already, as the last time
                     return own, replies, []
             control.wait_done(local, seq, self._done_fields, self.watch)
             if own.failure is None:
-                replies = control.replies_again(seq, self.ranks, views)
+                replies = slots.replies_again(seq, self.ranks, views)
                 if replies is not None:
                     return own, replies, []
-            return own, None, control.collect(self.ranks, self.ctx.arena, not views)
+            return own, None, slots.collect(self.ranks, ctx.arena, not views)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise
@@ -248,7 +251,7 @@ class LocalGroup:
         arena = self.ctx.arena
         for rank in self.ranks:
             try:
-                control.reply(rank, arena)  # unlinks a one-off reply segment
+                control.replies.reply(rank, arena)  # unlinks a one-off reply segment
             except Exception:  # nobody asked for it any more (or read already)
                 pass
         control.release_external_payload(arena)

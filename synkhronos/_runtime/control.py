@@ -10,14 +10,19 @@ Layout (all in one segment, mapped by every process before the fork)::
     mailbox  bytes[MAILBOX]      the pickled message of the current command
     replies  bytes[n][REPLY]     each rank's reply (result or failure)
 
+The block owns the segment, the header and the semaphores. The reply slots, and the
+header's reply fields, are written and read through ``replies`` (a ``ReplySlots``,
+``replies.py``), which the block makes with the positions it needs.
+
 One command, master -> workers -> back:
 
 1. ``post``: the master writes the message, then bumps ``seq`` and wakes every
    sleeping worker.
 2. Each worker sees the new ``seq`` (spinning briefly, else woken from its semaphore),
-   reads the message, runs it, writes its reply, sets ``status`` and then
-   ``done = seq``, and wakes the master if it sleeps.
-3. The master waits until every worker's ``done`` equals ``seq`` (``all_done``).
+   reads the message, runs it, and finishes it (``ReplySlots.finish``: its reply
+   written, ``status`` and then ``done = seq`` set, the master woken if it sleeps).
+3. The master waits until every worker's ``done`` equals ``seq`` (``wait_done``,
+   ``all_done``) and reads the replies (``ReplySlots.collect``).
 
 Waiting is spin-then-block: a rank spins on the flag for ``spin`` seconds (bounded,
 yielding the CPU now and then), then announces it is sleeping and blocks on its own
@@ -35,48 +40,43 @@ data lives). With several machines, a meeting spans them: the local ranks agree,
 machine's leader agrees with the other leaders and writes the outcome (``set_cross``),
 and a second barrier lets every local rank read it (``cross``).
 
-Messages or replies larger than their slot travel in a one-off segment of the arena
-whose name is written in the slot instead; the reader unlinks it once read.
+A message larger than the mailbox travels in a one-off segment of the arena whose
+name is written in the mailbox instead (``wire.write_pickled``); the master frees it
+once every worker has read it (``release_external_payload``).
 
-Two savings for commands that repeat (a training loop calls one function with the
-same arguments thousands of times):
-
-- a message posted with a ``key`` is pickled once: the master keeps its bytes by key
-  and gives it an id; a worker keeps what it decoded by id and skips the unpickling
-  when the id comes again (``memo.py``, shared with the link between machines; a
-  message posted as the same object as the last skips its hash too);
-- a reply of arrays is written raw, not pickled (``wire.py``).
+A command that repeats (a training loop calls one function with the same arguments
+thousands of times) is pickled once: a message posted with a ``key`` has its bytes kept
+by the master by key, under an id; a worker keeps what it decoded by id and skips the
+unpickling when the id comes again (``memo.py``, shared with the link between
+machines; a message posted as the same object as the last skips its hash too). Its
+replies are spared the same way (``replies.py``).
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from collections.abc import Callable
+from functools import partial
 
 import posix_ipc
 
-from . import shmem, wire
+from . import shmem
 from .arena import Arena, ReleaseLog
 from .memo import Decoded, Memo
 from .remote import BarrierAborted
+from .replies import REPLY_BYTES, STATUS_FAILED, STATUS_OK, ReplySlots
+from .wire import one_off_name, read_pickled, write_pickled
 
-__all__ = ["ControlBlock", "MAILBOX_BYTES", "REPLY_BYTES", "ReleaseLog"]
+__all__ = ["ControlBlock", "MAILBOX_BYTES", "ReleaseLog"]
 
 MAILBOX_BYTES = 1 << 20
-REPLY_BYTES = 1 << 16
-_REPLY_FITS = REPLY_BYTES - 64  # description and array bytes that surely fit (its padding)
 
 _SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
 _DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
-_EXTERNAL = -1
-_NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
-
-STATUS_OK, STATUS_FAILED = 0, 1
 
 
 class ControlBlock:
@@ -93,8 +93,8 @@ class ControlBlock:
         header_bytes = 8 * (_HEAD + _PER_RANK * n)
         log_bytes = 8 * ReleaseLog.ITEMS
         self._mailbox_at = header_bytes + log_bytes
-        self._replies_at = self._mailbox_at + MAILBOX_BYTES
-        size = self._replies_at + REPLY_BYTES * n
+        replies_at = self._mailbox_at + MAILBOX_BYTES
+        size = replies_at + REPLY_BYTES * n
         name = prefix + "control"
         self._map = shmem.create_segment(name, size)
         shmem.unlink_segment(name)  # inherited through fork: no name needed after now
@@ -113,14 +113,6 @@ class ControlBlock:
         self._memo = Memo()  # master: key -> (id, pickle)
         self._decoded = Decoded()  # worker: id -> message
         self._last_read: tuple[int, object] = (0, None)  # worker: the last (id, message)
-        # Replies of arrays whose description repeats (a training loop's) reuse the
-        # views of the slot made for the last one: the worker's places to write, the
-        # master's decoded reply of views, per rank (``wire.py``).
-        # The worker numbers each description it writes into its slot (the header's
-        # reply description number): the master reuses its views while it is the same.
-        self._written: tuple[bytes | None, list] = (None, [])
-        self._heads_written = 0
-        self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * n
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
         #: The master's: the key of the last post while ``post_again`` may repeat it
         #: (None: it may not).
@@ -131,11 +123,21 @@ class ControlBlock:
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
         self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
                         for other in range(n) if other != rank] for rank in range(n)]
+        fields = [(replies_at + REPLY_BYTES * rank, base + _DONE, base + _STATUS,
+                   base + _REPLY_LEN, base + _REPLY_KIND, base + _REPLY_HEAD)
+                  for rank, base in enumerate(self._bases)]
+        # The mailbox's clean-up goes to the slots as a function of the header and the
+        # segment, not as a bound method: a cycle through the block would keep its
+        # mapping alive after the block is dropped unclosed.
+        release = partial(_release_message, self.header, self._buffer, self._mailbox_at)
+        #: Each rank's reply slot and reply fields (``replies.py``).
+        self.replies = ReplySlots(self._buffer, self.header, fields, self._peers,
+                                  _PAYLOAD_LEN, release)
 
     def close(self) -> None:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
         names were unlinked long ago). Nothing may use the block afterwards."""
-        self._written, self._replies_read = (None, []), []  # the views of the slots, let go
+        self.replies.close()  # the views of the slots, let go
         self.again = None
         try:
             for view in (self.header, self.release_log.words, self._buffer):
@@ -315,7 +317,9 @@ class ControlBlock:
         # The mailbox is about to change: until the post ends it holds no known message
         # (a Ctrl-C half-way must not leave a stale id that lets a later post skip it).
         self._in_mailbox = 0
-        data = self._write(message, self._mailbox_at, MAILBOX_BYTES, _PAYLOAD_LEN, arena)
+        length, data = write_pickled(self._buffer, self._mailbox_at, MAILBOX_BYTES, message,
+                                     arena)
+        self.header[_PAYLOAD_LEN] = length
         message_id = 0
         if key is not None and data is not None:
             message_id = self._memo.add(key, data)[0]
@@ -340,83 +344,15 @@ class ControlBlock:
             if message is not None:
                 self._last_read = (message_id, message)
                 return message
-        message = self._read(self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
+        message = read_pickled(self._buffer, self._mailbox_at, self.header[_PAYLOAD_LEN], arena)
         if message_id:
             self._decoded.put(message_id, message)
             self._last_read = (message_id, message)
         return message
 
-    def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
-               arena: Arena) -> None:
-        """A worker's end of a command: write the reply, mark done, wake the master."""
-        header, base = self.header, self._bases[rank]
-        if reply is None:
-            if header[base + _REPLY_HEAD]:  # (0: the slot holds no described arrays,
-                self._written = (None, [])  # and nothing is kept of it: see below)
-                header[base + _REPLY_HEAD] = 0
-            header[base + _REPLY_LEN] = _NONE
-        else:
-            at = self._replies_at + REPLY_BYTES * rank
-            described = wire.describe(reply)
-            if described is not None and (
-                    len(described[0]) + described[2] <= _REPLY_FITS):  # wire.size, bounded
-                head, arrays = described[0], described[1]
-                written = self._written
-                if written[0] is head:  # the last reply's description: its places kept
-                    wire.write_places(written[1], arrays)
-                else:
-                    self._written = (None, [])  # until the slot holds ``head``
-                    self._heads_written += 1
-                    header[base + _REPLY_HEAD] = self._heads_written
-                    self._written = (head, wire.write_arrays(self._buffer, at, head, arrays))
-                header[base + _REPLY_LEN] = len(head)
-                header[base + _REPLY_KIND] = wire.ARRAYS
-            else:
-                self._written = (None, [])
-                header[base + _REPLY_HEAD] = 0
-                self._write(reply, at, REPLY_BYTES, base + _REPLY_LEN, arena)
-                header[base + _REPLY_KIND] = wire.PICKLE
-        header[base + _STATUS] = STATUS_FAILED if failed else STATUS_OK
-        header[base + _DONE] = seq
-        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
-
-    @property
-    def written_head(self) -> bytes | None:
-        """The description of the arrays this process's reply slot holds (the last
-        reply ``finish`` wrote as arrays), or None."""
-        return self._written[0]
-
-    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list) -> bool:
-        """``finish`` for a reply described by ``head`` again (a repeated call's: its
-        rows and its outputs' dtypes and shapes, ``written_head``): ``arrays`` copied
-        where the last ones went, no description made. False when the slot holds
-        another description or an array is not like its place: the reply is not
-        finished (the caller's ``finish`` then writes the whole slot anew)."""
-        written = self._written
-        if written[0] is not head:
-            return False
-        places = written[1]
-        if len(places) != len(arrays):
-            return False
-        i = 0
-        for a in arrays:  # (one written before the next is checked: if one differs, the
-            place = places[i]  # caller's ``finish`` rewrites the whole slot)
-            if (place is None or type(a) is not type(place) or a.shape != place.shape
-                    or (a.dtype is not place.dtype and a.dtype != place.dtype)):
-                return False
-            place[...] = a
-            i += 1
-        header, base = self.header, self._bases[rank]
-        header[base + _REPLY_LEN] = len(head)
-        header[base + _REPLY_KIND] = wire.ARRAYS
-        header[base + _STATUS] = STATUS_OK
-        header[base + _DONE] = seq
-        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
-        return True
+    def release_external_payload(self, arena: Arena) -> None:
+        """The master's clean-up of an oversized message once every worker read it."""
+        _release_message(self.header, self._buffer, self._mailbox_at, arena)
 
     def mark_failed(self, rank: int, seq: int) -> None:
         """The master's own part failed: release every rank waiting at a barrier."""
@@ -424,70 +360,6 @@ class ControlBlock:
         self.header[base + _STATUS] = STATUS_FAILED
         self.header[base + _DONE] = seq
         self.wake_all(rank)
-
-    def reply(self, rank: int, arena: Arena, copy: bool = True) -> object:
-        """The master's read of ``rank``'s reply to the current command (``copy``: see
-        ``collect``)."""
-        base = self._bases[rank]
-        length = self.header[base + _REPLY_LEN]
-        if length == _NONE:
-            return None
-        at = self._replies_at + REPLY_BYTES * rank
-        if self.header[base + _REPLY_KIND] == wire.ARRAYS:
-            head = self.header[base + _REPLY_HEAD]
-            kept = self._replies_read[rank]
-            if kept[0] == head:  # the description this rank last wrote: the same views
-                reply = kept[1]
-            else:
-                reply = wire.read_arrays(self._buffer, at, length, copy=False)
-                self._replies_read[rank] = (head, reply)
-            return reply if not copy else wire.copied(reply)
-        return self._read(at, length, arena, discard=True)
-
-    def collect(self, ranks: list[int], arena: Arena, copy: bool = True,
-                ) -> list[tuple[int, bool, object]]:
-        """Every rank's ``(rank, failed, reply)`` for the command just done; an
-        oversized message's segment freed. ``copy=False``: arrays in a reply are views
-        of its slot, valid until the next command (``wire.read_arrays``)."""
-        header = self.header
-        parts: list[tuple[int, bool, object]] = []
-        for rank in ranks:
-            base = self._bases[rank]
-            failed = header[base + _STATUS] != STATUS_OK
-            if header[base + _REPLY_LEN] == _NONE:
-                parts.append((rank, failed, None))
-                continue
-            if not copy and header[base + _REPLY_KIND] == wire.ARRAYS:
-                kept = self._replies_read[rank]  # ``reply``'s views, written out: a
-                if kept[0] == header[base + _REPLY_HEAD]:  # repeated call's reply
-                    parts.append((rank, failed, kept[1]))
-                    continue
-            parts.append((rank, failed, self.reply(rank, arena, copy)))
-        if header[_PAYLOAD_LEN] < 0:
-            self.release_external_payload(arena)
-        return parts
-
-    def replies_again(self, seq: int, ranks: list[int], views: bool = True) -> list | None:
-        """``collect(ranks, arena, copy=False)`` once every rank of ``ranks`` has
-        finished command ``seq`` with success, answering by arrays of the description
-        it wrote last time (a repeated call's), or by None (an empty command's): the
-        views ``reply`` made of each slot then, or None, indexed by rank (None at the
-        others), nothing read again. None when a rank has not finished yet, or its
-        reply is otherwise (failed, pickled, newly described, or arrays when ``views``
-        is False: ``collect`` then reads them)."""
-        header = self.header
-        replies: list = [None] * self.n
-        kept = self._replies_read
-        for rank in ranks:  # (a reply other than described arrays sets its head to 0,
-            base = self._bases[rank]  # for which no views are ever kept: ``finish``)
-            if header[base + _DONE] != seq or header[base + _STATUS] != STATUS_OK:
-                return None
-            read = kept[rank]
-            if views and read[0] == header[base + _REPLY_HEAD]:
-                replies[rank] = read[1]
-            elif header[base + _REPLY_LEN] != _NONE:
-                return None
-        return replies
 
     def all_done(self, seq: int, ranks: list[int]) -> bool:
         header = self.header
@@ -567,35 +439,11 @@ class ControlBlock:
                 return False
         return True
 
-    # -- payload and reply slots ------------------------------------------------------------
-    def _write(self, obj: object, at: int, capacity: int, length_field: int,
-               arena: Arena) -> bytes | None:
-        """Pickle ``obj`` into its slot (or a one-off segment); return the bytes if in
-        the slot."""
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)  # may raise: nothing written
-        if len(data) <= capacity:
-            self._buffer[at : at + len(data)] = data
-            self.header[length_field] = len(data)
-            return data
-        segment = arena.create(len(data), replicated=False)
-        segment.buffer[: len(data)] = data
-        encoded = pickle.dumps((segment.name, len(data)))
-        arena.hand_over(segment)  # the reader unlinks it once read
-        self._buffer[at : at + len(encoded)] = encoded
-        self.header[length_field] = _EXTERNAL - len(encoded)
-        return None
 
-    def _read(self, at: int, length: int, arena: Arena, discard: bool = False) -> object:
-        if length >= 0:
-            return pickle.loads(self._buffer[at : at + length])
-        name, size = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-        return pickle.loads(arena.take(name, size, unlink=discard))
-
-    def release_external_payload(self, arena: Arena) -> None:
-        """The master's clean-up of an oversized message once every worker read it."""
-        length = self.header[_PAYLOAD_LEN]
-        if length < 0:
-            at = self._mailbox_at
-            name, _ = pickle.loads(self._buffer[at : at + (_EXTERNAL - length)])
-            arena.discard(name)
-            self.header[_PAYLOAD_LEN] = 0
+def _release_message(header: memoryview, buffer: memoryview, mailbox_at: int,
+                     arena: Arena) -> None:
+    """``release_external_payload`` of the block whose header and segment these are."""
+    length = header[_PAYLOAD_LEN]
+    if length < 0:
+        arena.discard(one_off_name(buffer, mailbox_at, length))
+        header[_PAYLOAD_LEN] = 0

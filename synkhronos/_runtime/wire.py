@@ -2,7 +2,9 @@
 
 Two formats, told apart by the slot's kind field in the control header:
 
-- ``PICKLE``: any picklable object, pickled.
+- ``PICKLE``: any picklable object, pickled. A pickle larger than its slot travels in
+  a one-off segment of the arena instead: the slot holds the segment's name and size,
+  pickled, and its length field says so by being negative.
 - ``ARRAYS``: a tuple whose items are ints, floats, bools, ``None``, numeric numpy
   arrays, or lists of numeric numpy arrays (a function call's reply is
   ``(rows, [outputs])``). The arrays' bytes are copied raw into the slot and only a
@@ -18,21 +20,25 @@ tuples, so a tuple always stands for an array.
 Decoded arrays are copies (the slot is overwritten by the next command), unless the
 reader asks for views it is done with before then. A reply that repeats (a training
 loop's, timed or not) has the description of the last one: the writer keeps the last
-description it pickled, so it does not pickle it again (the control block keeps the
-places and the reader's decoded views for it).
+description it pickled, so it does not pickle it again (the reply slots,
+``replies.py``, keep the places and the reader's decoded views for it).
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["PICKLE", "ARRAYS", "describe", "size", "write_arrays", "places", "write_places",
-           "read_arrays", "copied"]
+if TYPE_CHECKING:
+    from .arena import Arena
+
+__all__ = ["PICKLE", "ARRAYS", "write_pickled", "read_pickled", "one_off_name", "describe",
+           "size", "write_arrays", "places", "write_places", "read_arrays", "copied"]
 
 PICKLE, ARRAYS = 0, 1
+_ONE_OFF = -1  # a pickle's length field below this: it went in a one-off segment
 _ALIGN = 64
 _MASK = ~(_ALIGN - 1)
 _SCALARS = (int, float, bool, type(None))
@@ -47,6 +53,44 @@ _last_call: list = [None, [], 0]  # and, for a call's reply ``(rows, [outputs])`
 # described was not one
 _last_timed: list = [None, [], 0, None]  # the same for a timed call's reply ``(rows,
 # [outputs], timings)``, with the timings array's (dtype, shape)
+
+
+def write_pickled(buffer: memoryview, at: int, capacity: int, obj: object, arena: Arena,
+                  ) -> tuple[int, bytes | None]:
+    """Pickle ``obj`` into the slot of ``capacity`` bytes at ``at``, or into a one-off
+    segment of ``arena`` (handed over: its reader unlinks or discards it).
+
+    Returns ``(length, data)``: the value of the slot's length field, and the pickle
+    when it went into the slot (None: into a segment). Pickling comes first: an object
+    that cannot be pickled raises before anything is written.
+    """
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) <= capacity:
+        buffer[at : at + len(data)] = data
+        return len(data), data
+    segment = arena.create(len(data), replicated=False)
+    segment.buffer[: len(data)] = data
+    encoded = pickle.dumps((segment.name, len(data)))
+    arena.hand_over(segment)
+    buffer[at : at + len(encoded)] = encoded
+    return _ONE_OFF - len(encoded), None
+
+
+def read_pickled(buffer: memoryview, at: int, length: int, arena: Arena,
+                 discard: bool = False) -> object:
+    """The object ``write_pickled`` wrote at ``at`` (``length``: its length field);
+    ``discard``: unlink its one-off segment, if any, once read (its only reader)."""
+    if length >= 0:
+        return pickle.loads(buffer[at : at + length])
+    name, size = pickle.loads(buffer[at : at + (_ONE_OFF - length)])
+    return pickle.loads(arena.take(name, size, unlink=discard))
+
+
+def one_off_name(buffer: memoryview, at: int, length: int) -> str:
+    """The name of the one-off segment that ``write_pickled`` wrote at ``at`` (its
+    ``length`` field negative)."""
+    name, _ = pickle.loads(buffer[at : at + (_ONE_OFF - length)])
+    return name
 
 
 def _aligned(n: int) -> int:

@@ -629,8 +629,8 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     looked up, while the epoch it was made under stands (``_runtime/epoch.py``: a
     fault point armed, a mapping dropped). None for a message that maps a new group or
     carries a setup."""
-    control = ctx.control
-    if (control is None or ctx.rank == ctx.master_rank
+    replies = ctx.replies
+    if (replies is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.setup is not None):
         return None
     backend = BACKEND.get(ctx)
@@ -643,7 +643,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
             if epoch.current != kept_under:  # (a test's fault point: the usual way
                 return False  # passes them)
             mismatch = backend.pair_reduce(ctx, group, op)
-            control.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
+            replies.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
                            False, master_rank, arena)
             return True
 
@@ -654,7 +654,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
         if epoch.current != kept_under:
             return False
         reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
-        control.finish(rank, seq, reply, False, master_rank, arena)
+        replies.finish(rank, seq, reply, False, master_rank, arena)
         return True
 
     return run_all

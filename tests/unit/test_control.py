@@ -1,8 +1,9 @@
-"""Unit tests for synkhronos._runtime.control: the control block in one process (no fork).
+"""Unit tests for synkhronos._runtime.control and its reply slots (``replies.py``): the
+control block in one process (no fork).
 
-One process plays both the master (``post``, ``reply``, ``all_done``) and a worker
-(``read_command``, ``finish``) on the same block, each with its own arena (the master's
-and rank 1's), as the processes of a session would.
+One process plays both the master (``post``, ``replies.reply``, ``all_done``) and a
+worker (``read_command``, ``replies.finish``) on the same block, each with its own arena
+(the master's and rank 1's), as the processes of a session would.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from synkhronos._runtime import control as C
 from synkhronos._runtime import epoch, shmem
+from synkhronos._runtime import replies as R
 from synkhronos._runtime.arena import Arena
 from synkhronos._runtime.memo import SIZE as MEMO_SIZE
 from synkhronos._runtime.remote import BarrierAborted, RemoteFailure
@@ -101,11 +103,11 @@ def test_round_trip_small(make_block):
 
     assert block.read_command(block.worker_arena) == message
 
-    block.finish(1, seq, {"answer": 42}, False, 0, block.worker_arena)
+    block.replies.finish(1, seq, {"answer": 42}, False, 0, block.worker_arena)
     assert block.done(1) == seq
     assert block.all_done(seq, [1]) is True
     assert block.failed(1) is False
-    assert block.reply(1, block.master_arena) == {"answer": 42}
+    assert block.replies.reply(1, block.master_arena) == {"answer": 42}
     block.release_external_payload(block.master_arena)  # nothing external: a no-op
     assert _entries(block.prefix) == []
 
@@ -116,21 +118,22 @@ def test_sequence_numbers_increase_and_replies_are_per_rank(make_block):
         seq = block.post(expected, 0, block.master_arena)
         assert seq == expected
         assert block.read_command(block.worker_arena) == expected
-        block.finish(1, seq, ("r1", expected), False, 0, block.worker_arena)
+        block.replies.finish(1, seq, ("r1", expected), False, 0, block.worker_arena)
         assert not block.all_done(seq, [1, 2])
-        block.finish(2, seq, ("r2", expected), False, 0, block.worker_arena)
+        block.replies.finish(2, seq, ("r2", expected), False, 0, block.worker_arena)
         assert block.all_done(seq, [1, 2])
-        assert block.reply(1, block.master_arena) == ("r1", expected)
-        assert block.reply(2, block.master_arena) == ("r2", expected)
+        assert block.replies.reply(1, block.master_arena) == ("r1", expected)
+        assert block.replies.reply(2, block.master_arena) == ("r2", expected)
 
 
 def test_master_rank_other_than_zero(make_block):
     block = make_block(3)
     seq = block.post("p", 2, block.master_arena)
-    block.finish(0, seq, "zero", False, 2, block.worker_arena)
-    block.finish(1, seq, "one", False, 2, block.worker_arena)
+    block.replies.finish(0, seq, "zero", False, 2, block.worker_arena)
+    block.replies.finish(1, seq, "one", False, 2, block.worker_arena)
     assert block.all_done(seq, [0, 1])
-    replies = (block.reply(0, block.master_arena), block.reply(1, block.master_arena))
+    replies = (block.replies.reply(0, block.master_arena),
+               block.replies.reply(1, block.master_arena))
     assert replies == ("zero", "one")
 
 
@@ -146,7 +149,7 @@ def test_oversized_message_travels_in_its_own_segment(make_block):
     # a second reader (another worker) still finds it
     assert block.read_command(block.worker_arena) == message
 
-    block.finish(1, seq, None, False, 0, block.worker_arena)
+    block.replies.finish(1, seq, None, False, 0, block.worker_arena)
     block.release_external_payload(block.master_arena)
     assert _entries(block.prefix) == []
 
@@ -160,12 +163,12 @@ def test_oversized_message_travels_in_its_own_segment(make_block):
 def test_oversized_reply_is_unlinked_once_read(make_block):
     block = make_block(2)
     seq = block.post(None, 0, block.master_arena)
-    reply = os.urandom(C.REPLY_BYTES * 20)
-    block.finish(1, seq, reply, False, 0, block.worker_arena)
+    reply = os.urandom(R.REPLY_BYTES * 20)
+    block.replies.finish(1, seq, reply, False, 0, block.worker_arena)
     extra = _entries(block.prefix)
     # a worker's ids never meet the master's
     assert extra == [block.worker_arena.name_of((2 << 40) + 1)]
-    assert block.reply(1, block.master_arena) == reply
+    assert block.replies.reply(1, block.master_arena) == reply
     assert _entries(block.prefix) == []
 
 
@@ -174,12 +177,12 @@ def test_reply_exactly_at_slot_size_stays_inline(make_block):
     seq = block.post(None, 0, block.master_arena)
     overhead = len(pickle.dumps(b"", protocol=pickle.HIGHEST_PROTOCOL))
     # a bytes object's pickle grows with its length; find one that fills the slot
-    size = C.REPLY_BYTES - overhead
-    while len(pickle.dumps(b"x" * size, protocol=pickle.HIGHEST_PROTOCOL)) > C.REPLY_BYTES:
+    size = R.REPLY_BYTES - overhead
+    while len(pickle.dumps(b"x" * size, protocol=pickle.HIGHEST_PROTOCOL)) > R.REPLY_BYTES:
         size -= 1
-    block.finish(1, seq, b"x" * size, False, 0, block.worker_arena)
+    block.replies.finish(1, seq, b"x" * size, False, 0, block.worker_arena)
     assert _entries(block.prefix) == []
-    assert block.reply(1, block.master_arena) == b"x" * size
+    assert block.replies.reply(1, block.master_arena) == b"x" * size
 
 
 def test_failed_reply(make_block):
@@ -189,10 +192,10 @@ def test_failed_reply(make_block):
         raise KeyError("nope")
     except KeyError as exc:
         failure = RemoteFailure.from_exception(exc)
-    block.finish(1, seq, failure, True, 0, block.worker_arena)
+    block.replies.finish(1, seq, failure, True, 0, block.worker_arena)
     assert block.all_done(seq, [1])
     assert block.failed(1)
-    got = block.reply(1, block.master_arena)
+    got = block.replies.reply(1, block.master_arena)
     assert got.exc_type == "KeyError"
     assert "nope" in got.message
     assert "Traceback" in got.traceback
@@ -200,7 +203,7 @@ def test_failed_reply(make_block):
     assert isinstance(rebuilt, KeyError) and "nope" in rebuilt.__cause__.text
     # the status is per command: a later success clears it
     seq = block.post(None, 0, block.master_arena)
-    block.finish(1, seq, "ok", False, 0, block.worker_arena)
+    block.replies.finish(1, seq, "ok", False, 0, block.worker_arena)
     assert not block.failed(1)
 
 
@@ -272,7 +275,7 @@ def test_barrier_raises_when_aborted(make_block):
 def test_barrier_raises_when_a_peer_failed(make_block):
     block = make_block(2)
     seq = block.post(None, 0, block.master_arena)
-    block.finish(1, seq, "failure", True, 0, block.worker_arena)
+    block.replies.finish(1, seq, "failure", True, 0, block.worker_arena)
     with pytest.raises(BarrierAborted):
         block.barrier(0, _no_poll)
 
@@ -295,7 +298,7 @@ def test_barrier_passes_when_the_peer_failed_after_passing_it(make_block):
                 Interleaved.reads += 1
                 if Interleaved.reads == 1:
                     real[arrival] = seq * C._EPOCH_STRIDE + 1  # rank 1 arrives ...
-                    block.finish(1, seq, "failure", True, 0, block.worker_arena)  # fails
+                    block.replies.finish(1, seq, "failure", True, 0, block.worker_arena)  # fails
             return value
 
         def __setitem__(self, index, value):
@@ -422,7 +425,7 @@ def test_keyed_message_is_decoded_once_per_worker(make_block):
     message = ("plan", (1, 2, 3))
     first = block.post(message, 0, arena, key=message)
     got_first = block.read_command(block.worker_arena)
-    block.finish(1, first, None, False, 0, block.worker_arena)
+    block.replies.finish(1, first, None, False, 0, block.worker_arena)
     block.post("something else", 0, arena)
     assert block.read_command(block.worker_arena) == "something else"
     block.post(message, 0, arena, key=message)
@@ -443,11 +446,11 @@ def test_a_post_interrupted_half_way_leaves_no_stale_mailbox_id(make_block, monk
     block.post(message, 0, arena, key=message)
     assert block.read_command(block.worker_arena) == message
 
-    def half_written(obj, at, capacity, length_field, arena):
-        block._buffer[at : at + 7] = b"garbage"
+    def half_written(buffer, at, capacity, obj, arena):
+        buffer[at : at + 7] = b"garbage"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(block, "_write", half_written)
+    monkeypatch.setattr(C, "write_pickled", half_written)
     with pytest.raises(KeyboardInterrupt):
         block.post("another message", 0, arena)
     monkeypatch.undo()
@@ -478,15 +481,15 @@ def test_reply_of_arrays_round_trips_without_pickle(make_block):
     block = make_block(2)
     seq = block.post(None, 0, block.master_arena)
     reply = (5, [np.arange(6.0).reshape(2, 3), np.asarray(2.5)])
-    block.finish(1, seq, reply, False, 0, block.worker_arena)
-    got = block.reply(1, block.master_arena)
+    block.replies.finish(1, seq, reply, False, 0, block.worker_arena)
+    got = block.replies.reply(1, block.master_arena)
     assert got[0] == 5
     np.testing.assert_array_equal(got[1][0], reply[1][0])
     assert got[1][1].shape == () and got[1][1] == 2.5
-    big = (1, [np.zeros(C.REPLY_BYTES // 8 + 1)])  # too big for the slot: pickled outside
+    big = (1, [np.zeros(R.REPLY_BYTES // 8 + 1)])  # too big for the slot: pickled outside
     seq = block.post(None, 0, block.master_arena)
-    block.finish(1, seq, big, False, 0, block.worker_arena)
-    np.testing.assert_array_equal(block.reply(1, block.master_arena)[1][0], big[1][0])
+    block.replies.finish(1, seq, big, False, 0, block.worker_arena)
+    np.testing.assert_array_equal(block.replies.reply(1, block.master_arena)[1][0], big[1][0])
     assert _entries(block.prefix) == []
 
 
@@ -497,18 +500,18 @@ def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
     import numpy as np
 
     block = make_block(2)
-    assert block.written_head is None  # nothing written yet
+    assert block.replies.written_head is None  # nothing written yet
     seq = block.post(None, 0, block.master_arena)
-    block.finish(1, seq, (4, [np.zeros((2, 3)), np.zeros(3, "f4")]), False, 0,
+    block.replies.finish(1, seq, (4, [np.zeros((2, 3)), np.zeros(3, "f4")]), False, 0,
                  block.worker_arena)
-    head = block.written_head
-    first = block.reply(1, block.master_arena, copy=False)
+    head = block.replies.written_head
+    first = block.replies.reply(1, block.master_arena, copy=False)
     for k in range(1, 4):
         seq = block.post(None, 0, block.master_arena)
         arrays = [np.full((2, 3), float(k)), np.arange(3, dtype="f4") + k]
-        assert block.finish_kept(1, seq, head, arrays)
+        assert block.replies.finish_kept(1, seq, head, arrays)
         assert block.done(1) == seq and not block.failed(1)
-        got = block.reply(1, block.master_arena, copy=False)
+        got = block.replies.reply(1, block.master_arena, copy=False)
         assert got[0] == 4 and got[1][0] is first[1][0]  # the master's views, kept
         for a, b in zip(got[1], arrays, strict=True):
             np.testing.assert_array_equal(a, b)
@@ -519,19 +522,19 @@ def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
     like = [np.zeros((2, 3)), np.zeros(3, "f4")]
     for arrays in others:
         seq = block.post(None, 0, block.master_arena)
-        block.finish(1, seq, (4, like), False, 0, block.worker_arena)
-        head = block.written_head  # (a new one each time: the last reply was another)
+        block.replies.finish(1, seq, (4, like), False, 0, block.worker_arena)
+        head = block.replies.written_head  # (a new one each time: the last reply was another)
         seq = block.post(None, 0, block.master_arena)
-        assert not block.finish_kept(1, seq, head, arrays)
+        assert not block.replies.finish_kept(1, seq, head, arrays)
         assert block.done(1) != seq  # not finished: the caller's finish does it
-        block.finish(1, seq, (4, arrays), False, 0, block.worker_arena)
-        got = block.reply(1, block.master_arena)
+        block.replies.finish(1, seq, (4, arrays), False, 0, block.worker_arena)
+        got = block.replies.reply(1, block.master_arena)
         for a, b in zip(got[1], arrays, strict=True):
             np.testing.assert_array_equal(a, b)
     seq = block.post(None, 0, block.master_arena)
-    assert not block.finish_kept(1, seq, head, like)  # the slot holds another head
-    block.finish(1, seq, "pickled", False, 0, block.worker_arena)
-    assert block.written_head is None  # the slot holds a pickle now
+    assert not block.replies.finish_kept(1, seq, head, like)  # the slot holds another head
+    block.replies.finish(1, seq, "pickled", False, 0, block.worker_arena)
+    assert block.replies.written_head is None  # the slot holds a pickle now
 
 
 def test_memo_same_object_is_found_without_hashing():
@@ -570,27 +573,27 @@ def test_post_again_and_replies_again_take_only_what_still_stands(make_block):
     assert block.post_again(message, 0) == 0  # nothing posted yet
     seq = block.post(message, 0, block.master_arena, key=message)
     like = (4, [np.zeros(3)])
-    block.finish(1, seq, like, False, 0, block.worker_arena)
-    assert block.replies_again(seq, [1]) is None  # the master has kept no views yet
-    kept = block.reply(1, block.master_arena, copy=False)
+    block.replies.finish(1, seq, like, False, 0, block.worker_arena)
+    assert block.replies.replies_again(seq, [1]) is None  # the master has kept no views yet
+    kept = block.replies.reply(1, block.master_arena, copy=False)
     seq = block.post_again(message, 0)
     assert seq == block.seq and block.read_command(block.worker_arena) == message
-    assert block.replies_again(seq, [1]) is None  # not done yet
-    block.finish(1, seq, (4, [np.ones(3)]), False, 0, block.worker_arena)
-    got = block.replies_again(seq, [1])
+    assert block.replies.replies_again(seq, [1]) is None  # not done yet
+    block.replies.finish(1, seq, (4, [np.ones(3)]), False, 0, block.worker_arena)
+    got = block.replies.replies_again(seq, [1])
     assert got[0] is None and got[1] is kept
     np.testing.assert_array_equal(got[1][1][0], np.ones(3))
-    assert block.replies_again(seq, [1], views=False) is None  # arrays: to be copied
+    assert block.replies.replies_again(seq, [1], views=False) is None  # arrays: to be copied
     for other in (None, "pickled", RuntimeError("failed")):
         seq = block.post_again(message, 0)
-        block.finish(1, seq, other, isinstance(other, Exception), 0, block.worker_arena)
+        block.replies.finish(1, seq, other, isinstance(other, Exception), 0, block.worker_arena)
         for views in (True, False):
-            got = block.replies_again(seq, [1], views)
+            got = block.replies.replies_again(seq, [1], views)
             assert got == [None, None] if other is None else got is None, other
         seq = block.post_again(message, 0)
-        block.finish(1, seq, like, False, 0, block.worker_arena)  # described as before
-        assert block.replies_again(seq, [1]) is None  # but the slot was written anew
-        kept = block.reply(1, block.master_arena, copy=False)
+        block.replies.finish(1, seq, like, False, 0, block.worker_arena)  # described as before
+        assert block.replies.replies_again(seq, [1]) is None  # but the slot was written anew
+        kept = block.replies.reply(1, block.master_arena, copy=False)
         np.testing.assert_array_equal(kept[1][0], np.zeros(3))
     block.post(("other",), 0, block.master_arena, key=("other",))
     assert block.post_again(message, 0) == 0  # another message went since

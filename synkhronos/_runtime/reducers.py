@@ -9,7 +9,7 @@ user's ``op`` argument, and two families of kernels:
 - equal, for the collectives (every process counts once): :func:`combine_into` into a
   given buffer (a piece of an exchange slot), :func:`combined` into a new array, and
   :func:`ufunc_of`, the one ufunc table, which the leaders' folds between machines
-  (``mpi/leaders.py``) use too.
+  (``mpi/exchange.py``) use too.
 
 Numpy only: it lives in ``_runtime`` so that the MPI layer can use it; the layers
 above import it as ``synkhronos._reducers``.

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from synkhronos._runtime import mpi
-from synkhronos._runtime.mpi import leaders as leaders_module
+from synkhronos._runtime.mpi import exchange
 
 
 @pytest.mark.parametrize(
@@ -71,10 +71,10 @@ def test_chunk_bounds_follow_the_row_rule():
 
 
 def test_ops_are_named_in_errors():
-    assert leaders_module._op_name("SUM") == "sum"
-    assert leaders_module._op_name(types.SimpleNamespace(value="max")) == "max"
+    assert exchange._op_name("SUM") == "sum"
+    assert exchange._op_name(types.SimpleNamespace(value="max")) == "max"
     with pytest.raises(ValueError, match="'avg' is 'sum' divided by the caller"):
-        leaders_module._op_name("avg")
+        exchange._op_name("avg")
 
 
 def test_missing_mpi4py_is_a_clear_error(monkeypatch):
@@ -98,7 +98,7 @@ def test_array_headers_round_trip():
 
     for array in (np.zeros((2, 3), np.float32), np.arange(5, dtype=">i8"),
                   np.ones(0, np.complex128), np.float16(1.5).reshape(())):
-        dtype, shape = leaders_module._dtype_shape(leaders_module._describe(array))
+        dtype, shape = exchange._dtype_shape(exchange._describe(array))
         assert (dtype, shape) == (array.dtype, array.shape)
     with pytest.raises(TypeError, match="plain numeric dtype"):
-        leaders_module._describe(np.zeros(2, object))
+        exchange._describe(np.zeros(2, object))

@@ -6,8 +6,12 @@ what is specific to MPI and nothing else: it imports the standard library, numpy
 lazily, mpi4py (the package imports without mpi4py installed).
 
 - ``launch``: was this process started by ``mpiexec``/``srun``? (environment only)
-- ``leaders``: ``MPI_Init`` after the fork, the machine table, collectives between
-  leaders with liveness-checked waits, failure reports, abort, finalisation.
+- ``errors``: the errors below, and the probes before MPI starts (is mpi4py there,
+  did the script start MPI too early, is fault tolerance on).
+- ``leaders``: ``MPI_Init`` after the fork, the machine table, liveness-checked
+  waits, failure reports, abort, finalisation (``Leaders``, ``start``).
+- ``exchange``: the collectives between leaders that ``Leaders`` inherits: objects,
+  arrays of any dtype and shape, and the all-reduces (the chunk-owner scheme).
 
 How the core uses it (master = leader of machine 0)::
 
@@ -46,20 +50,18 @@ whatever ``liveness`` raised (or KeyboardInterrupt/SystemExit from a signal).
 
 from __future__ import annotations
 
-from .launch import LAUNCHERS, Launch, detect_launch
-from .leaders import (
-    CHECK_INTERVAL,
+from .errors import (
     JobAbortedError,
     LeaderError,
-    Leaders,
     LeaderTimeoutError,
     MPIUnavailableError,
     PeerLostError,
     RemoteFailureError,
     check_not_initialized,
-    chunk_bounds,
-    start,
 )
+from .exchange import chunk_bounds
+from .launch import LAUNCHERS, Launch, detect_launch
+from .leaders import CHECK_INTERVAL, Leaders, start
 
 __all__ = [
     "CHECK_INTERVAL",

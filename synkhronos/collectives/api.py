@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import _pytensor
 from .._core.session import current
+from .._runtime import epoch
 from .._scatter import select_rows
 from ._checks import (
     FRONT,
@@ -355,7 +356,7 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     if session.n == 1:
         session.check_usable()
         return  # one process: every op leaves its values as they are
-    if targets.by_name:  # a variable given by name is resolved anew at every call
+    if targets.by_name or not epoch.REPLAY:  # (by name: resolved anew at every call)
         front.repeat = None
         _run(session, front.backend, all_reduce_step, targets, parsed)
         return

@@ -325,7 +325,7 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
 
     setup = backend.setup(ctx)
     message = AllReduce(group.key, spec, op, pair, setup)
-    if spec is None and setup is None:
+    if spec is None and setup is None and epoch.REPLAY:
         step = group.steps[key] = Step(message, finish, repeats=True, group=group)
         return step
     return Step(message, finish, new=(spec.name,) if spec else ())

@@ -9,6 +9,8 @@ import pytest
 import synkhronos as synk
 from synkhronos import profile
 
+from ..conftest import REPLAY
+
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_profile_records_every_phase(n):
@@ -60,6 +62,9 @@ def test_profiled_repeated_calls_take_the_path_they_take_unprofiled(n, monkeypat
         monkeypatch.setattr(f, "prepare", lambda *a, **k: prepared.append(1) or original(*a, **k))
         for xs, ws in values[:2]:  # unprofiled: the first prepares, the second repeats
             np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))
+        if not REPLAY:  # SYNK_REPLAY=0: every call prepares, profiled or not
+            assert len(prepared) == 2
+            return
         assert len(prepared) == 1
         with profile() as prof:
             for xs, ws in values:  # the first profiled call prepares (its replies are

@@ -214,6 +214,9 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         plan = views.plan
         if plan[0] is call and views.epoch == epoch.current:
             # The last call again (a training loop): what the first run worked out.
+            if faults.ARMED:  # (its rows were gathered when the plan was made)
+                faults.hit("gather")
+                faults.hit("function")
             _, fn, args, weight, strip = plan
             if call.profile:
                 return _timed_plan(fn, args, weight, strip)
@@ -242,10 +245,15 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
 
     def run(seq: int, rank: int) -> bool:
         if views.plan is not plan or epoch.current != kept_under:
-            return False  # a mapping dropped, another plan kept, a test's fault point...
+            return False  # a mapping dropped, another plan kept
+        if faults.ARMED:  # a test's: the points of the usual way
+            faults.hit("gather")
+            faults.hit("function")
         outputs = _as_list(fn(*args))
         if strip:
             outputs = _reduced_only(outputs, strip)
+        if faults.ARMED:
+            faults.hit("reply")
         if not replies.finish_kept(rank, seq, head, outputs):  # outputs of other shapes
             replies.finish(rank, seq, (weight, outputs), False, master_rank, arena)
         return True

@@ -16,9 +16,10 @@ point                     where
                           (or, without one, after it moved its data)
 ========================  ====================================================
 
-Unarmed, a point costs one truth test of a module global. Arming one moves the
-process's epoch on (``_runtime/epoch.py``), so that nothing kept for replay runs past
-it: the next command takes the general path, which passes every point.
+Unarmed, a point costs one truth test of a module global. A command replayed from
+what an earlier one kept (``synkhronos/_replay.py``: a kept plan, a lane) passes the
+same points as the general path, where it does the same work, so that a failure there
+is reported as it would be without replay.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import os
 import signal
 import sys
 import time
-
-from .._runtime import epoch
 
 __all__ = ["POINTS", "HOWS", "SLOW_SECONDS", "ARMED", "PENDING", "arm", "activate", "disarm", "hit",
            "break_process"]
@@ -49,15 +48,12 @@ def arm(point: str, how: str, code: int = 3, now: bool = True) -> None:
     if how not in HOWS:
         raise ValueError(f"how must be one of {', '.join(HOWS)}; got {how!r}")
     (ARMED if now else PENDING)[point] = (how, code)
-    if now:
-        epoch.advance()
 
 
 def activate() -> None:
     """At the start of a command: points armed during the last one take effect."""
     ARMED.update(PENDING)
     PENDING.clear()
-    epoch.advance()
 
 
 def disarm() -> None:

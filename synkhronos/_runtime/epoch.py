@@ -12,9 +12,10 @@ wrong moves ``current`` on:
   message names its segment and shape, a kept copy goes into its memory;
 - functions distributed (``distribute.py``): registrations a kept message relies on;
 - ``synk.profile()`` started or stopped (``profile.py``): kept messages are timed or
-  not, as the profile was when they were made;
-- a fault point armed (``_core/faults.py``): the next command takes the general path,
-  which passes every point.
+  not, as the profile was when they were made.
+
+(A fault point armed by a test moves nothing: replay passes the same points as the
+general path, ``_core/faults.py``.)
 
 Numbers are never reused (``itertools.count``), so two threads racing to move it on
 leave it at a value nothing was made under. Reading it is one attribute lookup.

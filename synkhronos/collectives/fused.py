@@ -627,8 +627,8 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     group and op again, an all-reduce between training steps): the backend's
     ``pair_reduce`` (two ranks) or ``all_reduce`` called and the reply written, nothing
     looked up, while the epoch it was made under stands (``_runtime/epoch.py``: a
-    fault point armed, a mapping dropped). None for a message that maps a new group or
-    carries a setup."""
+    mapping dropped), passing the fault points its handler passes. None for a message
+    that maps a new group or carries a setup."""
     replies = ctx.replies
     if (replies is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.setup is not None):
@@ -640,9 +640,13 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
 
     if message.pair:
         def run(seq: int, rank: int) -> bool:
-            if epoch.current != kept_under:  # (a test's fault point: the usual way
-                return False  # passes them)
+            if epoch.current != kept_under:
+                return False
+            if faults.ARMED:  # a test's: the points of the usual way (``_with_points``)
+                faults.hit("collective")
             mismatch = backend.pair_reduce(ctx, group, op)
+            if faults.ARMED:
+                faults.hit("exchange")
             replies.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
                            False, master_rank, arena)
             return True
@@ -653,7 +657,11 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
     def run_all(seq: int, rank: int) -> bool:
         if epoch.current != kept_under:
             return False
+        if faults.ARMED:
+            faults.hit("collective")
         reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
+        if faults.ARMED:
+            faults.hit("exchange")
         replies.finish(rank, seq, reply, False, master_rank, arena)
         return True
 

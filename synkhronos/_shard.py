@@ -105,8 +105,6 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
 
 def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays, and its weight (its row count)."""
-    if faults.ARMED:
-        faults.hit("gather")
     n, rank = ctx.size, ctx.rank
     casts = call.casts
     scattered: list[np.ndarray] = []
@@ -325,7 +323,9 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     prepared = table[call.prepared_id]
     if call.profile:
         start = time.perf_counter()
-    if call.views_only:
+    if faults.ARMED:  # (before the views kept for a repeated call, too)
+        faults.hit("gather")
+    if call.views_only and epoch.REPLAY:  # (SYNK_REPLAY=0: nothing kept)
         scattered, bcast, weight = _viewed_inputs(ctx, call)
         sliceable: list[np.ndarray] = []
     else:

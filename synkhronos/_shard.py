@@ -156,7 +156,7 @@ def _sliceable_rows(ctx: RankContext, call: Call, prepared: Prepared) -> list[np
         except (TypeError, ValueError) as exc:
             problem = f"sliceable shared {shared[uid].name!r}: {exc}"
             break
-    if not ctx.agree(problem is None):
+    if not ctx.meeting.agree(ctx, problem is None):
         if problem is None:
             raise Refusal("batch_s was refused by another process", secondary=True)
         raise Refusal(problem)

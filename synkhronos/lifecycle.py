@@ -38,7 +38,7 @@ from ._core import session as core_session
 from ._core.execute import Executor
 from ._core.group import LocalGroup
 from ._core.leader import Leader
-from ._core.machines import Machines, Several
+from ._core.machines import AcrossMachines, Machines, Several
 from ._core.protocol import Join
 from ._core.session import Session
 from ._runtime import devices, mpi, shmem
@@ -355,7 +355,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
     machines = Machines(leaders)
     join = Join(leaders.rank, machines.offsets, machines.local_sizes, master_rank,
                 machines.offsets[leaders.rank] + local, master_prefix, exact)
-    ctx.leaders = machines
+    ctx.meeting = AcrossMachines(machines)  # the leader's; its workers choose at Join
     if on_master:
         session.run(join)  # this machine's processes only: the transport is still local
         session.use(Several(group, machines))
@@ -366,7 +366,7 @@ def _fork_machines(launch: mpi.Launch, n: int, device: str, master_rank: int, sp
         log.info("synkhronos forked %d processes on %d machines (%s)", ctx.size,
                  leaders.size, device)
         return ctx.size
-    leader = Leader(group, executor, handlers.LEADERS_ONLY, handlers.PREPARE)
+    leader = Leader(group, machines, executor, handlers.LEADERS_ONLY, handlers.PREPARE)
     leader.join(join)
     leader.serve()  # never returns
 

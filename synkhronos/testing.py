@@ -38,6 +38,7 @@ import numpy as np
 from . import _pytensor
 from ._core import context, faults
 from ._core.faults import POINTS
+from ._core.machines import leaders_of
 from ._core.protocol import Ping, RunCallable
 from ._core.session import current, require
 from ._runtime import shmem
@@ -255,7 +256,7 @@ def process_pids() -> list[int]:
 def rank_hosts() -> list[str]:
     """The host name of the machine of every rank (one machine: this host's name)."""
     session = require("synkhronos.testing.rank_hosts()")
-    machines = session.ctx.leaders
+    machines = leaders_of(session.ctx)  # the master is machine 0's leader
     if machines is None:
         return [socket.gethostname()] * session.n
     return [machines.host_of(rank) for rank in range(session.n)]
@@ -353,7 +354,7 @@ def barrier() -> None:
     ctx = context.current()
     if ctx is None:
         raise RuntimeError("barrier() needs an open session in this process")
-    ctx.barrier()
+    ctx.meeting.barrier(ctx)
 
 
 def skip_backend_preimport() -> None:

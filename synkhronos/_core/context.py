@@ -15,11 +15,14 @@ are rewritten before it runs anything). It holds what every layer may ask:
 - ``device`` and ``placement``: where this process's shared values live and how arrays
   move there (``_runtime.placement``: numpy in place on ``"cpu"``, JAX arrays on
   ``"gpu"``), chosen once at fork;
-- ``leaders``: on a machine's leader in a session over several machines, its link to
-  the other leaders (``_core.machines.Machines``); None elsewhere;
-- the meeting points inside a command (``barrier``, ``agree``), which watch that the
-  peers are alive while they wait. Over several machines a meeting spans them: the
-  local ranks meet, the leaders meet, then the local ranks learn the outcome.
+- ``meeting``: how this process meets the others at a point inside a command
+  (``meeting.barrier(ctx)``, ``meeting.agree(ctx, ok)``), a ``Meeting`` chosen once:
+  one machine's (``OneMachine``: the control block) from the start, replaced when the
+  process joins several machines (``Join``: the several-machines side,
+  ``_core/machines.py``, where a meeting spans the machines and a leader's also holds
+  its link to the other leaders). Code above asks the meeting, never how many
+  machines there are; ``local_barrier`` meets this machine's ranks alone. Every wait
+  watches that the peers are alive (``watch``).
 
 State owned by a layer above the core (the registry of distributed functions, the
 prepared calls, a collective backend's buffers) is declared by its owner as a
@@ -32,17 +35,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .._runtime.arena import Arena
 from .._runtime.control import ControlBlock
 from .._runtime.placement import HostPlacement, Placement
 from .._runtime.replies import ReplySlots
 
-if TYPE_CHECKING:
-    from .machines import Machines
-
-__all__ = ["RankContext", "RankVar", "current", "install", "pid"]
+__all__ = ["Meeting", "OneMachine", "RankContext", "RankVar", "current", "install", "pid"]
 
 _pid = os.getpid()  # kept by the fork hook below: os.getpid() is a system call
 
@@ -67,6 +67,43 @@ def no_watch() -> None:
     return None
 
 
+class Meeting(Protocol):
+    """How a process meets the others at a point inside a command, chosen once per
+    process (``RankContext.meeting``).
+
+    A meeting is given the context at each call rather than holding it (no cycle
+    between the two): ``ctx.meeting.agree(ctx, ok)``, one call, as a method of the
+    context would be.
+    """
+
+    def barrier(self, ctx: RankContext) -> None:
+        """Wait until every rank reaches this point."""
+
+    def agree(self, ctx: RankContext, ok: bool) -> bool:
+        """A barrier that says whether every rank passed ``ok``."""
+
+
+class OneMachine:
+    """Every rank on one machine: they meet on the control block (a process alone
+    passes at once). Local rank and rank are one here."""
+
+    __slots__ = ()
+
+    def barrier(self, ctx: RankContext) -> None:
+        control = ctx.control
+        if control is not None:
+            control.barrier(ctx.rank, ctx.watch)
+
+    def agree(self, ctx: RankContext, ok: bool) -> bool:
+        control = ctx.control
+        if control is None:
+            return ok
+        return control.agree(ctx.rank, ok, ctx.watch)
+
+
+ONE_MACHINE = OneMachine()  # holds nothing: one for every context
+
+
 @dataclass(eq=False)
 class RankContext:
     """One process's view of the session (see the module docstring)."""
@@ -88,7 +125,7 @@ class RankContext:
     local_sizes: tuple[int, ...] = ()  # processes on each machine
     leader_rank: int = -1  # global rank of this machine's leader
     exact: bool = False  # reductions between machines bit-identical to one machine
-    leaders: Machines | None = None  # this machine's leader, over several machines
+    meeting: Meeting = ONE_MACHINE  # replaced at Join, over several machines
     watch: Callable[[], None] = no_watch  # raises to abandon a wait (dead peer, Ctrl-C)
     replies: ReplySlots | None = field(default=None, init=False, repr=False)  # set from control
     _vars: dict[RankVar[Any], Any] = field(default_factory=dict, repr=False)
@@ -123,41 +160,10 @@ class RankContext:
         forked from the master later, such as a ``multiprocessing`` child)."""
         return self.is_master and _pid == self.master_pid
 
-    def barrier(self) -> None:
-        """Inside a command: wait until every rank reaches this point."""
-        if self.n_nodes > 1:
-            self._meet(True)
-        elif self.control is not None:
-            self.control.barrier(self.rank, self.watch)
-
-    def agree(self, ok: bool) -> bool:
-        """Inside a command: a barrier that says whether every rank passed ``ok``."""
-        if self.n_nodes > 1:
-            return self._meet(ok)
-        if self.control is None:
-            return ok
-        return self.control.agree(self.rank, ok, self.watch)
-
     def local_barrier(self) -> None:
         """Inside a command: wait until every rank of this machine reaches this point."""
         if self.control is not None:
             self.control.barrier(self.local_rank, self.watch)
-
-    def _meet(self, ok: bool) -> bool:
-        """A meeting point of every rank of every machine: local ranks agree, leaders
-        agree (``Machines.meet``), local ranks read the outcome."""
-        control = self.control
-        if control is not None:
-            ok = control.agree(self.local_rank, ok, self.watch)
-        leaders = self.leaders
-        if leaders is not None:
-            ok = leaders.meet(ok)
-            if control is not None:
-                control.set_cross(ok)
-        if control is not None:
-            control.barrier(self.local_rank, self.watch)
-            ok = control.cross()
-        return ok
 
 
 class RankVar(Generic[T]):

@@ -58,8 +58,9 @@ class Leader:
     Parameters
     ----------
     group
-        This machine's processes (``_core/group.py``), forked; its context has
-        ``leaders`` set.
+        This machine's processes (``_core/group.py``), forked.
+    machines
+        The link to the other machines' leaders (this process's meeting holds it).
     executor
         The handler table every process runs.
     leaders_only
@@ -68,14 +69,12 @@ class Leader:
         Per message type: what the leader does before posting the command.
     """
 
-    def __init__(self, group: LocalGroup, executor: Executor,
+    def __init__(self, group: LocalGroup, machines: Machines, executor: Executor,
                  leaders_only: Mapping[type, Callable[..., Any]],
                  prepare: Mapping[type, Callable[..., Any]]):
-        ctx = group.ctx
-        assert ctx.leaders is not None
         self.group = group
-        self.ctx = ctx
-        self.machines: Machines = ctx.leaders
+        self.ctx = group.ctx
+        self.machines = machines
         self.executor = executor
         self._leaders_only = leaders_only
         self._prepare = prepare

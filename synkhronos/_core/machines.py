@@ -1,4 +1,5 @@
-"""Several machines: the transport over them, and the core's link between their leaders.
+"""Several machines: the transport over them, the meeting across them, and the link
+between their leaders.
 
 A session under ``mpiexec`` has one leader per machine (the master on machine 0); only
 leaders talk MPI, and only through ``Machines`` (its communicator is private). This
@@ -10,6 +11,11 @@ module owns everything the core needs of several machines:
   rank at the end; a ``Data`` write is published to the other machines' replicas
   (``DataWrite``, ``DataRows``, ``DataSetItem``, applied by their leaders alone:
   ``LEADERS_ONLY``); ``Join`` gives every process its global place (``HANDLERS``).
+- **The meeting** (``AcrossMachines``, chosen as each process joins): a meeting point
+  inside a command spans the machines -- the local ranks agree on the control block,
+  the leaders agree (``Machines.meet``), the local ranks read the outcome after a
+  second local barrier. A leader's meeting holds its link to the other leaders
+  (``leaders_of``: what the several-machines collectives move data through).
 
 The link between leaders (``Machines``) owns, and knows nothing of what a command means:
 
@@ -60,8 +66,9 @@ from .group import LocalGroup, Share
 from .protocol import Join, Message
 from .transport import First, Transport, merge, root_failure
 
-__all__ = ["Machines", "Several", "COMMAND", "LEADERS_ONLY", "END", "fatal", "HANDLERS",
-           "LEADERS_ONLY_HANDLERS", "DataWrite", "DataRows", "DataSetItem", "join"]
+__all__ = ["Machines", "Several", "AcrossMachines", "COMMAND", "LEADERS_ONLY", "END",
+           "fatal", "HANDLERS", "LEADERS_ONLY_HANDLERS", "DataWrite", "DataRows",
+           "DataSetItem", "join", "leaders_of"]
 
 COMMAND, LEADERS_ONLY, END = "command", "leaders", "end"
 _HERE_YES, _HERE_NO, _ENDED = 0, 1, 2
@@ -271,6 +278,47 @@ class Machines:
 
 
 
+# -- the meeting over several machines ------------------------------------------------------
+class AcrossMachines:
+    """A process's meeting in a session over several machines (see the module
+    docstring), chosen as it joins them.
+
+    Parameters
+    ----------
+    leaders
+        On a machine's leader, its link to the other leaders; None on its workers.
+    """
+
+    __slots__ = ("leaders",)
+
+    def __init__(self, leaders: Machines | None):
+        self.leaders = leaders
+
+    def barrier(self, ctx: RankContext) -> None:
+        self.agree(ctx, True)
+
+    def agree(self, ctx: RankContext, ok: bool) -> bool:
+        control = ctx.control
+        if control is not None:
+            ok = control.agree(ctx.local_rank, ok, ctx.watch)
+        leaders = self.leaders
+        if leaders is not None:
+            ok = leaders.meet(ok)
+            if control is not None:
+                control.set_cross(ok)
+        if control is not None:
+            control.barrier(ctx.local_rank, ctx.watch)
+            ok = control.cross()
+        return ok
+
+
+def leaders_of(ctx: RankContext) -> Machines | None:
+    """This process's link to the other machines' leaders: on a machine's leader in a
+    session over several machines (its meeting holds it); None on any other process."""
+    meeting = ctx.meeting
+    return meeting.leaders if isinstance(meeting, AcrossMachines) else None
+
+
 # -- the transport over several machines ---------------------------------------------------
 class Several(Transport):
     """The master's transport over several machines (see the module docstring): one
@@ -406,15 +454,17 @@ class DataRows(Message):
 
 def _apply_write(ctx: RankContext, message: DataWrite) -> None:
     buffer = ctx.arena.map(message.segment)
-    assert ctx.leaders is not None
-    ctx.leaders.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
+    leaders = leaders_of(ctx)
+    assert leaders is not None
+    leaders.broadcast(np.frombuffer(buffer, np.uint8, message.nbytes))
 
 
 def _apply_rows(ctx: RankContext, message: DataRows) -> None:
     view = shmem.array_view(ctx.arena.map(message.segment), message.dtype, message.shape)
     lo, hi = message.bounds[ctx.node]
-    assert ctx.leaders is not None
-    received = ctx.leaders.scatter(None, root=0)
+    leaders = leaders_of(ctx)
+    assert leaders is not None
+    received = leaders.scatter(None, root=0)
     view[lo:hi] = received.view(view.dtype).reshape((hi - lo,) + view.shape[1:])
 
 
@@ -431,7 +481,8 @@ LEADERS_ONLY_HANDLERS: dict[type[Message], Handler] = {
 
 
 def join(ctx: RankContext, message: Join) -> None:
-    """Take this process's place among several machines (see ``Join``)."""
+    """Take this process's place among several machines (see ``Join``), and its
+    meeting there (``AcrossMachines``)."""
     ctx.node = message.node
     ctx.n_nodes = len(message.offsets)
     ctx.offsets = message.offsets
@@ -442,6 +493,8 @@ def join(ctx: RankContext, message: Join) -> None:
     ctx.master_rank = message.master_rank
     ctx.leader_rank = message.leader_rank
     ctx.exact = message.exact
+    if ctx.rank != message.leader_rank:  # the leader joined with its link (fork())
+        ctx.meeting = AcrossMachines(None)
     if message.node != 0:
         ctx.arena.set_alias(message.master_prefix)
 

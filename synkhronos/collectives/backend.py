@@ -22,7 +22,7 @@ own aligned offset in one flat buffer):
 
 The primitives on a group run on every rank inside one command and take the group's
 *variables*: each loads its own values, the ranks vote that their shapes match the
-master's (``RankContext.agree``: all leave unchanged together if any differs), the
+master's (``ctx.meeting.agree``: all leave unchanged together if any differs), the
 values are combined or copied, and each variable is bound to its result. That is what
 lets a backend whose values are not host arrays (NCCL on JAX arrays) implement them.
 The region primitives run after every rank wrote its region (or the master staged

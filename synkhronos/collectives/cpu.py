@@ -15,7 +15,7 @@ differing sizes (gather, scatter, ...); nothing views it after a command, so any
 command may lay it out anew; it only grows.
 
 The primitives, in rank ``r`` of ``n``, after every rank loaded its values (and voted
-that its shapes match, ``RankContext.agree``: a barrier):
+that its shapes match, ``ctx.meeting.agree``: a barrier):
 
 - ``reduce_scatter``: fold piece ``r`` of every rank's values into slot ``r`` (its own
   value read where it lies: its storage or its slot);
@@ -189,7 +189,7 @@ def loaded(ctx: RankContext, group: Group, whole: bool) -> list[np.ndarray] | No
     """Load and vote: this rank's values (``load``), or None if any rank's shapes
     differ (every rank then returns None, nothing changed)."""
     values, ok = load(ctx, group, whole)
-    if not ctx.agree(ok):
+    if not ctx.meeting.agree(ctx, ok):
         return None
     if faults.ARMED:
         faults.hit("exchange")
@@ -361,7 +361,7 @@ class CpuBackend(Backend[Group]):
 
     def _spread(self, ctx: RankContext, group: Group) -> None:
         """Barrier, then every other rank's piece from its owner's slot into this one."""
-        ctx.barrier()
+        ctx.meeting.barrier(ctx)
         rank, flats = ctx.rank, group.flats
         own = flats[rank]
         for k in range(ctx.size):
@@ -441,7 +441,7 @@ class CpuBackend(Backend[Group]):
     def share_regions(self, ctx: RankContext, message: Any, buffer: Any,
                       dtypes: list) -> None:
         if message.everyone:  # every rank reads every region
-            ctx.barrier()
+            ctx.meeting.barrier(ctx)
 
     def collect_region(self, ctx: RankContext, message: Any, buffer: Any) -> None:
         """The master maps the same scratch: nothing to move on one machine."""

@@ -1,13 +1,14 @@
 """The several-machines backend: within each machine through shared memory, between
 machines through the leaders' MPI.
 
-``MachinesBackend`` is the ``"cpu"`` backend of a session that spans machines, chosen
+``MachinesBackend`` is the ``"cpu"`` backend of a session that spans machines (the
+context's meeting is ``AcrossMachines``, chosen as the process joined them), chosen
 by the backends' factory (``backend.BACKEND``) from the context, once per process; it
 wraps the one-machine backend (``cpu.CpuBackend``), which keeps every buffer, laid out
 by ``MachineGroup``. Its primitives load and vote as one machine's do
-(``cpu.loaded``: every process of every machine votes that its shapes match,
-``RankContext.agree``), run the folds below, and bind the results (``cpu.rebind``).
-Every move between machines is made by the machines' leaders only (``ctx.leaders``),
+(``cpu.loaded``: every process of every machine votes that its shapes match, at the
+context's meeting), run the folds below, and bind the results (``cpu.rebind``).
+Every move between machines is made by the machines' leaders only (``leaders_of``),
 after ``Machines.exchange`` (so no leader starts a transfer that another, having
 failed, will never join); the other processes wait for it at a barrier of their own
 machine (``RankContext.local_barrier``).
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from .._core.context import RankContext
+from .._core.machines import AcrossMachines, leaders_of
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
 from .._scatter import Batch, block, select_rows
@@ -165,7 +167,7 @@ def _exchange_slots(ctx: RankContext, group: MachineGroup) -> None:
     """Exact mode: every machine's slots to every machine (each slot holds its
     process's whole value)."""
     ctx.local_barrier()
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         leaders.exchange()
         stride = MachineGroup.stride(group.layout)
@@ -190,7 +192,7 @@ def _local_stack(group: MachineGroup, ctx: RankContext) -> list[np.ndarray]:
 def _fold_small_exact(ctx: RankContext, group: MachineGroup, op: ReduceOp) -> None:
     """Exact mode, a small list: every process's value folded in rank order into the
     leader's slot (``Leaders.all_reduce_pieces``), as one machine's ``combined``."""
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is None:
         return
     leaders.exchange()
@@ -212,7 +214,7 @@ def _fast_into_leader(ctx: RankContext, group: MachineGroup, op: ReduceOp, value
     over every machine there (``fold``: each process folds its own piece of the
     elements; else the leader combines whole slots, for small lists)."""
     lead, summed = ctx.leader_rank, _sum_for(op)
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if fold:
         target, flats, rank = group.flats[lead], group.flats, ctx.rank
         local = _machine(ctx, ctx.node)
@@ -291,7 +293,7 @@ def all_gather(ctx: RankContext, group: MachineGroup) -> None:
     """Every process's piece (in its own slot) into every process's slot."""
     lead, rank = ctx.leader_rank, ctx.rank
     ctx.local_barrier()
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         target, flats = group.flats[lead], group.flats
         for k in _machine(ctx, ctx.node):
@@ -310,7 +312,7 @@ def all_gather(ctx: RankContext, group: MachineGroup) -> None:
 def broadcast(ctx: RankContext, group: MachineGroup) -> list[np.ndarray]:
     """The master's slot (filled before the command) into every process's slot."""
     lead, rank = ctx.leader_rank, ctx.rank
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         leaders.exchange()
         for span in _slot_spans(group, lead):
@@ -327,7 +329,7 @@ def reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list[np.
     the master's machine (exact mode in the one-machine order: the master's value
     first, then the others by rank)."""
     out = [view.reshape(-1) for view in group.layout.views(scratch)]
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if ctx.exact:
         if group.small:
             if leaders is not None:
@@ -401,7 +403,7 @@ def place(ctx: RankContext, message: Any, buffer: Any) -> None:
               if not isinstance(source, DataRef)]
     if not staged:
         return
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         leaders.exchange()
         wholes = [_staged(buffer, source) for source, _ in staged]
@@ -448,7 +450,7 @@ def regions(ctx: RankContext, message: Any, buffer: Any, dtypes: list) -> None:
     regions of the scratch (its processes wrote theirs) to the master, or to every
     machine."""
     ctx.local_barrier()
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         ends = _region_ends(message, dtypes)
 
@@ -476,7 +478,7 @@ def get_value(ctx: RankContext, message: Any, buffer: Any) -> None:
     if target == 0:
         return
     ctx.local_barrier()
-    leaders = ctx.leaders
+    leaders = leaders_of(ctx)
     if leaders is not None:
         leaders.exchange()
         mine = (np.frombuffer(buffer, np.uint8, message.nbytes) if ctx.node == target
@@ -488,7 +490,7 @@ def get_value(ctx: RankContext, message: Any, buffer: Any) -> None:
 
 # -- the backend ---------------------------------------------------------------------------
 def _spans_machines(ctx: RankContext) -> bool:
-    return ctx.n_nodes > 1
+    return isinstance(ctx.meeting, AcrossMachines)  # chosen as the process joined
 
 
 @register_backend("cpu", when=_spans_machines)

@@ -99,7 +99,7 @@ class NcclBackend(StagedBackend):
         values = [to_device(_pytensor.value(var)) for var in group.variables]
         ok = all(tuple(value.shape) == shape
                  for value, shape in zip(values, group.layout.shapes, strict=True))
-        if not ctx.agree(ok):
+        if not ctx.meeting.agree(ctx, ok):
             return False
         if faults.ARMED:
             faults.hit("exchange")

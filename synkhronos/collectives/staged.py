@@ -42,7 +42,7 @@ class StagedBackend(CpuBackend):
         return None  # device values never live in a host slot
 
     def pieces_written(self, ctx: RankContext) -> None:
-        ctx.barrier()  # the root copies its slot to the device: every piece must be in
+        ctx.meeting.barrier(ctx)  # the root copies its slot to the device: every piece must be in
 
     def group(self, ctx: RankContext, key: int, spec: GroupSpec | None) -> Any:
         group = super().group(ctx, key, spec)

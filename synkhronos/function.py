@@ -35,10 +35,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pytensor
-
 from . import _pytensor, _replay, _validate
-from ._call import Call, Prepared, PreparedCall, combine, repeat_key
+from ._call import Call, combine, repeat_key
 from ._core.session import Session, require
 from ._reducers import ReduceOp
 from ._runtime import epoch
@@ -52,8 +50,8 @@ from ._signature import (
     sliceable,
     variables,
 )
+from ._variants import Variants
 from .data import data_for
-from .distribute import REGISTRY, distribute
 
 __all__ = ["function", "Function"]
 
@@ -96,23 +94,21 @@ class Function:
                           self._outputs + [value for _, value in self._updates],
                           session.ctx.placement.compile_kwargs(dict(kwargs)))
         self.inputs, self.bcast_inputs, self._kwargs = rows.inputs, rows.bcast_inputs, rows.kwargs
-        self._slices, self._givens = rows.slices, rows.givens
+        self._slices = rows.slices
         self._row_shareds, self._slice_inputs = rows.shareds, rows.stand_ins
         self._signature = self.inputs + self.bcast_inputs
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
         self._binder = _validate.Binder(self._signature, len(self.inputs))
         self._session: Session = session
-        self._registry = REGISTRY.get(session.ctx)
         self._untrusted = threading.Lock()  # as_pytensor's checked calls, one at a time
         self._trusted = _validate.trustable(
             self._signature + self._slice_inputs, len(self.inputs), len(self.bcast_inputs)
         )
-        self._local = self._compile(self._outputs, self._updates, **self._kwargs)
-        fn_id = self._registry.add_function(self._local, self._row_shareds)
-        self._variants: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
-        self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
-        self._plain: PreparedCall | None = None  # the (None, False) variant's, once made
-        self._sliced: PreparedCall | None = None  # and the (None, True) variant's
+        self._variants = Variants(
+            session, name, self._signature + self._slice_inputs, rows.givens, self._kwargs,
+            self._trusted, self._outputs, self._output_ops, self._updates, self._update_ops,
+            self._row_shareds, len(self.inputs), self._labels)
+        self._local = self._variants.local
 
     @property
     def output_modes(self) -> list[str | None]:
@@ -123,54 +119,6 @@ class Function:
     def update_modes(self) -> list[str]:
         """How each update accumulates across slices, as strings."""
         return [op.value for op in self._update_ops]
-
-    def _compile(self, outputs, updates, **kwargs):
-        fn = pytensor.function(
-            self._signature + self._slice_inputs,
-            outputs,
-            updates=updates,
-            givens=self._givens,
-            name=self.name,  # (``synk.profile()`` names its records by it)
-            **kwargs,
-        )
-        # Every process gets inputs that the master validated (ndim, dtype, static
-        # shape) and cast: skip PyTensor's per-call check of them (2 us per process).
-        fn.trust_input = self._trusted
-        return fn
-
-    def _variant(self, subset: tuple[int, ...] | None, sliced: bool) -> PreparedCall:
-        """The prepared calls of the compiled function for this subset / slicing."""
-        key = (subset, sliced)
-        fn_id = self._variants.get(key)
-        if fn_id is None:
-            chosen = self._outputs if subset is None else [self._outputs[i] for i in subset]
-            kwargs = dict(self._kwargs, on_unused_input="ignore")
-            if sliced:
-                fn = self._compile(chosen + [u for _, u in self._updates], [], **kwargs)
-            else:
-                fn = self._compile(chosen, self._updates, **kwargs)
-            fn_id = self._variants[key] = self._registry.add_function(fn)
-        prepared = self._prepared.get(fn_id)
-        if prepared is not None:
-            return prepared
-        if not self._registry.is_distributed(fn_id):
-            distribute()  # its shared variables get their uids now
-        reg = self._registry
-        ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
-        static = Prepared(
-            fn_id,
-            tuple(reg.uid(var) for var in self._row_shareds),
-            tuple(ops),
-            tuple(reg.uid(var) for var, _ in self._updates) if sliced else (),
-            tuple(self._update_ops) if sliced else (),
-        )
-        prepared = self._prepared[fn_id] = PreparedCall.of(
-            self._session, static, len(self.inputs), self._labels)
-        if key == (None, False):
-            self._plain = prepared
-        elif key == (None, True):
-            self._sliced = prepared
-        return prepared
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1,
@@ -230,8 +178,9 @@ class Function:
         session = self._session
         took = session.enter()  # staging and the command: one thread at a time
         try:
-            plain = self._plain if num_slices == 1 else (
-                self._sliced if type(num_slices) is int else None)
+            variants = self._variants
+            plain = variants.plain if num_slices == 1 else (
+                variants.sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
                     and output_subset is None and self._slices is None and shares is None):
                 # Inputs like an earlier call's and nothing else asked: replay it
@@ -279,7 +228,7 @@ class Function:
         )
         if num_slices > 1:
             check_sliceable_outputs(self._output_ops, subset)
-        prepared = self._variant(subset, num_slices > 1)
+        prepared = self._variants.prepared(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
         rows, empty, cuts = None, False, None
         if self._slices is not None:  # the givens' slice, divided: its bounds vary per call
@@ -308,7 +257,7 @@ class Function:
     def record(self, key: tuple, num_slices: int = 1) -> _replay.Record | None:
         """The current record a plain call with ``key`` in ``num_slices`` slices kept,
         or None."""
-        plain = self._plain if num_slices == 1 else self._sliced
+        plain = self._variants.plain if num_slices == 1 else self._variants.sliced
         record = None if plain is None else plain.records.get((num_slices, key))
         return record if record is not None and record.epoch == epoch.current else None
 

@@ -70,7 +70,8 @@ class Call(Message):
     run_if_empty: bool  # every process has zero rows: the master runs anyway
     views_only: bool  # plain views of this session's segments: row ranges, no casts,
     # no sliceable shared variables
-    profile: bool = False  # reply with (gather, function) seconds too
+    timings: bool = False  # reply with (gather, function) seconds too (``synk.profile()``,
+    # rows balanced by measured speed)
     prepared: Prepared | None = None  # sent with a variant's first call
     shared_rows: tuple | None = None  # givens' slice pattern: per rank, (start, stop)
     # of each sliceable shared variable's rows (instead of batch_s)
@@ -229,7 +230,7 @@ class PreparedCall:
         )
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
-                profile: bool, command: int, shared_rows: tuple | None = None,
+                timings: bool, command: int, shared_rows: tuple | None = None,
                 empty: bool = False, offsets: tuple[int, ...] | None = None) -> Call:
         """The ``Call`` for validated arguments; numpy inputs are staged now.
 
@@ -249,7 +250,7 @@ class PreparedCall:
             (checked.total_rows == 0 and n > 0) or empty,
             indices is None and not self.prepared.sliceable and not any(checked.casts)
             and all(ref.segment.startswith(self._prefix) for ref in refs),
-            profile,
+            timings,
             None if self.registered else self.prepared,
             shared_rows,
             offsets,

@@ -92,7 +92,7 @@ def keep(prepared: PreparedCall, key: tuple, call: Call) -> None:
     buffers = prepared.staging.destinations(refs, positions)
     if buffers is None:  # (staged as a later call of its command: not where it reads)
         return
-    in_place = prepared.reads_in_place and call.num_slices == 1 and not call.profile and (
+    in_place = prepared.reads_in_place and call.num_slices == 1 and not call.timings and (
         sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
             for i in positions) >= _IN_PLACE_BYTES)
     sync = (functools.partial(prepared.staging.sync, positions)

@@ -216,8 +216,8 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
                 faults.hit("gather")
                 faults.hit("function")
             _, fn, args, weight, strip = plan
-            if call.profile:
-                return _timed_plan(fn, args, weight, strip)
+            if call.timings:
+                return _plan_with_timings(fn, args, weight, strip)
             outputs = _as_list(fn(*args))
             return weight, _reduced_only(outputs, strip) if strip else outputs
     return _run_call(ctx, call)
@@ -227,10 +227,10 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     """A worker's shortcut for ``call`` repeated (``Executor.lanes``), once it has a kept
     plan and its reply went into the slot as arrays: the plan run and its outputs
     copied where the last reply's went (``ReplySlots.finish_kept``), with no lookup
-    of handler, plan or description. None: not such a call (not plain views, timed,
+    of handler, plan or description. None: not such a call (not plain views, timings asked,
     not planned yet, or a reply that was pickled)."""
     replies = ctx.replies
-    if replies is None or not call.views_only or call.profile or call.num_slices != 1:
+    if replies is None or not call.views_only or call.timings or call.num_slices != 1:
         return None
     views = _VIEWS.get(ctx)
     plan = views.plan
@@ -301,8 +301,9 @@ def put_back(ctx: RankContext, token: tuple) -> None:
         views.plan = kept
 
 
-def _timed_plan(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:
-    """``run_call``'s plan, timed (its rows were gathered when the plan was made)."""
+def _plan_with_timings(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:
+    """``run_call``'s plan, with its timings (its rows were gathered when the plan was
+    made)."""
     start = time.perf_counter()
     outputs = _as_list(fn(*args))
     seconds = time.perf_counter() - start
@@ -310,7 +311,7 @@ def _timed_plan(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:
 
 
 def _timings(gather: float, function: float) -> np.ndarray:
-    """A timed reply's seconds, as one array: the reply is then written raw, as one
+    """A reply's timings (seconds), as one array: the reply is then written raw, as one
     without them (a tuple of floats would make it a pickle at every call)."""
     return np.array((gather, function))
 
@@ -321,7 +322,7 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     if call.prepared is not None:
         table[call.prepared_id] = call.prepared
     prepared = table[call.prepared_id]
-    if call.profile:
+    if call.timings:
         start = time.perf_counter()
     if faults.ARMED:  # (before the views kept for a repeated call, too)
         faults.hit("gather")
@@ -336,7 +337,7 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     runs = weight > 0 or (call.run_if_empty and ctx.is_master)
     if not runs:
         return None
-    if call.profile:
+    if call.timings:
         gathered = time.perf_counter()
     reg = REGISTRY.get(ctx)
     fn = reg.runners.get(prepared.fn_id) or reg.runner(ctx, prepared.fn_id)
@@ -355,6 +356,6 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
         if views.last[0] is call:  # its views are the ones kept: run it so next time
             views.plan = (call, fn, (*scattered, *bcast), weight,
                           prepared.output_ops if strip else False)
-    if call.profile:
+    if call.timings:
         return weight, outputs, _timings(gathered - start, time.perf_counter() - gathered)
     return weight, outputs

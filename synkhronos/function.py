@@ -203,17 +203,17 @@ class Function:
 
     def prepare(self, args: tuple, kwargs: dict, output_subset: Any = None, batch: Any = None,
                 batch_s: Any = None, num_slices: Any = 1, shares: Any = None,
-                profile: bool = False) -> tuple[Call, Callable[[list], Any]]:
+                timings: bool = False) -> tuple[Call, Callable[[list], Any]]:
         """Validate and stage a call without running it: its message, and what turns the
         ranks' replies into the call's return value.
 
         For composite commands (a training step runs several calls in one round trip).
         The caller holds the session (``Session.enter``) until the message has run.
-        ``profile``: every rank's reply carries its seconds (gathering its rows, running
-        the function) as its third item, as under ``synk.profile()``.
+        ``timings``: every rank's reply carries its seconds (gathering its rows, running
+        the function) as its third item, as under an instrument (``synk.profile()``).
         """
         session = self._session
-        profile = profile or session.instrument is not None
+        timings = timings or session.instrument is not None
         values = self._binder.bind(args, kwargs)
         subset = _validate.check_subset(output_subset, len(self._outputs))
         num_slices = _validate.check_num_slices(num_slices)
@@ -236,13 +236,13 @@ class Function:
             empty = length == 0
         elif shares is not None:
             cuts = offsets(weighted_counts(checked.total_rows, shares))
-        call = prepared.message(checked, selections, num_slices, profile,
+        call = prepared.message(checked, selections, num_slices, timings,
                                 session.commands, rows, empty, cuts)
-        # (a plain call is kept for replay; under ``synk.profile()`` too, timed)
+        # (a plain call is kept for replay; under an instrument too, with its timings)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
             and subset is None and self._slices is None
-            and shares is None and profile == (session.instrument is not None)) else None
+            and shares is None and timings == (session.instrument is not None)) else None
         ops = prepared.prepared.output_ops
 
         def finish(replies: list) -> Any:

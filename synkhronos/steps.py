@@ -63,17 +63,17 @@ def call(function: Function, *args: Any, output_subset: Any = None, batch: Any =
 
     def build(session: Session) -> fused.Step:
         message, finish = function.prepare(args, kwargs, output_subset, batch, batch_s,
-                                           num_slices, shares, profile=timings is not None)
+                                           num_slices, shares, timings=timings is not None)
         if timings is None:
             return fused.Step(message, finish, repeats=message.batch_s is None)
 
-        def timed(replies: list) -> Any:
+        def with_timings(replies: list) -> Any:
             result = finish(replies)  # raises first if the call failed
             timings([None if reply is None else (reply[0], float(reply[2][0] + reply[2][1]))
                      for reply in replies])
             return result
 
-        return fused.Step(message, timed, repeats=message.batch_s is None)
+        return fused.Step(message, with_timings, repeats=message.batch_s is None)
 
     return Step(build, f"call {function.name or 'function'}")
 

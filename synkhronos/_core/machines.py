@@ -40,7 +40,7 @@ The link between leaders (``Machines``) owns, and knows nothing of what a comman
   global rank), so a command ends in one collective; replies longer than the record
   follow in a gather to the master.
 - **Failures** (``report``, ``error``): another machine's leader reports what broke
-  there (a worker died, timed out, or the leader failed); the master turns it, and
+  there (a worker died or did not finish in time, or the leader failed); the master turns it, and
   MPI's own errors (a lost machine under ULFM, a timeout between machines), into
   ``WorkerDiedError`` / ``WorkerTimeoutError`` naming the host.
 """

@@ -11,8 +11,8 @@ wrong moves ``current`` on:
 - a ``Data`` given new memory, another visible shape, or freed (``data.py``): a kept
   message names its segment and shape, a kept copy goes into its memory;
 - functions distributed (``distribute.py``): registrations a kept message relies on;
-- ``synk.profile()`` started or stopped (``profile.py``): kept messages are timed or
-  not, as the profile was when they were made.
+- an instrument (``synk.profile()``) started or stopped: kept messages ask every
+  rank for its seconds, or do not, as when they were made.
 
 (A fault point armed by a test moves nothing: replay passes the same points as the
 general path, ``_core/faults.py``.)

@@ -19,7 +19,7 @@ tuples, so a tuple always stands for an array.
 
 Decoded arrays are copies (the slot is overwritten by the next command), unless the
 reader asks for views it is done with before then. A reply that repeats (a training
-loop's, timed or not) has the description of the last one: the writer keeps the last
+loop's, with timings or not) has the description of the last one: the writer keeps the last
 description it pickled, so it does not pickle it again (the reply slots,
 ``replies.py``, keep the places and the reader's decoded views for it).
 """
@@ -51,8 +51,9 @@ _last_head: list = [None, None, b""]  # the writer's last (description, scalar t
 _last_call: list = [None, [], 0]  # and, for a call's reply ``(rows, [outputs])``: (rows,
 # [(dtype, shape)] of its outputs, bytes of array data); rows None when the last
 # described was not one
-_last_timed: list = [None, [], 0, None]  # the same for a timed call's reply ``(rows,
-# [outputs], timings)``, with the timings array's (dtype, shape)
+# The same for a call's reply with timings ``(rows, [outputs], timings)``, with the
+# timings array's (dtype, shape)
+_last_with_timings: list = [None, [], 0, None]
 
 
 def write_pickled(buffer: memoryview, at: int, capacity: int, obj: object, arena: Arena,
@@ -124,8 +125,8 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
                         break  # arrays' dtypes are equal to numpy's, not numpy's own
                 else:  # as the last one: its description
                     return _last_head[2], outputs, call[2]
-    elif len(obj) == 3 and _last_timed[0] is not None:
-        described = _as_last_timed(obj)
+    elif len(obj) == 3 and _last_with_timings[0] is not None:
+        described = _as_last_with_timings(obj)
         if described is not None:
             return described
     described = _describe(obj)
@@ -134,10 +135,10 @@ def describe(obj) -> tuple[bytes, list[np.ndarray], int] | None:
     return described
 
 
-def _as_last_timed(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:
-    """``describe``'s shortcut for a timed call's reply like the last one, else None."""
+def _as_last_with_timings(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:
+    """``describe``'s shortcut for a call's reply with timings like the last one, else None."""
     rows, outputs, timings = obj
-    call = _last_timed
+    call = _last_with_timings
     if type(rows) is not int or rows != call[0] or type(outputs) is not list or (
             len(outputs) != len(call[1])):
         return None
@@ -151,17 +152,17 @@ def _as_last_timed(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:
 
 
 def _remember_form(obj: tuple, data_bytes: int) -> None:
-    """After a whole description: whether ``obj`` was a call's reply (timed or not), for
+    """After a whole description: whether ``obj`` was a call's reply (with timings or not), for
     ``describe``'s shortcuts."""
     _last_call[:] = None, [], 0
-    _last_timed[:] = None, [], 0, None
+    _last_with_timings[:] = None, [], 0, None
     if len(obj) not in (2, 3) or type(obj[0]) is not int or type(obj[1]) is not list:
         return
     form = [obj[0], [(a.dtype, a.shape) for a in obj[1]], data_bytes]
     if len(obj) == 2:
         _last_call[:] = form
     elif type(obj[2]) is np.ndarray:
-        _last_timed[:] = [*form, (obj[2].dtype, obj[2].shape)]
+        _last_with_timings[:] = [*form, (obj[2].dtype, obj[2].shape)]
 
 
 def _describe(obj: tuple) -> tuple[bytes, list[np.ndarray], int] | None:

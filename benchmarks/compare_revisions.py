@@ -14,7 +14,8 @@ flipped from round to round, so that a change in the machine's load falls on bot
 alike. From each run a few figures are read out of the JSON the script prints; the
 report gives, per figure, the median over rounds in each checkout and the median of
 the per-round ratios after / before (below 1: the after checkout is faster; for the
-scaling figures, which are fractions of the ceiling, above 1 is better).
+scaling figures, which are fractions of the ceiling, and the PyMC ratio, above 1 is
+better).
 
 The figures:
 
@@ -27,6 +28,10 @@ The figures:
 - ``scaling``: one SGD step of the MLP at n=2 (shuffled, all-reduce on) as a fraction
   of two independent plain programs; for a checkout with the sharded update also the
   unsharded step, which is what the older checkout runs.
+- ``pymc``: one evaluation of the hierarchical model's log-density and gradient at
+  10^4 rows, PyMC's own function at one BLAS thread over ``synkhronos.pymc``'s at n=2
+  (above 1: synkhronos is faster). Needs PyMC: run the script with a Python that has
+  it (``--only pymc``).
 
 The JSON report also records the machine's load average before and after.
 """
@@ -57,6 +62,11 @@ def _series_at(d: dict, series: str, nbytes: int) -> float:
         if point["bytes"] == nbytes:
             return point["median_us"]
     raise KeyError(f"{series} has no {nbytes}-byte point")
+
+
+def _pymc_speedup(d: dict) -> float:
+    one = d["models"]["hierarchical"]["evaluations"]["10000"]
+    return one["pymc_1_thread_s"] / one["synkhronos_s"]["2"]
 
 
 def _headline(key: str):
@@ -92,6 +102,10 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "mlp_n2_unsharded_fraction_of_ceiling": _headline(
             f"synk-2 unsharded scaled shuffled allreduce-on / {CEILING}"),
     }),
+    "pymc": (["--models", "hierarchical", "--rows", "10000", "--no-sampling", "--sizes", "2",
+              "--rounds", "3"], {
+        "pymc_hierarchical_1e4_n2_over_pymc": _pymc_speedup,
+    }),
 }
 
 
@@ -116,7 +130,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default=",".join(BENCHMARKS))
+    parser.add_argument("--only", default=",".join(n for n in BENCHMARKS if n != "pymc"))
     parser.add_argument("--scripts", type=Path, default=None,
                         help="run this checkout's benchmark scripts in both")
     args = parser.parse_args()

@@ -185,12 +185,11 @@ class LocalGroup:
         nothing (the message is not the last one posted: the caller runs ``round``).
         Signals that arrived before the post are forgotten, as ``Session.run_held``
         does before a round."""
-        ctx = self.ctx
-        control = ctx.control
+        control = self.ctx.control
         if control is None or control.again is not message:
             return None
         signals.forget()  # only a signal that arrives during this command is ours
-        local = ctx.local_rank
+        local = self.ctx.local_rank
         before = control.seq
         share_done = False
         try:
@@ -204,19 +203,19 @@ class LocalGroup:
             own = own_share(message)
             share_done = True
             views = message.replies_reduced_at_once  # (views of the slots will do)
-            slots = control.replies
             if own.failure is not None:
                 control.mark_failed(local, seq)
             else:
-                replies = slots.replies_again(seq, self.ranks, views)
+                replies = control.replies.replies_again(seq, self.ranks, views)
                 if replies is not None:  # every worker done already, as the last time
                     return own, replies, []
             control.wait_done(local, seq, self._done_fields, self.watch)
+            slots = control.replies
             if own.failure is None:
                 replies = slots.replies_again(seq, self.ranks, views)
                 if replies is not None:
                     return own, replies, []
-            return own, None, slots.collect(self.ranks, ctx.arena, not views)
+            return own, None, slots.collect(self.ranks, self.ctx.arena, not views)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise

@@ -85,6 +85,10 @@ class ReplySlots:
         self._buffer = buffer
         self._header = header
         self._fields = fields
+        # (done, status, reply length, description number) of each rank: all that a
+        # repeated reply is read by (``replies_again``, twice a repeated command)
+        self._again = [(done, status, length, number)
+                       for _, done, status, length, _, number in fields]
         self._peers = peers
         self._message_length = message_length
         self._release_message = release_message
@@ -229,13 +233,13 @@ class ReplySlots:
         reply is otherwise (failed, pickled, newly described, or arrays when ``views``
         is False: ``collect`` then reads them)."""
         header = self._header
-        fields = self._fields
+        fields = self._again
         replies: list = [None] * self._n
         kept = self._replies_read
         # (A reply other than described arrays sets its number to 0, for which no views
         # are ever kept: ``finish``.)
         for rank in ranks:
-            _, done, status, length, _, number = fields[rank]
+            done, status, length, number = fields[rank]
             if header[done] != seq or header[status] != STATUS_OK:
                 return None
             read = kept[rank]

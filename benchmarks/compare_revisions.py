@@ -28,10 +28,10 @@ The figures:
 - ``scaling``: one SGD step of the MLP at n=2 (shuffled, all-reduce on) as a fraction
   of two independent plain programs; for a checkout with the sharded update also the
   unsharded step, which is what the older checkout runs.
-- ``pymc``: one evaluation of the hierarchical model's log-density and gradient at
+- ``pymc_sampling``: one evaluation of the hierarchical model's log-density and gradient at
   10^4 rows, PyMC's own function at one BLAS thread over ``synkhronos.pymc``'s at n=2
   (above 1: synkhronos is faster). Needs PyMC: run the script with a Python that has
-  it (``--only pymc``).
+  it (``--only pymc_sampling``).
 
 The JSON report also records the machine's load average before and after.
 """
@@ -102,8 +102,8 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "mlp_n2_unsharded_fraction_of_ceiling": _headline(
             f"synk-2 unsharded scaled shuffled allreduce-on / {CEILING}"),
     }),
-    "pymc": (["--models", "hierarchical", "--rows", "10000", "--no-sampling", "--sizes", "2",
-              "--rounds", "3"], {
+    "pymc_sampling": (["--models", "hierarchical", "--rows", "10000", "--no-sampling",
+                       "--sizes", "2", "--rounds", "3"], {
         "pymc_hierarchical_1e4_n2_over_pymc": _pymc_speedup,
     }),
 }
@@ -130,7 +130,8 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default=",".join(n for n in BENCHMARKS if n != "pymc"))
+    parser.add_argument("--only", default=",".join(
+        name for name in BENCHMARKS if name != "pymc_sampling"))
     parser.add_argument("--scripts", type=Path, default=None,
                         help="run this checkout's benchmark scripts in both")
     args = parser.parse_args()

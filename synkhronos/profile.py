@@ -92,9 +92,9 @@ class Profile:
         elif isinstance(message, Sequence):
             self.records.append(CallRecord("step", None, total=end - start, straggler=wait))
             for i, step in enumerate(message.steps):
-                if isinstance(step, Call):
-                    self._call_record(step, [None if reply is None else reply[i]
-                                             for reply in replies])
+                if isinstance(step, Call):  # (a rank that failed replied otherwise)
+                    self._call_record(step, [reply[i] if isinstance(reply, (tuple, list))
+                                             else None for reply in replies])
         else:
             self.records.append(CallRecord("collective", None, total=end - start,
                                            straggler=wait))
@@ -102,7 +102,8 @@ class Profile:
 
     def _call_record(self, call: Call, replies: list, **times: float) -> CallRecord:
         """A call's record, with each rank's (gather, function) seconds from its reply."""
-        timings = [reply[2] for reply in replies if reply is not None and len(reply) > 2]
+        timings = [reply[2] for reply in replies
+                   if isinstance(reply, (tuple, list)) and len(reply) > 2]
         record = CallRecord("call", self.names(call.prepared_id),
                             gather=[float(t[0]) for t in timings],
                             function=[float(t[1]) for t in timings], **times)

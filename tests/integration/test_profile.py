@@ -7,7 +7,8 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import profile
+from synkhronos import profile, steps
+from synkhronos.testing import fault_at
 
 from ..conftest import REPLAY
 
@@ -76,5 +77,32 @@ def test_profiled_repeated_calls_take_the_path_they_take_unprofiled(n, monkeypat
         for _ in range(2):  # unprofiled again: ending the block moved the epoch on, so
             np.testing.assert_allclose(f(xs, ws), (xs * ws).sum(axis=0))  # the first
         assert len(prepared) == 3 and len(prof.records) == 4  # prepares, the next replays
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_step_is_one_record_and_each_of_its_calls_another(n):
+    """A step of two calls in one command: a "step" record holding the command, then a
+    "call" record per call, named, with every rank's phases; a step that fails under
+    the profile raises its own error."""
+    synk.fork(n)
+    try:
+        x = pt.dvector("x")
+        f = synk.function([x], (x.sum(), "sum"), name="total")
+        synk.distribute()
+        two = [steps.call(f, np.ones(4)), steps.call(f, np.ones(6))]
+        with profile() as prof:
+            assert steps.run(two) == [4.0, 6.0]
+            if n > 1:
+                with fault_at("function", "raise", ranks=[n - 1]), pytest.raises(
+                        synk.WorkerError, match="raised on purpose"):
+                    steps.run(two)
+        assert [r.kind for r in prof.records[:3]] == ["step", "call", "call"]
+        assert prof.records[0].total > 0
+        for record in prof.records[1:3]:
+            assert record.name == "total" and len(record.function) == n
+            assert all(t > 0 for t in record.function)
+        assert steps.run(two) == [4.0, 6.0]
     finally:
         synk.close()

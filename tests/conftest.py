@@ -11,6 +11,7 @@ other test uses only public modules (``synkhronos``, ``synkhronos.testing``,
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -65,6 +66,20 @@ def no_leaks():
     if after is None:
         assert child_pids() == [], "a test left child processes behind"
         assert segments_of() == [], "a test left shared-memory segments behind"
+
+
+@pytest.fixture
+def no_cyclic_gc():
+    """No garbage collection of reference cycles inside the test: a test that counts
+    which calls replay must not see the epoch moved on by the release of a ``Data``
+    left in a cycle by an earlier test of the same session (that is correct, but it
+    would make the count depend on when the collector runs)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @pytest.fixture(params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")

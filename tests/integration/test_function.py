@@ -281,7 +281,7 @@ def test_repeated_numpy_calls_alternating_shapes_and_dtypes(model):
         assert_all_close(model.reduce(rows_d, Y), want)  # Data calls in between
 
 
-def test_repeated_sliced_calls_follow_slices_and_changes(model, monkeypatch):
+def test_repeated_sliced_calls_follow_slices_and_changes(model, monkeypatch, no_cyclic_gc):
     """Sliced calls repeat too (PyMC's likelihood runs in slices): the second call like
     the first is not validated again, and a change of num_slices, of the rows or of
     their size must show."""
@@ -429,7 +429,7 @@ def test_repeated_numpy_calls_after_other_calls_moved_the_staging(model):
     assert_all_close(model.reduce(small, Y), want_small)
 
 
-def test_a_bound_call_follows_what_it_relies_on(model, monkeypatch):
+def test_a_bound_call_follows_what_it_relies_on(model, monkeypatch, no_cyclic_gc):
     """Calls bound to the same Data (synkhronos.pymc's likelihood) run their kept
     message once one has repeated, without building a repeat key; values written in
     place show, and a Data moved or reshaped, the staging moved by another call, an

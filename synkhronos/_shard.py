@@ -212,9 +212,8 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         plan = views.plan
         if plan[0] is call and views.epoch == epoch.current:
             # The last call again (a training loop): what the first run worked out.
-            if faults.ARMED:  # (its rows were gathered when the plan was made)
-                faults.hit("gather")
-                faults.hit("function")
+            if faults.ARMED:
+                _plan_points()
             _, fn, args, weight, strip = plan
             if call.timings:
                 return _plan_with_timings(fn, args, weight, strip)
@@ -244,9 +243,8 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     def run(seq: int, rank: int) -> bool:
         if views.plan is not plan or epoch.current != kept_under:
             return False  # a mapping dropped, another plan kept
-        if faults.ARMED:  # a test's: the points of the usual way
-            faults.hit("gather")
-            faults.hit("function")
+        if faults.ARMED:
+            _plan_points()
         outputs = _as_list(fn(*args))
         if strip:
             outputs = _reduced_only(outputs, strip)
@@ -257,6 +255,13 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
         return True
 
     return run
+
+
+def _plan_points() -> None:
+    """A kept plan's fault points: those its usual way passes before the function
+    (``gather``, though its rows were gathered when the plan was made; ``function``)."""
+    faults.hit("gather")
+    faults.hit("function")
 
 
 def read_in_place(ctx: RankContext, call: Call, positions: Sequence[int],

@@ -191,7 +191,7 @@ class Function:
                         # repeated call comes here)
                         return self._returned(_replay.run(session, record, args),
                                               record.ops, None)
-                    return session.instrument.call(self._replayed, record, args)
+                    return self.replay(record, args)
             if session.instrument is not None:
                 return session.instrument.call(self._general, args, kwargs, output_subset,
                                                batch, batch_s, num_slices, shares)
@@ -217,7 +217,8 @@ class Function:
         the function) as its third item, as under an instrument (``synk.profile()``).
         """
         session = self._session
-        timings = timings or session.instrument is not None
+        asked = timings  # by the caller (rows balanced by measured speed)
+        timings = asked or session.instrument is not None
         values = self._binder.bind(args, kwargs)
         subset = _validate.check_subset(output_subset, len(self._outputs))
         num_slices = _validate.check_num_slices(num_slices)
@@ -246,7 +247,7 @@ class Function:
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
             and subset is None and self._slices is None
-            and shares is None and timings == (session.instrument is not None)) else None
+            and shares is None and (not asked or session.instrument is not None)) else None
         ops = prepared.prepared.output_ops
 
         def finish(replies: list) -> Any:
@@ -271,7 +272,7 @@ class Function:
         instrument = self._session.instrument
         if instrument is not None:
             return instrument.call(self._replayed, record, args)
-        return self._returned(_replay.run(self._session, record, args), record.ops, None)
+        return self._replayed(record, args)
 
     def _replayed(self, record: _replay.Record, args: tuple) -> Any:
         return self._returned(_replay.run(self._session, record, args), record.ops, None)

@@ -275,13 +275,13 @@ class Session:
             signals.forget()  # only a signal that arrives during this command is ours
             transport = self.transport
             instrument = self.instrument
+            key = message if repeats else None
             try:
                 if instrument is None:
-                    replies, own, first = transport.run(message, self._own_share,
-                                                        message if repeats else None)
+                    replies, own, first = transport.run(message, self._own_share, key)
                 else:
-                    replies, own, first = instrument.command(
-                        message, transport.run, self._own_share, message if repeats else None)
+                    replies, own, first = instrument.command(message, transport.run,
+                                                             self._own_share, key)
             except KeyboardInterrupt as exc:
                 if not transport.interrupt_breaks:
                     raise  # the group left the command pending: the session stays

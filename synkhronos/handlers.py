@@ -16,7 +16,8 @@ collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather
 
 ``LANES`` names, per message type, a worker's shortcut for a command that repeats the
 last one (``Executor.lanes``): ``_shard.lane`` for a call in a training loop,
-``collectives.fused.all_reduce_lane`` for a two-process ``all_reduce`` between steps.
+``collectives.fused.all_reduce_lane`` for an ``all_reduce`` between steps (and
+``low_precision_lane`` for one with ``exchange=``).
 
 Over several machines, two more tables serve the leaders of the other machines
 (``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
@@ -34,7 +35,12 @@ from ._core.machines import LEADERS_ONLY_HANDLERS
 from ._core.protocol import Message
 from ._shard import lane, run_call
 from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
-from .collectives.fused import AllReduce, all_reduce_lane
+from .collectives.fused import (
+    AllReduce,
+    LowPrecisionReduce,
+    all_reduce_lane,
+    low_precision_lane,
+)
 from .distribute import Distribute, prepare, receive
 
 __all__ = ["TABLE", "LANES", "LEADERS_ONLY", "PREPARE"]
@@ -49,6 +55,7 @@ TABLE: dict[type[Message], Handler] = {
 LANES: dict[type[Message], Lane] = {  # a worker's shortcut for a command repeated
     Call: lane,
     AllReduce: all_reduce_lane,
+    LowPrecisionReduce: low_precision_lane,
 }
 
 LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADERS_ONLY_HANDLERS)

@@ -26,7 +26,7 @@ from typing import Any
 from ._core.session import Session, require
 from ._pytensor import value
 from .collectives import fused
-from .collectives._checks import FRONT, begin, reduce_op
+from .collectives._checks import FRONT, begin, low_precision, reduce_op
 from .collectives.backend import FusedLayout
 from .function import Function
 
@@ -78,23 +78,35 @@ def call(function: Function, *args: Any, output_subset: Any = None, batch: Any =
     return Step(build, f"call {function.name or 'function'}")
 
 
-def all_reduce(shared_vars: Any, op: str = "avg") -> Step:
-    """``synk.all_reduce(shared_vars, op)``, as a step."""
+def all_reduce(shared_vars: Any, op: str = "avg", exchange: str | None = None) -> Step:
+    """``synk.all_reduce(shared_vars, op, exchange=exchange)``, as a step."""
     session, front, targets, _ = begin("all_reduce", shared_vars)
     parsed = reduce_op(op, targets)
+    rounding = low_precision(exchange, parsed, targets)
+    if rounding is not None:
+        return Step(lambda s: fused.low_precision_step(s, front.backend, targets, parsed,
+                                                       rounding, scatter=False),
+                    f"all_reduce exchange={rounding.value}")
     return Step(lambda s: fused.all_reduce_step(s, front.backend, targets, parsed,
                                                 standalone=False), "all_reduce")
 
 
-def reduce_scatter(shared_vars: Any, op: str = "sum") -> Step:
+def reduce_scatter(shared_vars: Any, op: str = "sum", exchange: str | None = None) -> Step:
     """Each process gets its piece of the combined values (the pieces of the list's
     fused buffer, ``FusedLayout.pieces``); the rest of its values are left undefined.
 
     With :func:`all_gather_pieces` after it, the same as ``all_reduce``; between the two,
     each process may work on its own piece only (a sharded optimizer update).
+    ``exchange`` (``"bf16"``, ``"fp16"``): the values are rounded before the exchange and
+    the pieces summed in float32, as ``synk.all_reduce(..., exchange=...)`` does.
     """
     session, front, targets, _ = begin("reduce_scatter", shared_vars)
     parsed = reduce_op(op, targets)
+    rounding = low_precision(exchange, parsed, targets)
+    if rounding is not None:
+        return Step(lambda s: fused.low_precision_step(s, front.backend, targets, parsed,
+                                                       rounding, scatter=True),
+                    f"reduce_scatter exchange={rounding.value}")
     return Step(lambda s: fused.reduce_scatter_step(s, front.backend, targets, parsed),
                 "reduce_scatter")
 

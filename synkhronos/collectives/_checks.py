@@ -6,8 +6,9 @@ The public functions of ``api.py`` all start here:
    targets: the shared variables (or their names), resolved once per list to their
    ids in every process (``_resolve``; a variable no distributed function uses is a
    ``ValueError`` naming it) and cached by the ids of the variables;
-2. ``reduce_op``, ``check_rank``: the op (``avg`` only for floating variables) and
-   the rank;
+2. ``reduce_op``, ``low_precision``, ``check_rank``: the op (``avg`` only for floating
+   variables), the exchange (16-bit rounding only for float32 variables summed or
+   averaged) and the rank;
 3. ``filter_values``, ``rows_batch``, ``each_rows_batch``, ``check_fixed_length``:
    values filtered by each variable's own type (cast only where PyTensor would cast;
    a ``synk.Data`` kept as it is where it already fits), a ``batch`` of rows, and
@@ -27,6 +28,7 @@ from pytensor.tensor.type import TensorType
 from .._core.context import RankVar
 from .._core.session import Session, current, require
 from .._reducers import ReduceOp, parse_op
+from .._runtime.lowprec import Exchange, parse_exchange
 from .._scatter import Batch, normalize_batch
 from ..distribute import REGISTRY, Registry
 from .backend import BACKEND, Backend, Targets
@@ -148,6 +150,25 @@ def reduce_op(op: Any, targets: Targets) -> ReduceOp:
                     "(use op='sum' and divide, or a float variable)"
                 )
     return parsed
+
+
+def low_precision(exchange: Any, op: ReduceOp, targets: Targets) -> Exchange | None:
+    """The format of a low-precision exchange (None: exact), for float32 variables
+    combined by ``sum`` or ``avg`` only: anything else is refused, not exchanged
+    exactly behind the caller's back."""
+    rounding = parse_exchange(exchange)
+    if rounding is None:
+        return None
+    if op is not ReduceOp.SUM and op is not ReduceOp.AVG:
+        raise ValueError(f"exchange={rounding.value!r} rounds values for a sum or an "
+                         f"average; op {op.value!r} takes the exact exchange "
+                         "(exchange=None)")
+    for label, dtype in zip(targets.labels, targets.dtypes, strict=True):
+        if dtype != np.float32:
+            raise TypeError(f"exchange={rounding.value!r} rounds float32 values; {label} "
+                            f"has dtype {dtype} (exchange it exactly, exchange=None, in "
+                            "a call of its own)")
+    return rounding
 
 
 def check_rank(session: Session, rank: Any) -> int:

@@ -47,6 +47,7 @@ from ._checks import (
     check_rank,
     each_rows_batch,
     filter_values,
+    low_precision,
     one_or_list,
     reduce_op,
     rows_batch,
@@ -57,6 +58,7 @@ from .fused import (
     all_reduce_step,
     broadcast_step,
     get_value_step,
+    low_precision_step,
     place_step,
     reduce_step,
     regions_step,
@@ -78,6 +80,7 @@ __all__ = [
 ]
 
 Op = Literal["avg", "sum", "prod", "max", "min"]
+Rounding = Literal["bf16", "fp16"]  # the 16-bit formats of a low-precision exchange
 
 
 def _run(session: Any, backend: Any, build: Any, *args: Any) -> Any:
@@ -312,7 +315,8 @@ def reduce(shared_vars: Any, op: Op = "avg", in_place: bool = True, nccl: bool =
     return None if in_place else one_or_list(results, single)
 
 
-def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
+def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True, *,
+               exchange: Rounding | None = None) -> None:
     """Combine every process's values elementwise; the result goes into every process.
 
     Collective: every process takes part; returns when all have finished.
@@ -327,15 +331,25 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
         ``"avg"`` is the plain mean over processes (floating variables only).
     nccl : bool
         The original's choice of GPU or host communication; ignored on CPU.
+    exchange : {None, "bf16", "fp16"}
+        None (default): the exact exchange. ``"bf16"``/``"fp16"``: a low-precision
+        exchange, as PyTorch DDP's compression hooks: each process rounds its values
+        to bfloat16 or IEEE half (to nearest, ties to even) and they travel as 16-bit
+        words; the rounded values are summed in float32 in rank order (``"avg"``: then
+        divided by the number of processes) and the float32 result goes into every
+        process. For float32 variables and ``op`` ``"sum"`` or ``"avg"`` only (anything
+        else raises); with one process the values are rounded all the same.
 
     Raises
     ------
     RuntimeError
         Before ``synk.fork()`` or before the first ``synk.distribute()``.
     ValueError
-        An unknown ``op``; shapes that differ across processes (nothing changes).
+        An unknown ``op`` or ``exchange``; an ``exchange`` with an op other than
+        ``"sum"``/``"avg"``; shapes that differ across processes (nothing changes).
     TypeError
-        ``"avg"`` of an integer variable.
+        ``"avg"`` of an integer variable; an ``exchange`` with a variable that is not
+        float32.
 
     Examples
     --------
@@ -343,24 +357,33 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True) -> None:
     rank 0: w = [2, 3]    rank 1: w = [2, 3]
     >>> synk.all_reduce(w, op="sum")      # doctest: +SKIP
     rank 0: w = [4, 6]    rank 1: w = [4, 6]
+    >>> synk.all_reduce(g, op="sum", exchange="bf16")   # doctest: +SKIP
+    rank 0: g = [0.30029297]    rank 1: g = [0.30029297]
+    (g was 0.1 in rank 0 and 0.2 in rank 1, which bf16 rounds to 0.100097656 and
+    0.20019531; the exact exchange gives 0.3)
     """
     session = current()
     if session is not None:  # the same call as the last (a training loop's): steps 1-3 done
         front = FRONT.get(session.ctx)
         repeat = front.repeat
-        if repeat is not None and repeat.matches(shared_vars, op):
+        if repeat is not None and repeat.matches(shared_vars, op, exchange):
             _run(session, front.backend, repeat.step)
             return
     session, front, targets, single = begin("all_reduce", shared_vars)
     parsed = reduce_op(op, targets)
-    if session.n == 1:
+    rounding = low_precision(exchange, parsed, targets)
+    if session.n == 1 and rounding is None:
         session.check_usable()
         return  # one process: every op leaves its values as they are
     if targets.by_name or not epoch.REPLAY:  # (by name: resolved anew at every call)
         front.repeat = None
-        _run(session, front.backend, all_reduce_step, targets, parsed)
+        if rounding is None:
+            _run(session, front.backend, all_reduce_step, targets, parsed)
+        else:
+            _run(session, front.backend, low_precision_step, targets, parsed, rounding, False)
         return
-    front.repeat = repeat = Repeat(shared_vars, single, op, targets, parsed)
+    front.repeat = repeat = Repeat(shared_vars, single, op, targets, parsed, exchange,
+                                   rounding)
     _run(session, front.backend, repeat.step)
 
 

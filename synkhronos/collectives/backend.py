@@ -28,6 +28,12 @@ lets a backend whose values are not host arrays (NCCL on JAX arrays) implement t
 The region primitives run after every rank wrote its region (or the master staged
 its values) and move regions where they are read.
 
+A low-precision exchange (``exchange="bf16"``/``"fp16"``: ``low_precision_all_reduce``,
+``low_precision_reduce_scatter``) is a primitive of its own, beside the exact ones, so
+that the exact exchange's path is not touched by it; its 16-bit buffers (a group's
+**wire**, ``rounded.py``) are made by the master and named to the ranks in the first
+command that uses them, as a group is (``wire``, ``map_wire``).
+
 A backend registers itself for a device name, optionally with a condition on the
 context (``register_backend``); each process makes one instance, chosen once from
 its context (``BACKEND``): the first registered backend whose condition holds, else
@@ -47,6 +53,7 @@ import numpy as np
 from .. import _pytensor
 from .._core.context import RankContext, RankVar
 from .._reducers import ReduceOp
+from .._runtime.lowprec import Exchange
 from .._scatter import split_bounds
 
 __all__ = [
@@ -271,6 +278,11 @@ class Backend(abc.ABC, Generic[G]):
         each such command. Only for groups whose ``pair`` is true."""
         raise NotImplementedError
 
+    @abc.abstractmethod
+    def wire(self, ctx: RankContext, group: G) -> str | None:
+        """Master, building a low-precision exchange on ``group``: its 16-bit buffers
+        (made the first time), and their name when the ranks have not seen them yet."""
+
     def setup(self, ctx: RankContext) -> Any:
         """Master, building an ``all_reduce`` or a ``broadcast``: what every rank needs
         before it, once (sent in that command and given to ``accept`` there); None when
@@ -286,6 +298,10 @@ class Backend(abc.ABC, Generic[G]):
     def scratch(self, ctx: RankContext, name: str) -> Any:
         """Rank: the scratch a command names (a writable host buffer)."""
 
+    @abc.abstractmethod
+    def map_wire(self, ctx: RankContext, group: G, name: str) -> None:
+        """Rank: the 16-bit buffers a command introduces for ``group`` (``wire``)."""
+
     def accept(self, ctx: RankContext, setup: Any) -> None:  # noqa: B027 (optional)
         """Rank: take what ``setup`` made in the master (inside that command)."""
 
@@ -298,6 +314,19 @@ class Backend(abc.ABC, Generic[G]):
         """The worker of a two-rank ``all_reduce`` without a meeting point (groups whose
         ``pair`` is true); its shapes if they differ from the master's, else None."""
         raise NotImplementedError
+
+    @abc.abstractmethod
+    def low_precision_all_reduce(self, ctx: RankContext, group: G, op: ReduceOp,
+                                 exchange: Exchange) -> bool:
+        """``all_reduce`` of float32 values by ``sum`` or ``avg``, each rank's values
+        rounded to ``exchange``'s 16 bits before they leave it, the rounded values
+        summed in float32 in rank order (``_runtime/lowprec.py``)."""
+
+    @abc.abstractmethod
+    def low_precision_reduce_scatter(self, ctx: RankContext, group: G, op: ReduceOp,
+                                     exchange: Exchange) -> bool:
+        """``reduce_scatter`` with the values rounded as ``low_precision_all_reduce``
+        rounds them: this rank's piece of that result in its variables."""
 
     @abc.abstractmethod
     def reduce(self, ctx: RankContext, group: G, op: ReduceOp, in_place: bool,

@@ -26,6 +26,12 @@ that its shapes match, ``ctx.meeting.agree``: a barrier):
 - ``reduce``: the same folds, into the root's slot or a given output;
 - ``broadcast``: copy the root's slot into this rank's.
 
+- ``low_precision_all_reduce`` / ``low_precision_reduce_scatter`` (``exchange="bf16"`` or
+  ``"fp16"``): each rank rounds its values into its slot of the group's wire
+  (``rounded.py``) before the vote, and folds its piece (a small group: everything) from
+  every rank's 16-bit words into its own slot; the large all-reduce then copies the
+  other pieces as above.
+
 With two processes a small ``all_reduce`` needs no barrier at all (``pair_reduce``):
 the master writes its values into its slot before the command, the worker combines
 them with its own into its slot, and the master copies the result once the command
@@ -59,6 +65,7 @@ from .._core import faults
 from .._core.context import RankContext
 from .._reducers import ReduceOp, combine_into, combined, ufunc_of
 from .._runtime.arena import Segment
+from .._runtime.lowprec import Exchange
 from ..distribute import REGISTRY
 from . import backend
 from .backend import (
@@ -71,6 +78,7 @@ from .backend import (
     register_backend,
     store_value,
 )
+from .rounded import Wire, encode_and_vote, fold_pieces, whole
 
 __all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "load", "loaded",
            "rebind"]
@@ -128,6 +136,7 @@ class Group(backend.Group):
         self.pieces = layout.pieces(ctx.size)
         self.small = layout.data_bytes <= SMALL_BYTES
         self.pairs: list[tuple] | None = None  # worker: (var, master's, own, 2, scratch)
+        self.wire: Wire | None = None  # its 16-bit buffers, once a low-precision exchange ran
         self.slots: list[Any]  # rank -> its slot's views (None: no slot here)
         self.flats: list[Any]
         self.foreign: list[Any]
@@ -248,10 +257,11 @@ class CpuBackend(Backend[Group]):
             if name == self._scratch:
                 self._scratch = None
             for uids, group in list(self._groups.items()):
+                if group.wire is not None and group.wire.name == name:
+                    group.wire = None  # (made again, under a new name, when next needed)
                 if group.name == name:
                     del self._groups[uids]
-                    self._by_key.pop(group.key, None)
-                    self._evicted.append(group.key)
+                    self._retire(ctx, group)
             self._release(ctx, name)
 
     def resident(self, ctx: RankContext, targets: Targets,
@@ -292,6 +302,16 @@ class CpuBackend(Backend[Group]):
         self._by_key.pop(group.key, None)
         self._evicted.append(group.key)
         self._release(ctx, group.name)
+        if group.wire is not None:
+            self._release(ctx, group.wire.name)
+
+    def wire(self, ctx: RankContext, group: Group) -> str | None:
+        """Master: the group's wire (``rounded.py``), made the first time: then its name."""
+        if group.wire is not None:
+            return None
+        segment = self._create(ctx, Wire.segment_bytes(group.layout, ctx.size))
+        group.wire = Wire(segment.name, segment.buffer, group.layout, ctx.size)
+        return segment.name
 
     def regions(self, ctx: RankContext, nbytes: int) -> tuple[Any, str | None]:
         current = self._owned.get(self._scratch) if self._scratch else None
@@ -325,6 +345,10 @@ class CpuBackend(Backend[Group]):
                       [shared[uid] for uid in spec.uids], ctx)
         self._by_key[key] = group
         return group
+
+    def map_wire(self, ctx: RankContext, group: Group, name: str) -> None:
+        if not ctx.is_master:  # (the master made it)
+            group.wire = Wire(name, ctx.arena.map(name), group.layout, ctx.size)
 
     def stage_broadcast(self, ctx: RankContext, group: Group, values: list | None) -> None:
         """The values into the master's slot, and its variables onto them."""
@@ -379,6 +403,31 @@ class CpuBackend(Backend[Group]):
         self._fold(ctx, group, op, values)
         self._spread(ctx, group)
         rebind(ctx, group.variables, group.slots[ctx.rank])
+        return True
+
+    def low_precision_all_reduce(self, ctx: RankContext, group: Group, op: ReduceOp,
+                                 exchange: Exchange) -> bool:
+        """Every rank's words in the wire; each rank folds its piece into its slot (a
+        small group: all of it, no second barrier) and, large, copies the other pieces
+        from their owners' slots (``_spread``)."""
+        if not encode_and_vote(ctx, group, exchange):
+            return False
+        rank = ctx.rank
+        if group.small:
+            fold_pieces(ctx, group, exchange, op, whole(group.layout), group.flats[rank])
+        else:
+            fold_pieces(ctx, group, exchange, op, group.pieces[rank], group.flats[rank])
+            self._spread(ctx, group)
+        rebind(ctx, group.variables, group.slots[rank])
+        return True
+
+    def low_precision_reduce_scatter(self, ctx: RankContext, group: Group, op: ReduceOp,
+                                     exchange: Exchange) -> bool:
+        if not encode_and_vote(ctx, group, exchange):
+            return False
+        rank = ctx.rank
+        fold_pieces(ctx, group, exchange, op, group.pieces[rank], group.flats[rank])
+        rebind(ctx, group.variables, group.slots[rank])  # its own piece is the result
         return True
 
     def reduce_scatter(self, ctx: RankContext, group: Group, op: ReduceOp) -> bool:

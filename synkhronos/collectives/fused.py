@@ -4,8 +4,9 @@ rank's part.
 A collective on a list of shared variables travels as one fused buffer. This module
 owns what is the same on every backend:
 
-- the typed messages (``Shapes``, ``Broadcast``, ``AllReduce``, ``Reduce``,
-  ``ReduceScatter``, ``AllGatherPieces``, ``Place``, ``Gather``, ``GetValue``);
+- the typed messages (``Shapes``, ``Broadcast``, ``AllReduce``, ``LowPrecisionReduce``,
+  ``Reduce``, ``ReduceScatter``, ``AllGatherPieces``, ``Place``, ``Gather``,
+  ``GetValue``);
 - the master's half of each collective: a ``Step`` (the message, the buffers it
   introduces, and ``finish``, which turns the ranks' replies into the result or the
   error), built without running it, so that a training step can run several in one
@@ -45,6 +46,7 @@ from .._core.session import Session
 from .._dataref import DataRef
 from .._reducers import ReduceOp
 from .._runtime import epoch
+from .._runtime.lowprec import Exchange
 from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
 from .backend import (
@@ -58,7 +60,8 @@ from .backend import (
     store_value,
 )
 
-__all__ = ["HANDLERS", "Repeat", "Step", "all_reduce_lane", "run_step", "run_steps", "Mismatch"]
+__all__ = ["HANDLERS", "Repeat", "Step", "all_reduce_lane", "low_precision_lane", "run_step",
+           "run_steps", "Mismatch"]
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -81,6 +84,19 @@ class AllReduce(Message):
     op: ReduceOp
     pair: bool  # two ranks, small: the worker alone combines (no barrier)
     setup: Any = None  # the backend's, once (``Backend.setup``)
+
+
+@dataclass(frozen=True)
+class LowPrecisionReduce(Message):
+    """``all_reduce`` (``scatter``: ``reduce_scatter``) of float32 values rounded to
+    ``exchange``'s 16 bits before the exchange (the backend's ``low_precision_*``)."""
+
+    key: int
+    spec: GroupSpec | None
+    wire: str | None  # the group's 16-bit buffers, named in the first command using them
+    op: ReduceOp
+    exchange: Exchange
+    scatter: bool
 
 
 @dataclass(frozen=True)
@@ -166,25 +182,29 @@ class Step:
 
 
 class Repeat:
-    """The master's record of the last ``all_reduce`` on more than one process: its
-    arguments as given, what they resolved to, and the step it ran last. A call with
-    the same variables (the same objects, in the same order) and the same op (the same
-    object: a literal or the default) is the same call (the all-reduce between a
-    training loop's steps): it skips the checks the first one passed and, while the
-    group of those variables is still current (the master's values in its slots, no
-    new layout), the step's lookup too."""
+    """The master's record of the last ``all_reduce`` on more than one process (or with
+    a low-precision exchange): its arguments as given, what they resolved to, and the
+    step it ran last. A call with the same variables (the same objects, in the same
+    order), the same op and the same exchange (the same objects: literals or the
+    defaults) is the same call (the all-reduce between a training loop's steps): it
+    skips the checks the first one passed and, while the group of those variables is
+    still current (the master's values in its slots, no new layout), the step's lookup
+    too."""
 
     def __init__(self, given: Any, single: bool, op: Any, targets: Targets,
-                 parsed: ReduceOp) -> None:
+                 parsed: ReduceOp, exchange: Any = None,
+                 rounding: Exchange | None = None) -> None:
         self.items = (given,) if single else tuple(given)
         self.single = single
         self.op = op
         self.targets = targets
         self.parsed = parsed
+        self.exchange = exchange  # as given
+        self.rounding = rounding  # parsed: None for the exact exchange
         self.last: Step | None = None
 
-    def matches(self, shared_vars: Any, op: Any) -> bool:
-        if op is not self.op:
+    def matches(self, shared_vars: Any, op: Any, exchange: Any = None) -> bool:
+        if op is not self.op or exchange is not self.exchange:
             return False
         items = self.items
         if self.single:
@@ -203,7 +223,11 @@ class Repeat:
         its group is current, else ``all_reduce_step``'s."""
         step = self.last
         if step is None or backend.current(session.ctx, self.targets) is not step.group:
-            step = all_reduce_step(session, backend, self.targets, self.parsed)
+            if self.rounding is None:
+                step = all_reduce_step(session, backend, self.targets, self.parsed)
+            else:
+                step = low_precision_step(session, backend, self.targets, self.parsed,
+                                          self.rounding, scatter=False)
             self.last = step if step.group is not None else None  # (None: not kept)
         return step
 
@@ -329,6 +353,34 @@ def all_reduce_step(session: Session, backend: Backend, targets: Targets, op: Re
         step = group.steps[key] = Step(message, finish, repeats=True, group=group)
         return step
     return Step(message, finish, new=(spec.name,) if spec else ())
+
+
+def low_precision_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
+                       exchange: Exchange, scatter: bool) -> Step:
+    """``all_reduce`` (``scatter``: ``reduce_scatter``) with each rank's values rounded
+    to ``exchange`` for the exchange (the caller checked: float32 values, ``sum`` or
+    ``avg``). Kept on the group for repeated calls, under a key of its own: the exact
+    step and the other format's are never taken for it."""
+    ctx = session.ctx
+    group, spec, _ = _group_for(ctx, backend, targets)
+    wire = backend.wire(ctx, group)
+    key = (exchange, op, scatter, targets.labels)
+    if spec is None and wire is None:
+        step = group.steps.get(key)
+        if step is not None:
+            return step
+    shapes = group.layout.shapes
+
+    def finish(replies: list) -> None:
+        if replies.count(None) != len(replies):
+            _raise_mismatch(targets, replies, shapes)
+
+    message = LowPrecisionReduce(group.key, spec, wire, op, exchange, scatter)
+    new = tuple(name for name in (spec.name if spec else None, wire) if name is not None)
+    if not new and epoch.REPLAY:
+        step = group.steps[key] = Step(message, finish, repeats=True, group=group)
+        return step
+    return Step(message, finish, new=new)
 
 
 def reduce_step(session: Session, backend: Backend, targets: Targets, op: ReduceOp,
@@ -480,6 +532,26 @@ def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
     return _own_shapes(group.variables)
 
 
+def _low_precision_primitive(ctx: RankContext, message: LowPrecisionReduce
+                             ) -> tuple[Backend, Any, Callable[..., bool]]:
+    """The backend, the group (its wire mapped if the message introduces it) and the
+    primitive a ``LowPrecisionReduce`` runs."""
+    backend = BACKEND.get(ctx)
+    group = backend.group(ctx, message.key, message.spec)
+    if message.wire is not None:
+        backend.map_wire(ctx, group, message.wire)
+    primitive = (backend.low_precision_reduce_scatter if message.scatter
+                 else backend.low_precision_all_reduce)
+    return backend, group, primitive
+
+
+def _on_low_precision(ctx: RankContext, message: LowPrecisionReduce) -> Any:
+    _, group, primitive = _low_precision_primitive(ctx, message)
+    if primitive(ctx, group, message.op, message.exchange):
+        return None
+    return _own_shapes(group.variables)
+
+
 def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
@@ -607,6 +679,7 @@ _RANK_PARTS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
     Shapes: _on_shapes,
     Broadcast: _on_broadcast,
     AllReduce: _on_all_reduce,
+    LowPrecisionReduce: _on_low_precision,
     Reduce: _on_reduce,
     ReduceScatter: _on_reduce_scatter,
     AllGatherPieces: _on_all_gather_pieces,
@@ -666,3 +739,31 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
         return True
 
     return run_all
+
+
+def low_precision_lane(ctx: RankContext, message: LowPrecisionReduce
+                       ) -> Callable[[int, int], bool] | None:
+    """A worker's shortcut for a ``LowPrecisionReduce`` repeated (as ``all_reduce_lane``
+    for the exact one): the primitive called and the reply written, nothing looked up,
+    while the epoch it was made under stands. None for a message that maps a new group
+    or a new wire."""
+    replies = ctx.replies
+    if (replies is None or ctx.rank == ctx.master_rank
+            or message.spec is not None or message.wire is not None):
+        return None
+    _, group, primitive = _low_precision_primitive(ctx, message)
+    op, exchange, master_rank, arena = message.op, message.exchange, ctx.master_rank, ctx.arena
+    kept_under = epoch.current
+
+    def run(seq: int, rank: int) -> bool:
+        if epoch.current != kept_under:
+            return False
+        if faults.ARMED:
+            faults.hit("collective")
+        reply = None if primitive(ctx, group, op, exchange) else _own_shapes(group.variables)
+        if faults.ARMED:
+            faults.hit("exchange")
+        replies.finish(rank, seq, reply, False, master_rank, arena)
+        return True
+
+    return run

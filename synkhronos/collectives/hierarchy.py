@@ -26,6 +26,14 @@ Two modes (``fork(reduction=...)``):
   number of processes. Small lists take ``Leaders.all_reduce_pieces`` (a rank-order
   fold of every process's value, as one machine folds small lists).
 
+A low-precision exchange (``exchange="bf16"``/``"fp16"``, ``rounded.py``) is the same in
+both modes: each process rounds its values into its slot of the group's wire (one slot
+per process of the session, on every machine), the leaders broadcast their machine's
+wire slots to every machine (16 bits a value between machines), and each machine folds
+every process's words in rank order as one machine does: bit-identical to one machine.
+``all_reduce`` folds into the leader's slot (each process a share of the elements) and
+the others copy it; ``reduce_scatter`` has each process fold its own piece.
+
 Copies (broadcast, all-gather of pieces, the regions of gather and all-gather, the
 staged values of scatter and set_value) are the same in both modes: each machine's
 part goes from its leader to the others.
@@ -47,10 +55,12 @@ from .._core.context import RankContext
 from .._core.machines import AcrossMachines, leaders_of
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
+from .._runtime.lowprec import Exchange
 from .._scatter import Batch, block, select_rows
 from .backend import Backend, FusedLayout, GroupSpec, Targets, column, register_backend
 from .cpu import CpuBackend, _foreign, give_own_piece, loaded, rebind
 from .cpu import Group as LocalGroup
+from .rounded import encode_and_vote, fold_pieces
 
 __all__ = ["MachinesBackend", "MachineGroup"]
 
@@ -368,6 +378,48 @@ def reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp, values: list[np.
                 np.true_divide(span, ctx.size, out=span)
 
 
+# -- the low-precision exchange -----------------------------------------------------------
+def _exchange_wires(ctx: RankContext, group: MachineGroup) -> None:
+    """Every machine's wire slots (its processes' 16-bit words) to every machine."""
+    ctx.local_barrier()
+    leaders = leaders_of(ctx)
+    if leaders is not None:
+        leaders.exchange()
+        wire = group.wire
+        assert wire is not None  # (made by the command that first used it)
+        for node in range(ctx.n_nodes):
+            ranks = _machine(ctx, node)
+            region = np.frombuffer(wire.buffer, np.uint8, len(ranks) * wire.stride,
+                                   ranks.start * wire.stride)
+            leaders.broadcast(region, root=node)
+    ctx.local_barrier()
+
+
+def low_precision_all_reduce(ctx: RankContext, group: MachineGroup, op: ReduceOp,
+                             exchange: Exchange) -> list[np.ndarray]:
+    """After every process's words are in its wire slot: this rank's result arrays.
+
+    Every machine gets every process's words, and its processes fold a share of the
+    elements each (``local_pieces``) into the leader's slot, the rank-order fold of one
+    machine: results bit-identical to one machine's, in either mode."""
+    _exchange_wires(ctx, group)
+    lead = ctx.leader_rank
+    fold_pieces(ctx, group, exchange, op, group.local_pieces[ctx.local_rank],
+                group.flats[lead])
+    ctx.local_barrier()
+    if ctx.rank != lead:
+        _copy_slot(group, lead, ctx.rank)
+    return group.slots[ctx.rank]
+
+
+def low_precision_reduce_scatter(ctx: RankContext, group: MachineGroup, op: ReduceOp,
+                                 exchange: Exchange) -> None:
+    """After every process's words are in its wire slot: this process's piece of the
+    result (``Group.pieces``), folded by itself into its own slot."""
+    _exchange_wires(ctx, group)
+    fold_pieces(ctx, group, exchange, op, group.pieces[ctx.rank], group.flats[ctx.rank])
+
+
 # -- regions: scatter, set_value, gather, all_gather, get_value ---------------------------
 def _machine_rows(batch: Batch, ctx: RankContext, node: int) -> Batch:
     """The rows of ``batch`` that machine ``node``'s processes take (a contiguous run of
@@ -553,6 +605,27 @@ class MachinesBackend(Backend[MachineGroup]):
             for view, result in zip(master, group.layout.views(scratch), strict=True):
                 np.copyto(view, result)
             rebind(ctx, group.variables, master)
+        return True
+
+    def wire(self, ctx: RankContext, group: MachineGroup) -> str | None:
+        return self.local.wire(ctx, group)
+
+    def map_wire(self, ctx: RankContext, group: MachineGroup, name: str) -> None:
+        self.local.map_wire(ctx, group, name)
+
+    def low_precision_all_reduce(self, ctx: RankContext, group: MachineGroup, op: ReduceOp,
+                                 exchange: Exchange) -> bool:
+        if not encode_and_vote(ctx, group, exchange):
+            return False
+        rebind(ctx, group.variables, low_precision_all_reduce(ctx, group, op, exchange))
+        return True
+
+    def low_precision_reduce_scatter(self, ctx: RankContext, group: MachineGroup,
+                                     op: ReduceOp, exchange: Exchange) -> bool:
+        if not encode_and_vote(ctx, group, exchange):
+            return False
+        low_precision_reduce_scatter(ctx, group, op, exchange)
+        rebind(ctx, group.variables, group.slots[ctx.rank])  # its own piece is the result
         return True
 
     def reduce_scatter(self, ctx: RankContext, group: MachineGroup, op: ReduceOp) -> bool:

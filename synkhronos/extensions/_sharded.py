@@ -11,7 +11,8 @@ the steps this module hands it, in one command per training step:
    ``params_flat`` (the parameters view it afterwards).
 2. (The training step's gradient call writes ``grad_shared`` in every process.)
 3. ``update_steps()``: ``reduce_scatter(grad_shared, "sum")`` leaves each process the
-   summed gradient of its piece; ``apply_function`` runs the rule's arithmetic
+   summed gradient of its piece (with ``exchange=``, of the processes' gradients rounded
+   to 16 bits); ``apply_function`` runs the rule's arithmetic
    (:data:`~synkhronos.extensions.updates.MATH`) on that piece of ``params_flat`` and
    of the state, given the piece's bounds as one scattered row per process;
    ``all_gather_pieces`` copies every new piece into every process's ``params_flat``;
@@ -110,6 +111,9 @@ class ShardedUpdate:
         The rule's hyper-parameters, positional and by name, as the user gave them.
     compile_kwargs : dict
         Passed to ``synk.function``.
+    exchange : Exchange or None
+        The gradient's exchange: exact (None) or rounded to 16 bits
+        (``synk.steps.reduce_scatter(..., exchange=...)``).
 
     Attributes
     ----------
@@ -128,8 +132,9 @@ class ShardedUpdate:
 
     def __init__(self, params: list[SharedVariable], grad_shared: SharedVariable,
                  update_rule: Any, rule_args: Sequence[Any], hyper: dict[str, Any],
-                 compile_kwargs: dict[str, Any]) -> None:
+                 compile_kwargs: dict[str, Any], exchange: Any = None) -> None:
         named = _hyper_of(update_rule, rule_args, hyper)
+        self._exchange = exchange
         name = update_rule.__name__
         self._params = params
         self._grad_shared = grad_shared
@@ -155,7 +160,8 @@ class ShardedUpdate:
         self.zero_state()
         self.views_in = synk_steps.views(self.params_flat, self._params, True)
         self._views_out = synk_steps.views(self.params_flat, self._params, False)
-        self._reduce = synk_steps.reduce_scatter(self._grad_shared, op="sum")
+        self._reduce = synk_steps.reduce_scatter(self._grad_shared, op="sum",
+                                                 exchange=self._exchange)
         self._gather = synk_steps.all_gather_pieces(self.params_flat)
 
     def update_steps(self) -> list[synk_steps.Step]:

@@ -18,7 +18,10 @@ exchange to the update without a round trip to the master.
    ``params_flat`` (and of the rule's state, which each process holds for its piece
    only); ``all_gather_pieces`` copies every new piece into every process's
    ``params_flat``, which every parameter views. Unsharded: ``all_reduce(grad_shared,
-   "sum")``, then every process applies the rule to every parameter.
+   "sum")``, then every process applies the rule to every parameter. With
+   ``exchange="bf16"``/``"fp16"`` either exchange rounds each process's gradient to 16
+   bits first and sums the rounded gradients in float32 (``synk.all_reduce``'s
+   ``exchange``); the step is then that much off the serial rule.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
@@ -38,7 +41,7 @@ processes' pieces of the flat vector; unsharded, the master's copy is every proc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytensor
@@ -125,6 +128,8 @@ class TrainFunction:
     state : list of SharedVariable
         The rule's state variables (sharded: each process's piece of it).
     sharded : bool
+    exchange : {None, "bf16", "fp16"}
+        The gradient's exchange: exact (None), or rounded to 16 bits.
     update_rule : callable
         The rule, from :mod:`synkhronos.extensions.updates`.
     inputs : list of Variable
@@ -146,10 +151,11 @@ class TrainFunction:
                  hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
                  rule_args: Sequence[Any] = (), sharded: bool | None = None,
                  givens: Any = None, sliceable_shareds: Any = None,
-                 balance: bool = False) -> None:
+                 balance: bool = False, exchange: str | None = None) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if not isinstance(balance, bool):
             raise TypeError(f"balance must be True or False; got {balance!r}")
+        self.exchange = _check_exchange(exchange)
         if isinstance(inputs, Variable):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)):
@@ -189,6 +195,10 @@ class TrainFunction:
                 "do (sgd_nonflat does not: build that step by hand)"
             )
         (_, flat), = grad_updates
+        if self.exchange is not None and grad_shared.type.dtype != "float32":
+            raise TypeError(f"exchange={self.exchange!r} rounds float32 gradients; "
+                            f"these parameters' gradient is {grad_shared.type.dtype} "
+                            "(leave exchange=None)")
         self.param_updates = param_updates
         self.grad_shared = grad_shared
         name = update_rule.__name__
@@ -213,7 +223,8 @@ class TrainFunction:
         self._piece_update: ShardedUpdate | None = None
         if self.sharded:
             self._piece_update = ShardedUpdate(self.params, grad_shared, update_rule,
-                                               rule_args, hyper, compile_kwargs)
+                                               rule_args, hyper, compile_kwargs,
+                                               self.exchange)
             self.params_flat = self._piece_update.params_flat
             self.apply_function = self._piece_update.apply_function
             self.state = self._piece_update.state
@@ -277,7 +288,8 @@ class TrainFunction:
         if self._piece_update is not None:
             self._piece_update.setup()
         else:
-            self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum")
+            self._steps["reduce"] = synk_steps.all_reduce(self.grad_shared, op="sum",
+                                                          exchange=self.exchange)
         if self._count_function is not None:
             self._steps["count"] = synk_steps.all_reduce(self._total, op="sum")
         self._ready = True
@@ -357,7 +369,7 @@ class TrainFunction:
         if self._piece_update is not None:
             steps += self._piece_update.update_steps()
         else:
-            if n > 1:
+            if n > 1 or self.exchange is not None:  # (one process: only to round)
                 steps.append(self._steps["reduce"])
             steps.append(synk_steps.call(self.apply_function))
         results = synk_steps.run(steps)  # one command: every process goes straight through
@@ -435,6 +447,18 @@ class TrainFunction:
         return f"<synk TrainFunction {self.update_rule.__name__}>"
 
 
+def _check_exchange(exchange: Any) -> str | None:
+    """``exchange`` checked when the step is built (the collective checks it again, with
+    the same words, when the first step builds its exchange)."""
+    if exchange is not None and not isinstance(exchange, str):
+        raise TypeError(f"exchange must be None, 'bf16' or 'fp16'; got "
+                        f"{type(exchange).__name__}")
+    if exchange not in (None, "bf16", "fp16"):
+        raise ValueError(f"exchange must be None (exact), 'bf16' or 'fp16'; got "
+                         f"{exchange!r}")
+    return exchange
+
+
 def _data_form(inputs: list, givens: list, sliceable: Any) -> str:
     """Where a step's rows come from: ``"inputs"`` (scattered inputs), ``"slice"``
     (``givens`` slicing shared variables by scalar inputs, the Theano tutorials'
@@ -477,6 +501,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         compile_kwargs: dict[str, Any] | None = None,
                         sharded: bool | None = None, givens: Any = None,
                         sliceable_shareds: Any = None, balance: bool = False,
+                        exchange: Literal["bf16", "fp16"] | None = None,
                         **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
 
@@ -527,6 +552,15 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         differ in the last bits. Not with ``sliceable_shareds`` (``batch_s`` chooses
         the rows there). The shares in use: ``train.balancer.in_use`` (None: the
         even split).
+    exchange : {None, "bf16", "fp16"}
+        None (default): the exact exchange of the gradient. ``"bf16"``/``"fp16"``: each
+        process rounds its (row-weighted) gradient to bfloat16 or IEEE half before the
+        exchange, and the rounded gradients are summed in float32 in rank order, as
+        ``synk.all_reduce(..., exchange=...)`` does (PyTorch DDP's compression hooks);
+        sharded or not, the same sums. The step is then no longer equal to the serial
+        rule: each gradient keeps 8 (bf16) or 11 (fp16) significant bits; fp16 also
+        loses gradients beyond 65504 or below 6e-8. With one process the gradient is
+        rounded all the same. Float32 parameters only.
     **hyper
         The rule's hyper-parameters (``learning_rate=...`` or the original's
         ``lr=...``, ...); positional ones may follow ``update_rule``.
@@ -548,7 +582,10 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         hyper-parameter is unknown to the rule.
     ValueError
         If ``update_rule`` names no rule, ``inputs`` is empty (without
-        ``sliceable_shareds``), or ``balance=True`` with ``sliceable_shareds``.
+        ``sliceable_shareds``), ``balance=True`` with ``sliceable_shareds``, or
+        ``exchange`` names no format.
+    TypeError
+        Also if ``exchange`` is given for parameters that are not float32.
     RuntimeError
         Before ``synk.fork()``.
 
@@ -562,7 +599,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
     return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
                          compile_kwargs, rule_args, sharded, givens, sliceable_shareds,
-                         balance)
+                         balance, exchange)
 
 
 def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],

@@ -1,0 +1,133 @@
+"""The 16-bit formats of a low-precision exchange: float32 values rounded for the trip
+between processes, and summed again in float32.
+
+It owns the formats (:class:`Exchange`), the parsing of the user's ``exchange=``
+argument, and the two kernels every backend's low-precision exchange is made of, in
+the order a collective runs them:
+
+1. ``encode``: each process rounds its float32 values to 16 bits (round to nearest,
+   ties to even), into 16-bit words that travel in place of the values;
+2. ``fold``: the processes' words, widened back to float32 (exactly: every bf16 and
+   every fp16 value is a float32), summed in float32 in rank order, and divided by
+   their count for an average. A rank-order fold of the rounded values in numpy gives
+   the same bits.
+
+The formats:
+
+- **bf16** (bfloat16): the upper half of a float32 (sign, 8-bit exponent, 7 stored
+  mantissa bits), so it keeps float32's range. numpy has no dtype for it: the rounding
+  runs on ``uint32`` views of the values (add ``0x7FFF`` plus the lowest kept bit, keep
+  the upper 16 bits); a NaN stays a NaN (a quiet one, of its sign), a value beyond the
+  largest bf16 rounds to infinity, as IEEE rounding does.
+- **fp16** (IEEE half): numpy's ``float16`` cast. 10 stored mantissa bits, but its range
+  ends at 65504 (a larger magnitude becomes infinity) and its subnormals at 6e-8
+  (smaller magnitudes become zero): gradients outside that range are lost.
+
+The bf16 kernels work through ``CHUNK`` elements at a time, so that their temporaries
+stay in the cache; fp16 is numpy's casts. numpy only: it lives in ``_runtime`` so that
+any layer, the MPI layer included, can fold with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CHUNK", "Exchange", "encode", "fold", "parse_exchange"]
+
+# Elements per piece of the bf16 kernels: a 256 KiB uint32 temporary, which stays in the
+# cache (measured on 64 MiB here: 16K to 128K elements were within 10% of each other;
+# 4K and 1M were 1.5 to 2 times slower)
+CHUNK = 1 << 16
+
+_ROUND = 0x7FFF  # added with the lowest kept bit: round to nearest, ties to even
+_QUIET = 0x0040  # the quiet bit of a bf16 NaN (the top stored mantissa bit)
+
+
+class Exchange(enum.Enum):
+    """The 16-bit format values are rounded to for a low-precision exchange."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    __hash__ = object.__hash__  # (members are singletons: hashed in C, as ReduceOp's)
+
+
+def parse_exchange(exchange: Any) -> Exchange | None:
+    """The user's ``exchange`` argument as an :class:`Exchange` (None: the exact exchange).
+
+    Raises
+    ------
+    TypeError
+        If ``exchange`` is neither None, a string nor an ``Exchange``.
+    ValueError
+        If it names no format.
+    """
+    if exchange is None or isinstance(exchange, Exchange):
+        return exchange
+    if not isinstance(exchange, str):
+        raise TypeError(f"exchange must be None, 'bf16' or 'fp16'; got "
+                        f"{type(exchange).__name__}")
+    try:
+        return Exchange(exchange)
+    except ValueError:
+        raise ValueError(f"exchange must be None (exact), 'bf16' or 'fp16'; got "
+                         f"{exchange!r}") from None
+
+
+def encode(exchange: Exchange, values: np.ndarray, out: np.ndarray) -> None:
+    """Round float32 ``values`` (1-d) into the 16-bit words ``out`` (uint16, as long)."""
+    if exchange is Exchange.FP16:
+        with np.errstate(over="ignore"):  # beyond 65504: infinity, as documented
+            np.copyto(out.view(np.float16), values, casting="same_kind")
+        return
+    bits = values.view(np.uint32)
+    size = len(values)
+    temp = np.empty(min(CHUNK, size), np.uint32)
+    nan = np.empty(len(temp), np.bool_)
+    for lo in range(0, size, CHUNK):
+        hi = min(lo + CHUNK, size)
+        word, t, is_nan = bits[lo:hi], temp[:hi - lo], nan[:hi - lo]
+        np.right_shift(word, 16, out=t)
+        np.bitwise_and(t, 1, out=t)
+        np.add(t, _ROUND, out=t)
+        np.add(t, word, out=t)  # (no carry out of 32 bits but from a NaN, mended below)
+        np.right_shift(t, 16, out=out[lo:hi], casting="unsafe")
+        np.isnan(values[lo:hi], out=is_nan)
+        if is_nan.any():
+            out[lo:hi][is_nan] = (word[is_nan] >> 16) | _QUIET
+
+
+def fold(exchange: Exchange, out: np.ndarray, words: Sequence[np.ndarray],
+         count: int | None) -> None:
+    """``out`` (float32, 1-d) = the sum in rank order of ``words`` (each process's 16-bit
+    words for these elements, by rank) widened to float32; divided by ``count`` if one
+    is given (an average)."""
+    size = len(out)
+    if exchange is Exchange.FP16:
+        halves = [word.view(np.float16) for word in words]
+        for lo in range(0, size, CHUNK):  # (each piece of out stays in the cache)
+            hi = min(lo + CHUNK, size)
+            piece = out[lo:hi]
+            np.copyto(piece, halves[0][lo:hi])
+            for half in halves[1:]:
+                np.add(piece, half[lo:hi], out=piece)
+            if count is not None:
+                np.true_divide(piece, count, out=piece)
+        return
+    bits = out.view(np.uint32)
+    temp = np.empty(min(CHUNK, size), np.uint32)
+    widened = temp.view(np.float32)
+    for lo in range(0, size, CHUNK):
+        hi = min(lo + CHUNK, size)
+        piece = out[lo:hi]
+        np.left_shift(words[0][lo:hi], 16, out=bits[lo:hi], dtype=np.uint32)
+        t, wide = temp[:hi - lo], widened[:hi - lo]
+        for word in words[1:]:
+            np.left_shift(word[lo:hi], 16, out=t, dtype=np.uint32)
+            np.add(piece, wide, out=piece)
+        if count is not None:
+            np.true_divide(piece, count, out=piece)

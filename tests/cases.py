@@ -13,8 +13,10 @@ Each case returns ``Check``\\ s by name: what the session gave and what numpy gi
 (None where the reference would only restate the implementation, e.g. the updates of
 a sliced call: such a result is compared between runs only), and ``notes``: error
 messages and the session's layout. Names starting ``reduce/`` are reductions of
-collectives. Values have large magnitudes so that a different summation order shows
-in the last bits. Public modules only.
+collectives; ``rounded/``, low-precision exchanges, whose reference is numpy's
+rank-order float32 fold of the rounded values (``rounded``, ``folded``): those must
+equal it exactly, on one machine and on several. Values have large magnitudes so that a
+different summation order shows in the last bits. Public modules only.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class Check:
             return
         got, want = np.asarray(self.got), np.asarray(self.want)
         assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
-        if name.startswith("copy/") or name.startswith("data/"):
-            assert np.array_equal(got, want), f"{name} differs from numpy's"
+        if name.startswith(("copy/", "data/", "rounded/")):
+            assert got.dtype == want.dtype and np.array_equal(got, want), (
+                f"{name} differs from numpy's")
         else:
             tolerance = ({"rtol": 1e-5, "atol": 1e-3} if got.dtype == np.float32
                          else {"rtol": 1e-10, "atol": 1e-8})
@@ -63,6 +66,26 @@ def raise_on(rank: int) -> None:
 def per_rank(n: int, shape: tuple, seed: int, dtype: str = "float64") -> list[np.ndarray]:
     return [(np.random.default_rng(seed + r).standard_normal(shape) * 1e3).astype(dtype)
             for r in range(n)]
+
+
+def rounded(values: np.ndarray, exchange: str) -> np.ndarray:
+    """float32 ``values`` rounded to ``exchange``'s format (to nearest, ties to even), as
+    float32: bf16 keeps 8 significant bits (``frexp`` and ``rint``, for normal values),
+    fp16 is numpy's float16."""
+    values = np.asarray(values, np.float32)
+    if exchange == "fp16":
+        return values.astype(np.float16).astype(np.float32)
+    mantissa, exponent = np.frexp(values.astype(np.float64))
+    return np.ldexp(np.rint(mantissa * 256) / 256, exponent).astype(np.float32)
+
+
+def folded(values: list[np.ndarray], exchange: str, op: str) -> np.ndarray:
+    """What a low-precision exchange of every process's ``values`` (by rank) gives: the
+    rounded values summed in float32 in rank order (``avg``: divided by their number)."""
+    total = rounded(values[0], exchange)
+    for value in values[1:]:
+        total = total + rounded(value, exchange)
+    return total / np.float32(len(values)) if op == "avg" else total
 
 
 def rows_of(length: int, n: int, rank: int) -> int:
@@ -93,7 +116,11 @@ class Suite:
         self.big = pytensor.shared(np.zeros(30_000), name="big")  # 240 kB: the large paths
         self.mixed = [pytensor.shared(np.zeros(5, "float32"), name="m32"),
                       pytensor.shared(np.zeros(9000), name="m64")]
-        total = (self.v.sum() + self.big.sum() + self.mixed[0].sum() + self.mixed[1].sum())
+        # float32, for the low-precision exchange: small, and over 64 kB with it
+        self.r32 = pytensor.shared(np.zeros((3, 4), "float32"), name="r32")
+        self.r32big = pytensor.shared(np.zeros(20_000, "float32"), name="r32big")
+        total = (self.v.sum() + self.big.sum() + self.mixed[0].sum() + self.mixed[1].sum()
+                 + self.r32.sum() + self.r32big.sum())
         self.use = synk.function([], [(total, "sum")], name="use")
 
 
@@ -260,10 +287,41 @@ def collectives(suite: Suite, n: int, notes: dict) -> dict[str, Check]:
     return checks
 
 
+def low_precision(suite: Suite, n: int, notes: dict) -> dict[str, Check]:
+    """``all_reduce`` and ``reduce_scatter`` with ``exchange="bf16"``/``"fp16"``."""
+    checks: dict[str, Check] = {}
+    r32, r32big = suite.r32, suite.r32big
+    for exchange in ("bf16", "fp16"):
+        for op in ("sum", "avg"):
+            for name, variables in (("small", [r32]), ("large", [r32, r32big])):
+                values = [per_rank(n, var.get_value().shape, 70 + i, "float32")
+                          for i, var in enumerate(variables)]
+                for var, values_of in zip(variables, values, strict=True):
+                    testing.set_rank_values(var, values_of)
+                synk.all_reduce(variables, op, exchange=exchange)
+                for i, (var, values_of) in enumerate(zip(variables, values, strict=True)):
+                    checks[f"rounded/all_reduce/{exchange}/{op}/{name}/{i}"] = Check(
+                        np.stack(testing.rank_values(var)),
+                        np.stack([folded(values_of, exchange, op)] * n))
+        large = per_rank(n, (20_000,), 80, "float32")
+        testing.set_rank_values(r32big, large)
+        steps.run([steps.reduce_scatter(r32big, "sum", exchange=exchange)])
+        own = testing.rank_values(r32big)
+        checks[f"rounded/reduce_scatter/{exchange}"] = Check(
+            np.concatenate([own[r][lo:hi] for r, (lo, hi) in enumerate(steps.pieces(r32big))]),
+            folded(large, exchange, "sum"))
+    try:
+        synk.all_reduce(r32, "max", exchange="bf16")
+    except ValueError as exc:
+        notes["rounded/refused"] = str(exc)
+    return checks
+
+
 CASES: dict[str, Callable[[Suite, int, dict], dict[str, Check]]] = {
     "functions": functions,
     "data": data,
     "collectives": collectives,
+    "low_precision": low_precision,
 }
 
 

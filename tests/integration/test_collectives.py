@@ -22,6 +22,7 @@ import pytest
 import synkhronos as synk
 from synkhronos.errors import WorkerError
 from synkhronos.testing import fault_at, lane_runs, on_variable, program_prefix
+from tests.cases import folded
 
 from ..conftest import DEVICE, REPLAY, sizes_to_run
 
@@ -276,6 +277,98 @@ class TestCollectives:
             synk.all_reduce("f64s", "avg")
             for value in per_rank(env.f64s):
                 assert_close(value, expected_reduce("avg", before))
+
+    # -- the low-precision exchange (exchange="bf16" / "fp16") -----------------------------
+    @pytest.mark.parametrize("exchange", ["bf16", "fp16"])
+    @pytest.mark.parametrize("op", ["sum", "avg"])
+    def test_low_precision_all_reduce_is_numpys_fold_of_the_rounded_values(self, env, op,
+                                                                           exchange):
+        """Each process's values rounded, summed in float32 in rank order (and divided,
+        avg): numpy's fold of the rounded values, bit for bit, in every process; a small
+        variable alone, and a list over 64 kB (the folds by pieces), twice (the second
+        time from the slots the first left the values in)."""
+        for variables in ([env.f32m], [env.rows, env.big, env.f32m]):
+            for seed in (60, 61):
+                before = [fill(var, seed + i) for i, var in enumerate(variables)]
+                given = variables[0] if len(variables) == 1 else variables
+                assert synk.all_reduce(given, op, exchange=exchange) is None
+                for var, values in zip(variables, before, strict=True):
+                    want = folded(values, exchange, op)
+                    assert not np.allclose(want, expected_reduce(op, values), rtol=1e-7,
+                                           atol=0)  # (rounded: not the exact result)
+                    for value in per_rank(var):
+                        value = np.asarray(value)
+                        assert value.dtype == np.float32 and np.array_equal(value, want)
+
+    def test_low_precision_reduce_scatter_gives_each_process_its_piece(self, env):
+        before = fill(env.big, 62)
+        synk.steps.run([synk.steps.reduce_scatter(env.big, "avg", exchange="bf16")])
+        want = folded(before, "bf16", "avg")
+        for value, (lo, hi) in zip(per_rank(env.big), synk.steps.pieces(env.big),
+                                   strict=True):
+            assert np.array_equal(np.asarray(value)[lo:hi], want[lo:hi])
+
+    def test_switching_exchange_back_to_back_takes_each_modes_own_step(self, env):
+        """All-reduces of one variable one after another, the exchange switching between
+        exact, bf16 and fp16 (with a repeat of each, which the master keeps and the
+        workers run from their lanes): every result is its own mode's, so neither a kept
+        step nor a lane ever serves another mode."""
+        n = synk.n_parallel()
+        runs = lane_runs()
+        for seed, modes in ((63, ["bf16", "bf16", "bf16", None, None, "fp16", "fp16", "bf16",
+                                  None]), (64, [None, "fp16", "bf16", "bf16"])):
+            values = fill(env.f32m, seed)  # (in [0.5, 2): times 3**9 still fits fp16)
+            for exchange in modes:  # back to back: nothing read between them
+                synk.all_reduce(env.f32m, "sum", exchange=exchange)
+                if exchange is None:
+                    values = [expected_reduce("sum", values)] * n
+                else:
+                    values = [folded(values, exchange, "sum")] * n
+            # bit for bit, the exact sums too: a small list is summed in rank order, as
+            # numpy sums a stack along its first axis
+            for value in per_rank(env.f32m):
+                assert np.array_equal(np.asarray(value), values[0])
+        ran = np.subtract(lane_runs(), runs)
+        if n > 1 and REPLAY:  # the repeats of bf16, fp16 and exact, through the lanes
+            assert all(count >= 4 for count in ran), ran
+
+    def test_low_precision_refusals_move_nothing(self, env):
+        """Misuse raises in the master before any process moves: every value stays."""
+        n = synk.n_parallel()
+        variables = [env.f32m, env.f64v, env.f16m]
+        before = [fill(var, 64 + i) for i, var in enumerate(variables)]
+        with pytest.raises(ValueError, match=r"exchange='bf16' rounds values for a sum or an "
+                           r"average; op 'max' takes the exact exchange \(exchange=None\)"):
+            synk.all_reduce(env.f32m, "max", exchange="bf16")
+        with pytest.raises(TypeError, match=r"exchange='bf16' rounds float32 values; .*'f64v'"
+                           r".* has dtype float64"):
+            synk.all_reduce([env.f32m, env.f64v], "sum", exchange="bf16")
+        with pytest.raises(TypeError, match=r"'f16m'.* has dtype float16"):
+            synk.all_reduce(env.f16m, "avg", exchange="fp16")
+        with pytest.raises(ValueError, match=r"exchange must be None \(exact\), 'bf16' or "
+                           r"'fp16'; got 'int8'"):
+            synk.all_reduce(env.f32m, "sum", exchange="int8")
+        with pytest.raises(TypeError, match="exchange must be None, 'bf16' or 'fp16'; got int"):
+            synk.all_reduce(env.f32m, "sum", exchange=16)
+        with pytest.raises(TypeError, match="'f64v'.* has dtype float64"):
+            synk.steps.reduce_scatter(env.f64v, "sum", exchange="fp16")
+        with pytest.raises(ValueError, match="op 'prod'"):
+            synk.steps.all_reduce(env.f32m, "prod", exchange="fp16")
+        for var, values in zip(variables, before, strict=True):
+            for value, was in zip(per_rank(var), values, strict=True):
+                assert np.array_equal(np.asarray(value), was)
+        if n == 1:
+            return
+        # one process's shape differs: the vote refuses it in every process alike
+        longer = np.zeros((5, 3), "float32")
+        on_variable(env.f32m, _set, longer, ranks=[n - 1])
+        for _ in range(2):  # (the second time, the step kept by the first)
+            with pytest.raises(ValueError, match=rf"'f32m'.*same shape in every process.*"
+                               rf"\(5, 3\) in rank {n - 1}"):
+                synk.all_reduce(env.f32m, "sum", exchange="bf16")
+        for value, was in zip(per_rank(env.f32m), [*before[0][:-1], longer], strict=True):
+            assert np.array_equal(np.asarray(value), was)
+        fill(env.f32m, 65)  # (its first shape again, for the tests after this one)
 
     @pytest.mark.parametrize("op", OPS)
     @pytest.mark.parametrize("in_place", [True, False])

@@ -83,7 +83,7 @@ def test_suite_equals_one_machine(launcher, alone, tmp_path, transport, processe
     assert mine["machines"] == [r // processes for r in range(total)]
     if expected_hosts(transport, processes):
         assert mine["hosts"] == expected_hosts(transport, processes)
-    for key in ("f/batch_s_refused", "f/worker_error", "reduce/mismatch"):
+    for key in ("f/batch_s_refused", "f/worker_error", "reduce/mismatch", "rounded/refused"):
         assert mine[key] == ref[key], key
     assert mine["f/worker_error"][0] == total - 1  # the global rank of the last process
     got, want = np.load(tmp_path / "suite.npz"), np.load(reference / "suite.npz")

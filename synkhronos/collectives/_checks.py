@@ -50,6 +50,7 @@ class Front:
         self.backend = backend
         self.targets: dict[Any, Targets] = {}
         self.repeat: Repeat | None = None  # the last all_reduce, if it may repeat
+        self.rounded: Repeat | None = None  # the same for one with a low-precision exchange
 
 
 FRONT: RankVar[Front] = RankVar(

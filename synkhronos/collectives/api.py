@@ -14,11 +14,16 @@ Every function here follows the same path::
 Steps 1-3 live in ``_checks.py``; every error of theirs is raised before any process
 moves. An ``all_reduce`` with the same variables and op as the last one (between a
 training loop's steps) has passed them already: it runs the step the last one kept
-(``fused.Repeat``). Step 4 builds the collective's ``Step`` (``fused.py``) and runs it
-as one command, holding the session's command lock from the staging of values to the
-end, so that collectives from several threads of the master never interleave. A list of
-variables travels as one fused buffer, and a single variable returns a single value
-where a list returns a list.
+(``fused.Repeat``; the last exact and the last low-precision all-reduce are kept
+apart, so a call never runs the other exchange's step). Step 4 builds the collective's
+``Step`` (``fused.py``) and runs it as one command, holding the session's command lock
+from the staging of values to the end, so that collectives from several threads of the
+master never interleave. A list of variables travels as one fused buffer, and a single
+variable returns a single value where a list returns a list.
+
+``all_reduce(..., exchange="bf16" | "fp16")`` is the low-precision exchange: each
+process's float32 values rounded to 16 bits for the trip, summed in float32
+(``rounded.py``); step 3 refuses it for other dtypes and ops.
 
 ``shared_vars`` may name a variable by its name (a string), as in the original
 Synkhronos, when exactly one shared variable of the distributed functions has it.
@@ -365,25 +370,36 @@ def all_reduce(shared_vars: Any, op: Op = "avg", nccl: bool = True, *,
     session = current()
     if session is not None:  # the same call as the last (a training loop's): steps 1-3 done
         front = FRONT.get(session.ctx)
-        repeat = front.repeat
-        if repeat is not None and repeat.matches(shared_vars, op, exchange):
-            _run(session, front.backend, repeat.step)
-            return
+        if exchange is None:
+            repeat = front.repeat
+            if repeat is not None and repeat.matches(shared_vars, op):
+                _run(session, front.backend, repeat.step)
+                return
+        else:
+            repeat = front.rounded
+            if (repeat is not None and exchange is repeat.exchange
+                    and repeat.matches(shared_vars, op)):
+                _run(session, front.backend, repeat.step)
+                return
     session, front, targets, single = begin("all_reduce", shared_vars)
     parsed = reduce_op(op, targets)
-    rounding = low_precision(exchange, parsed, targets)
-    if session.n == 1 and rounding is None:
-        session.check_usable()
-        return  # one process: every op leaves its values as they are
-    if targets.by_name or not epoch.REPLAY:  # (by name: resolved anew at every call)
-        front.repeat = None
-        if rounding is None:
+    rounding = None if exchange is None else low_precision(exchange, parsed, targets)
+    if rounding is None:
+        if session.n == 1:
+            session.check_usable()
+            return  # one process: every op leaves its values as they are
+        if targets.by_name or not epoch.REPLAY:  # (by name: resolved anew at every call)
+            front.repeat = None
             _run(session, front.backend, all_reduce_step, targets, parsed)
-        else:
+            return
+        front.repeat = repeat = Repeat(shared_vars, single, op, targets, parsed)
+    else:  # (with one process too: its values are rounded all the same)
+        if targets.by_name or not epoch.REPLAY:
+            front.rounded = None
             _run(session, front.backend, low_precision_step, targets, parsed, rounding, False)
-        return
-    front.repeat = repeat = Repeat(shared_vars, single, op, targets, parsed, exchange,
-                                   rounding)
+            return
+        front.rounded = repeat = Repeat(shared_vars, single, op, targets, parsed, exchange,
+                                        rounding)
     _run(session, front.backend, repeat.step)
 
 

@@ -182,14 +182,15 @@ class Step:
 
 
 class Repeat:
-    """The master's record of the last ``all_reduce`` on more than one process (or with
-    a low-precision exchange): its arguments as given, what they resolved to, and the
-    step it ran last. A call with the same variables (the same objects, in the same
-    order), the same op and the same exchange (the same objects: literals or the
-    defaults) is the same call (the all-reduce between a training loop's steps): it
-    skips the checks the first one passed and, while the group of those variables is
-    still current (the master's values in its slots, no new layout), the step's lookup
-    too."""
+    """The master's record of the last ``all_reduce`` on more than one process: its
+    arguments as given, what they resolved to, and the step it ran last. A call with
+    the same variables (the same objects, in the same order) and the same op (the same
+    object: a literal or the default) is the same call (the all-reduce between a
+    training loop's steps): it skips the checks the first one passed and, while the
+    group of those variables is still current (the master's values in its slots, no
+    new layout), the step's lookup too. The last exact all-reduce and the last
+    low-precision one are kept apart (``Front.repeat``, ``Front.rounded``), the latter
+    with its ``exchange`` as given, which a repeat must give again (the same object)."""
 
     def __init__(self, given: Any, single: bool, op: Any, targets: Targets,
                  parsed: ReduceOp, exchange: Any = None,
@@ -203,8 +204,8 @@ class Repeat:
         self.rounding = rounding  # parsed: None for the exact exchange
         self.last: Step | None = None
 
-    def matches(self, shared_vars: Any, op: Any, exchange: Any = None) -> bool:
-        if op is not self.op or exchange is not self.exchange:
+    def matches(self, shared_vars: Any, op: Any) -> bool:
+        if op is not self.op:
             return False
         items = self.items
         if self.single:

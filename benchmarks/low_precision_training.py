@@ -15,8 +15,10 @@ Every variant starts from the same weights and sees the same shuffled minibatche
 the curves differ by the rounding of the gradients alone.
 
 Reported per variant: each epoch's mean training loss, validation loss and accuracy;
-the final test loss and accuracy; the median step time; and, against the exact run,
-the largest difference of the curves and of the final parameters.
+the final test loss and accuracy; the median step time (the variants take turns step
+by step, in a new order every step, so that the machine's load falls on them alike);
+and, against the exact run, the largest difference of the curves and of the final
+parameters.
 
 Prints the report as JSON and writes ``low_precision_training.json`` into ``--out``.
 Needs scikit-learn (the ``demos`` extra).
@@ -85,25 +87,30 @@ def main() -> None:
         epochs = [[idx for idx in np.array_split(order.permutation(len(y_train)),
                                                  len(y_train) // args.batch)]
                   for _ in range(args.epochs)]
+        # the variants take turns step by step (in a new order every step), so that a
+        # change in the machine's load falls on their step times alike
+        curves: dict = {name: [] for name in runs}
+        step_times: dict = {name: [] for name in runs}
+        turns = np.random.default_rng(args.seed + 1)
+        for minibatches in epochs:
+            losses: dict = {name: [] for name in runs}
+            for idx in minibatches:
+                for name in turns.permutation(list(runs)):
+                    start = time.perf_counter()
+                    losses[name].append(float(runs[name]["train"](*data["train"], batch=idx)))
+                    step_times[name].append(time.perf_counter() - start)
+            for name, run in runs.items():
+                val_loss, val_acc = run["check"](*data["val"], num_slices=2)
+                curves[name].append({"train_loss": float(np.mean(losses[name])),
+                                     "val_loss": float(val_loss), "val_acc": float(val_acc)})
         report_runs: dict = {}
         finals: dict = {}  # each variant's parameters at the end (the master's)
         for name, run in runs.items():
-            train, check = run["train"], run["check"]
-            curve, step_times = [], []
-            for minibatches in epochs:
-                losses = []
-                for idx in minibatches:
-                    start = time.perf_counter()
-                    losses.append(float(train(*data["train"], batch=idx)))
-                    step_times.append(time.perf_counter() - start)
-                val_loss, val_acc = check(*data["val"], num_slices=2)
-                curve.append({"train_loss": float(np.mean(losses)),
-                              "val_loss": float(val_loss), "val_acc": float(val_acc)})
-            test_loss_value, test_acc_value = check(*data["test"], num_slices=2)
+            test_loss_value, test_acc_value = run["check"](*data["test"], num_slices=2)
             report_runs[name] = {
-                "curve": curve, "test_loss": float(test_loss_value),
+                "curve": curves[name], "test_loss": float(test_loss_value),
                 "test_acc": float(test_acc_value),
-                "step_median_ms": round(float(np.median(step_times[1:])) * 1e3, 3),
+                "step_median_ms": round(float(np.median(step_times[name][1:])) * 1e3, 3),
             }
             finals[name] = [np.array(p.get_value()) for p in run["params"]]
     finally:

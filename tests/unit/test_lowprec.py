@@ -51,6 +51,20 @@ def test_encode_rounds_to_nearest_even_as_the_reference(exchange):
     assert np.array_equal(np.signbit(back[~number]), np.signbit(values[~number]))
 
 
+def test_fp16_rounds_small_magnitudes_as_numpy():
+    """Below the smallest normal half (where gradients lie, and where this module rounds
+    on its own rather than through numpy's slow cast): numpy's bits, ties included."""
+    rng = np.random.default_rng(3)
+    magnitudes = 10.0 ** rng.uniform(-10, -3, CHUNK + 100)
+    values = (magnitudes * rng.choice([-1, 1], len(magnitudes))).astype(np.float32)
+    ties = (np.arange(-2048, 2049) * 2.0**-25).astype(np.float32)  # halfway points too
+    special = np.array([np.nan, np.inf, -7e4, 6e-8, 3e-8], np.float32)
+    for chunk in (values, ties, np.concatenate([values, special])):
+        with np.errstate(over="ignore"):
+            want = chunk.astype(np.float16).view(np.uint16)
+        assert np.array_equal(_encoded(Exchange.FP16, chunk), want)
+
+
 def test_bf16_overflow_and_ties_by_hand():
     values = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x7F7F7FFF],
                       np.uint32).view(np.float32)

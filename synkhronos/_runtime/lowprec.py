@@ -22,9 +22,9 @@ The formats:
 - **fp16** (IEEE half): numpy's ``float16`` rounding. 10 stored mantissa bits, but its
   range ends at 65504 (a larger magnitude becomes infinity) and its subnormals at 6e-8
   (smaller magnitudes become zero): gradients outside that range are lost. numpy's
-  cast is used where the half is normal; below that (where small gradients lie) it
-  costs about 0.1 us a value on x86, so those are rounded on the subnormals' grid
-  here, to the same bits; halves are widened through a table of all 65536.
+  cast is scalar code, slow below the normal halves (where small gradients lie), so
+  the same bits are computed here on ``uint32`` views; halves are widened through a
+  table of all 65536, made by numpy's cast.
 
 The kernels work through ``CHUNK`` elements at a time, so that their temporaries stay
 in the cache. numpy only: it lives in ``_runtime`` so that any layer, the MPI layer
@@ -50,7 +50,9 @@ CHUNK = 1 << 16
 
 _ROUND = 0x7FFF  # added with the lowest kept bit: round to nearest, ties to even
 _UPPER = 1 if sys.byteorder == "little" else 0  # the upper uint16 of a uint32
-_HALF_NORMAL = np.float32(2.0**-14)  # the smallest normal half
+_HALF_NORMAL_BITS = 0x38800000  # float32 bits of 2**-14, the smallest normal half
+_HALF_REBASE = (0xFFF - 0x38000000) % (1 << 32)  # round, and exponent bias 127 -> 15
+_HALF_INFINITY = 0x7C00
 _HALF_GRID = np.float32(2.0**24)  # subnormal halves are multiples of 2**-24
 _QUIET = 0x0040  # the quiet bit of a bf16 NaN (the top stored mantissa bit)
 
@@ -110,42 +112,49 @@ def encode(exchange: Exchange, values: np.ndarray, out: np.ndarray) -> None:
 
 
 def _encode_fp16(values: np.ndarray, out: np.ndarray) -> None:
-    """numpy's float16 cast, but for the magnitudes below the smallest normal half
-    (2**-14), which it rounds at about 0.1 us each (it raises the underflow flag with
-    an underflowing float operation, slow on x86): small gradients are mostly there.
-    Those are rounded here to the subnormal halves' grid of 2**-24 (to nearest, ties to
-    even, as ``rint``), the same bits."""
-    halves = out.view(np.float16)
+    """IEEE half rounding on the values' bits, the bits numpy's float16 cast gives (NaN
+    payloads included). numpy's cast is scalar code, 3 ns a value here, and 0.1 us for
+    each value below the smallest normal half (it raises the underflow flag by an
+    underflowing float operation, slow on x86), which is where small gradients lie.
+
+    Normal halves: the 13 dropped bits rounded to nearest even into the kept ones and
+    the exponent rebased (a carry out of the largest half makes it infinity); below the
+    smallest normal half, the magnitude on the subnormals' grid of 2**-24 (``rint``:
+    to nearest even); then the sign, and NaN as numpy writes it."""
     bits = values.view(np.uint32)
     size = len(values)
     length = min(CHUNK, size)
-    magnitude = np.empty(length, np.float32)
+    magnitude = np.empty(length, np.uint32)
+    temp = np.empty(length, np.uint32)
+    scaled = np.empty(length, np.float32)
     small = np.empty(length, np.bool_)
-    kept = np.empty(length, np.float32)
-    grid = np.empty(length, np.uint32)
-    sign = np.empty(length, np.uint32)
+    lower = temp.view(np.uint16)[1 - _UPPER::2]
     for lo in range(0, size, CHUNK):
         hi = min(lo + CHUNK, size)
         k = hi - lo
-        value, mag, tiny = values[lo:hi], magnitude[:k], small[:k]
-        np.absolute(value, out=mag)
-        np.less(mag, _HALF_NORMAL, out=tiny)
-        with np.errstate(over="ignore"):  # beyond 65504: infinity, as documented
-            if not tiny.any():
-                np.copyto(halves[lo:hi], value, casting="same_kind")
-                continue
-            np.copyto(kept[:k], value)
-            np.copyto(kept[:k], 0.0, where=tiny)
-            np.copyto(halves[lo:hi], kept[:k], casting="same_kind")
-        # (only where tiny: the others may be infinite or NaN, and are numpy's already)
-        np.multiply(mag, _HALF_GRID, out=mag, where=tiny)  # exact: a power of two
-        np.rint(mag, out=mag, where=tiny)  # 0 to 1024 (1024: the smallest normal half)
-        units, signs = grid[:k], sign[:k]
-        np.copyto(units, mag, casting="unsafe", where=tiny)
-        np.right_shift(bits[lo:hi], 16, out=signs)
-        np.bitwise_and(signs, 0x8000, out=signs)
-        np.bitwise_or(units, signs, out=units)
-        np.copyto(out[lo:hi], units, where=tiny, casting="unsafe")
+        word, mag, t, tiny = bits[lo:hi], magnitude[:k], temp[:k], small[:k]
+        np.bitwise_and(word, 0x7FFFFFFF, out=mag)
+        np.right_shift(mag, 13, out=t)
+        np.bitwise_and(t, 1, out=t)
+        np.add(t, mag, out=t)
+        np.add(t, _HALF_REBASE, out=t)  # (wraps below the normal halves: replaced next)
+        np.right_shift(t, 13, out=t)
+        np.minimum(t, _HALF_INFINITY, out=t)
+        np.less(mag, _HALF_NORMAL_BITS, out=tiny)
+        if tiny.any():
+            grid = scaled[:k]
+            with np.errstate(over="ignore", invalid="ignore"):  # (the others: discarded)
+                np.multiply(mag.view(np.float32), _HALF_GRID, out=grid)  # exact
+                np.rint(grid, out=grid)  # 0 to 1024 (1024: the smallest normal half)
+                t[...] = np.where(tiny, grid.astype(np.uint32), t)
+        np.right_shift(word, 16, out=mag)
+        np.bitwise_and(mag, 0x8000, out=mag)
+        np.bitwise_or(t, mag, out=t)
+        out[lo:hi] = lower[:k]
+        np.isnan(values[lo:hi], out=tiny)
+        if tiny.any():  # numpy's NaN: the payload's top bits, never zero
+            payload = (word[tiny] & 0x7FFFFF) >> 13
+            out[lo:hi][tiny] = ((word[tiny] >> 16) & 0x8000) | 0x7C00 | np.maximum(payload, 1)
 
 
 @functools.cache

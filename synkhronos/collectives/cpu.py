@@ -24,8 +24,7 @@ that its shapes match, ``ctx.meeting.agree``: a barrier):
   arrays (no second barrier); a large one is ``reduce_scatter`` + ``all_gather``, so
   every rank works on the reduction at once and no byte crosses memory twice;
 - ``reduce``: the same folds, into the root's slot or a given output;
-- ``broadcast``: copy the root's slot into this rank's.
-
+- ``broadcast``: copy the root's slot into this rank's;
 - ``low_precision_all_reduce`` / ``low_precision_reduce_scatter`` (``exchange="bf16"`` or
   ``"fp16"``): each rank rounds its values into its slot of the group's wire
   (``rounded.py``) before the vote, and folds its piece (a small group: everything) from

@@ -221,7 +221,7 @@ class Repeat:
 
     def step(self, session: Session, backend: Backend) -> Step:
         """The step to run now (the caller holds the command lock): the last one while
-        its group is current, else ``all_reduce_step``'s."""
+        its group is current, else ``all_reduce_step``'s (``low_precision_step``'s)."""
         step = self.last
         if step is None or backend.current(session.ctx, self.targets) is not step.group:
             if self.rounding is None:
@@ -534,8 +534,8 @@ def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
 
 
 def _low_precision_primitive(ctx: RankContext, message: LowPrecisionReduce
-                             ) -> tuple[Backend, Any, Callable[..., bool]]:
-    """The backend, the group (its wire mapped if the message introduces it) and the
+                             ) -> tuple[Any, Callable[..., bool]]:
+    """The group (its wire mapped if the message introduces it) and the backend's
     primitive a ``LowPrecisionReduce`` runs."""
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
@@ -543,11 +543,11 @@ def _low_precision_primitive(ctx: RankContext, message: LowPrecisionReduce
         backend.map_wire(ctx, group, message.wire)
     primitive = (backend.low_precision_reduce_scatter if message.scatter
                  else backend.low_precision_all_reduce)
-    return backend, group, primitive
+    return group, primitive
 
 
 def _on_low_precision(ctx: RankContext, message: LowPrecisionReduce) -> Any:
-    _, group, primitive = _low_precision_primitive(ctx, message)
+    group, primitive = _low_precision_primitive(ctx, message)
     if primitive(ctx, group, message.op, message.exchange):
         return None
     return _own_shapes(group.variables)
@@ -752,7 +752,7 @@ def low_precision_lane(ctx: RankContext, message: LowPrecisionReduce
     if (replies is None or ctx.rank == ctx.master_rank
             or message.spec is not None or message.wire is not None):
         return None
-    _, group, primitive = _low_precision_primitive(ctx, message)
+    group, primitive = _low_precision_primitive(ctx, message)
     op, exchange, master_rank, arena = message.op, message.exchange, ctx.master_rank, ctx.arena
     kept_under = epoch.current
 

@@ -111,7 +111,7 @@ class ShardedUpdate:
         The rule's hyper-parameters, positional and by name, as the user gave them.
     compile_kwargs : dict
         Passed to ``synk.function``.
-    exchange : Exchange or None
+    exchange : {None, "bf16", "fp16"}
         The gradient's exchange: exact (None) or rounded to 16 bits
         (``synk.steps.reduce_scatter(..., exchange=...)``).
 
@@ -132,7 +132,7 @@ class ShardedUpdate:
 
     def __init__(self, params: list[SharedVariable], grad_shared: SharedVariable,
                  update_rule: Any, rule_args: Sequence[Any], hyper: dict[str, Any],
-                 compile_kwargs: dict[str, Any], exchange: Any = None) -> None:
+                 compile_kwargs: dict[str, Any], exchange: str | None = None) -> None:
         named = _hyper_of(update_rule, rule_args, hyper)
         self._exchange = exchange
         name = update_rule.__name__

@@ -13,11 +13,15 @@ treats an exception the same way:
 
 The handler table is explicit: ``synkhronos/handlers.py`` lists every message type and
 its handler, and hands the table to the session and the workers. A ``Sequence`` runs
-its steps here, in order, each through the same table.
+its steps here, in order, each through the same table; a timed one (``synk.profile``)
+also says, per step, how long it took this rank, how much of that the rank waited at
+meeting points for the others (the control block's ``clock``), and the CPU time this
+process spent on it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -104,7 +108,22 @@ class Executor:
             raise TypeError(f"no handler for message {type(message).__name__}") from None
 
     def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
-        return tuple(self.handler(step)(ctx, step) for step in message.steps)
+        if not message.timed:
+            return tuple(self.handler(step)(ctx, step) for step in message.steps)
+        control, clock = ctx.control, []
+        replies, times = [], []
+        if control is not None:
+            control.clock = clock
+        try:
+            for step in message.steps:
+                waits, start, cpu = len(clock), time.perf_counter(), time.process_time()
+                replies.append(self.handler(step)(ctx, step))
+                times.append((time.perf_counter() - start, sum(clock[waits:]),
+                              time.process_time() - cpu))
+        finally:
+            if control is not None:
+                control.clock = None
+        return (*replies, tuple(times))
 
     def run(self, ctx: RankContext, message: Message, keep_exception: bool = False) -> Outcome:
         """This rank's part of ``message``: its reply, or its failure.

@@ -123,6 +123,9 @@ class ControlBlock:
         #: The master's: the key of the last post while ``post_again`` may repeat it
         #: (None: it may not).
         self.again: object = None
+        #: While a timed command runs (``synk.profile``): this process's seconds of
+        #: waiting at each barrier (after arriving, for the others), appended.
+        self.clock: list[float] | None = None
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
         self._sleeping = [sleeping_at + rank for rank in range(n)]
         #: Whether anyone sleeps, in one read: the flags' bytes against all zero.
@@ -435,9 +438,15 @@ class ControlBlock:
                 raise BarrierAborted("another process failed before this barrier")
             return False
 
-        if self.spin > 0 and self._spin_arrivals(epochs, target, ready):
-            return
-        self.wait(rank, ready, on_poll, spin=0.0)
+        clock = self.clock
+        started = time.perf_counter() if clock is not None else 0.0
+        try:
+            if self.spin > 0 and self._spin_arrivals(epochs, target, ready):
+                return
+            self.wait(rank, ready, on_poll, spin=0.0)
+        finally:
+            if clock is not None:
+                clock.append(time.perf_counter() - started)
 
     def _spin_arrivals(self, epochs: list[int], target: int,
                        ready: Callable[[], bool]) -> bool:

@@ -133,13 +133,14 @@ class Profile:
                                            straggler=wait))
         return result
 
-    def _call_record(self, call: Call, replies: list, **times: float) -> CallRecord:
+    def _call_record(self, call: Call, replies: list, total: float = 0.0,
+                     straggler: float = 0.0) -> CallRecord:
         """A call's record, with each rank's (gather, function) seconds from its reply."""
         timings = [reply[2] for reply in replies
                    if isinstance(reply, (tuple, list)) and len(reply) > 2]
-        record = CallRecord("call", self.names(call.prepared_id),
-                            gather=[float(t[0]) for t in timings],
-                            function=[float(t[1]) for t in timings], **times)
+        record = CallRecord("call", self.names(call.prepared_id), total=total,
+                            straggler=straggler, gather=[float(t[0]) for t in timings],
+                            function=[float(t[1]) for t in timings])
         self.records.append(record)
         return record
 

@@ -110,8 +110,9 @@ class Executor:
     def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
         if not message.timed:
             return tuple(self.handler(step)(ctx, step) for step in message.steps)
-        control, clock = ctx.control, []
-        replies, times = [], []
+        control, clock = ctx.control, list[float]()  # (clock: seconds of each wait at a barrier)
+        replies: list = []
+        times: list[tuple[float, float, float]] = []
         if control is not None:
             control.clock = clock
         try:

@@ -110,7 +110,8 @@ class Executor:
     def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
         if not message.timed:
             return tuple(self.handler(step)(ctx, step) for step in message.steps)
-        control, clock = ctx.control, list[float]()  # (clock: seconds of each wait at a barrier)
+        control = ctx.control
+        clock: list[float] = []  # the seconds of each wait at a barrier
         replies: list = []
         times: list[tuple[float, float, float]] = []
         if control is not None:

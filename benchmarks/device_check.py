@@ -54,7 +54,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   copied; numpy inputs are read where they are at ``n=1`` on a GPU (as on CPU cores;
   with the copy into shared memory the step took 0.98 ms on an H100, without it 0.80,
   plain PyTensor 0.76), but copied on the stand-in, where that costs less
-  (``placement.JaxPlacement``).
+  (``placement.JaxPlacement``). Where synkhronos's extra time goes: the same steps
+  inside ``synk.profile()`` (``synk_profiled_ms_per_step``: the master's staging, the
+  function, the reduction of the outputs, per step).
 - ``gpu_tests``: the device suites of ``.ci/gpu_standin.sh`` (function, function
   errors, data, collectives, steps, training, shares, checkpoints) with
   ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
@@ -66,7 +68,10 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   reports the tests it finished (from pytest's verbose output); a failed run records
   its first distinct tracebacks (``reasons``).
 - ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
-  16, each against the ceiling of n plain programs running at once.
+  16, each against the ceiling of n plain programs running at once, with its phase
+  account (``--phases``: every rank's compute, gather, update, exchange, waiting and
+  CPU time per step, and its CPU time per empty command and 4-byte all-reduce);
+  ``scaling.draw_phases`` draws the landed JSON's ``phases``.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
   beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
 - ``pymc_evaluation``: ``benchmarks/pymc_sampling.py``'s logistic regression at
@@ -140,6 +145,7 @@ FULL = {
     "step_rounds": 5, "step_seconds": 1.0,
     "scaling_sizes": [1, 4, 16], "scaling_rows": 256, "scaling_rounds": 2,
     "scaling_seconds": 0.3, "scaling_attempts": 2,
+    "scaling_phase_steps": 20, "scaling_fixed_commands": 300,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 300_000, "pymc_sizes": [1, 4, 16], "pymc_repeats": 3,
     "pymc_rounds": 1,
@@ -149,7 +155,7 @@ FULL = {
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
-                "cpu_scaling": 90, "cpu_all_reduce": 45, "pymc_evaluation": 50,
+                "cpu_scaling": 110, "cpu_all_reduce": 45, "pymc_evaluation": 50,
                 "pymc_chains": 100},
 }
 LOCAL = dict(FULL, **{
@@ -161,6 +167,7 @@ LOCAL = dict(FULL, **{
     "step_rounds": 3, "step_seconds": 0.2,
     "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
     "scaling_seconds": 0.1, "scaling_attempts": 1,
+    "scaling_phase_steps": 3, "scaling_fixed_commands": 20,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
@@ -370,6 +377,11 @@ def _compare(name: str, synk_fn, plain_fn, x, y, cfg: dict) -> dict:
         for label in order.permutation(list(series)):
             fn, args = series[label]
             times[label].append(_timed_steps(fn, *args, steps))
+    with synk.profile() as prof:  # where synkhronos's share of a step goes
+        _timed_steps(synk_fn, x, y, steps)
+    summary = prof.summary()
+    profiled = {key: round(1e3 * summary[key] / steps, 4)
+                for key in ("total", "stage", "function", "reduce", "straggler")}
     ratios = [a / b for a, b in zip(times["synk"], times["plain"], strict=True)]
     data_ratios = [a / b for a, b in zip(times["synk_data"], times["plain"], strict=True)]
     ratio = float(np.median(ratios))
@@ -381,6 +393,7 @@ def _compare(name: str, synk_fn, plain_fn, x, y, cfg: dict) -> dict:
             "ratio_synk_over_plain": round(ratio, 4),
             "ratios_per_round": [round(r, 4) for r in ratios],
             "ratio_synk_data_over_plain": round(float(np.median(data_ratios)), 4),
+            "synk_profiled_ms_per_step": profiled,
             "target": "ratio <= 1.05", "target_met": ratio <= 1.05}
 
 
@@ -540,7 +553,8 @@ def part_cpu_scaling(cfg: dict) -> dict:
                    str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
                    "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
                                              * max(cfg["scaling_sizes"]))),
-                   "--out", tmp]
+                   "--phases", "--profile-steps", str(cfg["scaling_phase_steps"]),
+                   "--fixed-commands", str(cfg["scaling_fixed_commands"]), "--out", tmp]
         done = run_logged(command, cfg["_timeout"], child_env())
         path = Path(tmp) / "scaling.json"
         if done["returncode"] != 0 or not path.exists():
@@ -551,6 +565,7 @@ def part_cpu_scaling(cfg: dict) -> dict:
             "vs_ceiling_per_n": headline.get("vs_ceiling_per_n"),
             "target": "synk-16 shuffled >= 0.9 of 16 plain programs at once",
             "headline": headline, "load": report.get("load"),
+            "phases": {k: v for k, v in report.get("phases", {}).items() if k != "figure"},
             "configurations": [{k: c[k] for k in ("name", "samples_per_s", "ms_per_step",
                                                   "speedup")}
                                for c in report.get("configurations", [])]}

@@ -50,7 +50,7 @@ from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
 from ._balance import Balancer
 from ._checkpoint import Checkpoint
-from ._sharded import ShardedUpdate, obstacles, rule_name
+from ._sharded import ShardedUpdate, in_place, obstacles, rule_name, sharded_update
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -190,9 +190,24 @@ class TrainFunction:
             )
         (_, flat), = grad_updates
         self.param_updates = param_updates
-        self.grad_shared = grad_shared
         name = update_rule.__name__
         self.sharded = self._choose_sharded(sharded, compile_kwargs)
+        self.params_flat: SharedVariable | None = None
+        self._piece_update: ShardedUpdate | None = None
+        if self.sharded:
+            # (on the JAX backend the gradient goes into a padded vector of its own)
+            self._piece_update = sharded_update(self.params, grad_shared, flat, update_rule,
+                                                rule_args, hyper, compile_kwargs)
+            grad_shared, flat = self._piece_update.grad_shared, self._piece_update.grad_flat
+            self.params_flat = self._piece_update.params_flat
+            self.apply_function = self._piece_update.apply_function
+            self.state = self._piece_update.state
+        else:
+            self.apply_function = function([], updates=param_updates,
+                                           name=f"train_apply_{name}", **compile_kwargs)
+            targets = {id(p) for p in self.params}
+            self.state = [var for var, _ in param_updates if id(var) not in targets]
+        self.grad_shared = grad_shared
         self.grad_function: Function = function(
             self.inputs, loss,
             bcast_inputs=[self._total] if self.form == "inputs" else None,
@@ -209,19 +224,6 @@ class TrainFunction:
                 givens=self._givens or None, sliceable_shareds=sliceable_shareds,
                 name=f"train_rows_{name}",
                 **dict(compile_kwargs, on_unused_input="ignore"))  # the labels' rows
-        self.params_flat: SharedVariable | None = None
-        self._piece_update: ShardedUpdate | None = None
-        if self.sharded:
-            self._piece_update = ShardedUpdate(self.params, grad_shared, update_rule,
-                                               rule_args, hyper, compile_kwargs)
-            self.params_flat = self._piece_update.params_flat
-            self.apply_function = self._piece_update.apply_function
-            self.state = self._piece_update.state
-        else:
-            self.apply_function = function([], updates=param_updates,
-                                           name=f"train_apply_{name}", **compile_kwargs)
-            targets = {id(p) for p in self.params}
-            self.state = [var for var, _ in param_updates if id(var) not in targets]
         zeroed = [(grad_shared, pt.zeros_like(grad_shared))]
         if self.form == "sliceable":  # a process with no rows adds no stale count
             zeroed.append((self._total, pt.zeros_like(self._total)))
@@ -248,10 +250,12 @@ class TrainFunction:
         return rows, pytensor.shared(np.zeros((), dtype=dtype), name="train_total_rows")
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
-        """Sharded unless asked otherwise, or impossible (``_sharded.obstacles``)."""
-        reasons = obstacles(self.update_rule, self.params, compile_kwargs)
+        """As asked; by default sharded with several processes where the update runs
+        in place (see ``make_train_function``), unless impossible
+        (``_sharded.obstacles``)."""
+        reasons = obstacles(self.update_rule, self.params)
         if sharded is None:
-            return n_parallel() > 1 and not reasons
+            return n_parallel() > 1 and in_place(compile_kwargs) and not reasons
         if sharded and reasons:
             raise ValueError(f"sharded=True is not possible here: {'; '.join(reasons)}")
         return bool(sharded)
@@ -335,7 +339,7 @@ class TrainFunction:
         steps = []
         if self._piece_update is not None:
             # a parameter set since the last step: its value counts
-            steps.append(self._piece_update.views_in)
+            steps += self._piece_update.before_gradient
         if (total is not None and total < n) or (self.form != "inputs" and n > 1):
             # some process runs nothing in the gradient call: its old gradient must not
             # count (with data in shared variables, the master does not know the rows)

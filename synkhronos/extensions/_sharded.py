@@ -277,7 +277,8 @@ class EvenPieceUpdate(ShardedUpdate):
         # The parameters as they are now (set since the last step, or not), flat and
         # padded; the piece is L elements from a traced offset (an index vector: JAX
         # slices only at static bounds).
-        current = pt.concatenate([p.ravel() for p in self._params] + [pt.constant(padding)])
+        current = pt.concatenate([p.ravel() for p in self._params]
+                                 + ([pt.constant(padding)] if padding.size else []))
         index = bounds[0, 0] + pt.arange(self._length, dtype="int64")
         return (current[index], self.grad_shared[index],
                 lambda new: pt.set_subtensor(current[index], new))

@@ -12,13 +12,16 @@ exchange to the update without a round trip to the master.
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows. Summed over processes, ``grad_shared`` is the
    mean gradient over the whole minibatch.
-2. Sharded (the default with several processes; built and held by ``_sharded``):
-   ``reduce_scatter(grad_shared, "sum")`` leaves each process the summed gradient of
-   its piece of the parameters; ``apply_function`` applies the rule to that piece of
-   ``params_flat`` (and of the rule's state, which each process holds for its piece
-   only); ``all_gather_pieces`` copies every new piece into every process's
-   ``params_flat``, which every parameter views. Unsharded: ``all_reduce(grad_shared,
-   "sum")``, then every process applies the rule to every parameter.
+2. Sharded (the default with several processes on ``device="cpu"``; built and held
+   by ``_sharded``): ``reduce_scatter(grad_shared, "sum")`` leaves each process the
+   summed gradient of its piece of the parameters; ``apply_function`` applies the
+   rule to that piece of ``params_flat`` (and of the rule's state, which each process
+   holds for its piece only); ``all_gather_pieces`` copies every new piece into every
+   process's ``params_flat``, which every parameter views (on the JAX backend, whose
+   arrays view nothing and whose shapes are static: the vectors are padded to pieces
+   of one length, and a last call copies each parameter out of ``params_flat``).
+   Unsharded: ``all_reduce(grad_shared, "sum")``, then every process applies the rule
+   to every parameter.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
@@ -91,14 +94,17 @@ class TrainFunction:
 
     Two forms, the same result:
 
-    - **sharded** (the default with more than one process, for the rules of
-      :mod:`~synkhronos.extensions.updates`): the flat gradient is reduce-scattered,
-      so each process holds the minibatch's gradient for its piece of the parameters;
-      each applies the rule to its piece only, its rule state (momentum, Adam's
-      moments) for that piece only (1/n of the state per process); the new pieces are
-      all-gathered into every process's flat parameter vector, which every parameter
-      views (so no parameter is copied). ZeRO stage 1, as PyTorch's
-      ZeroRedundancyOptimizer.
+    - **sharded** (the default with more than one process on ``device="cpu"``, for
+      the rules of :mod:`~synkhronos.extensions.updates`): the flat gradient is
+      reduce-scattered, so each process holds the minibatch's gradient for its piece
+      of the parameters; each applies the rule to its piece only, its rule state
+      (momentum, Adam's moments) for that piece only (1/n of the state per process);
+      the new pieces are all-gathered into every process's flat parameter vector,
+      which every parameter views (so no parameter is copied). ZeRO stage 1, as
+      PyTorch's ZeroRedundancyOptimizer. On the JAX backend (``device="gpu"``,
+      ``mode="JAX"``) every piece has one length, ``synk.steps.piece_length`` (the
+      flat vectors padded at the end with zeros), and each parameter is copied out
+      of the flat vector after the gather: JAX arrays view nothing.
     - **unsharded**: the gradient is all-reduced and every process applies the rule
       to every parameter.
 
@@ -115,11 +121,13 @@ class TrainFunction:
     grad_shared : SharedVariable
         The flat gradient vector (scratch: overwritten by every call). After a step it
         holds the minibatch's mean gradient: whole in every process (unsharded), or
-        each process's piece of it (sharded).
+        each process's piece of it (sharded; on the JAX backend padded with zeros to
+        ``n`` pieces of one length).
     params : list of SharedVariable
     params_flat : SharedVariable or None
         Sharded: the parameters, flat, in ``params`` order (each parameter views its
-        place in it).
+        place in it; on the JAX backend it is copied out of it after each step, and
+        the vector is padded as ``grad_shared``).
     param_updates : list of (SharedVariable, Variable)
         The rule's updates (parameters and rule state) in the unsharded form.
     state : list of SharedVariable
@@ -505,10 +513,19 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         Passed to the underlying ``synk.function`` calls and so to
         ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
     sharded : bool, optional
-        Shard the update (see :class:`TrainFunction`): the default with more than one
-        process, a rule of :mod:`~synkhronos.extensions.updates`, parameters of one
-        dtype and a backend other than JAX; ``False`` all-reduces the gradient and
-        applies the rule in every process to every parameter. The same result.
+        Shard the update (see :class:`TrainFunction`); possible with a rule of
+        :mod:`~synkhronos.extensions.updates` and parameters of one dtype, on either
+        device; ``False`` all-reduces the gradient and applies the rule in every
+        process to every parameter. The same result either way. The default
+        (``None``) shards with more than one process on ``device="cpu"`` (a backend
+        other than JAX), where every parameter views the flat vector and nothing is
+        copied. On ``device="gpu"`` (or ``mode="JAX"``) the default is unsharded:
+        there sharding saves device memory (the rule state is 1/n per process) but
+        costs time, since JAX arrays view nothing (each step also copies every
+        parameter out of the flat vector) and the reduce-scatter and all-gather of
+        pieces are staged through host memory, while with a GPU per process the
+        unsharded step's all-reduce runs on NCCL without leaving the device. Pass
+        ``sharded=True`` there when the rule state is what does not fit.
     givens : dict or list of pairs, optional
         Data held in shared variables, as for ``synk.function``: either givens that
         slice each minibatch out of shared variables with bounds from scalar

@@ -39,6 +39,7 @@ state is zeroed (in place: made, its length differing per process).
 
 from __future__ import annotations
 
+import abc
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -109,7 +110,7 @@ class _PieceState(updates.State):
         return var
 
 
-class ShardedUpdate:
+class ShardedUpdate(abc.ABC):
     """The flat parameters, and the update of one process's piece of them.
 
     Made by :func:`sharded_update`, in the form that fits the session's values.
@@ -170,18 +171,18 @@ class ShardedUpdate:
         self.before_gradient: list[synk_steps.Step] = []
 
     # -- the form's own parts -------------------------------------------------------------
+    @abc.abstractmethod
     def _state_length(self) -> int | None:
         """The length of each process's piece of the state (None: it differs)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _piece_of(self, bounds: Variable) -> tuple[Variable, Variable, Any]:
         """Make ``params_flat``; return this process's piece of the parameters and of
         the gradient, and how its new value is written into ``params_flat``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _after_gather(self) -> list[synk_steps.Step]:
         """The steps that give every parameter its place of ``params_flat`` again."""
-        raise NotImplementedError
 
     # -- the same in both forms -------------------------------------------------------------
     def setup(self) -> None:
@@ -209,7 +210,7 @@ class ShardedUpdate:
             if var.ndim == 0:  # a step counter: the same in every process
                 broadcast(var, np.zeros((), dtype=dtype))
             elif len(lengths) == 1:  # pieces of one length: one command
-                broadcast(var, np.zeros(lengths.copy().pop(), dtype=dtype))
+                broadcast(var, np.zeros(next(iter(lengths)), dtype=dtype))
             else:
                 for rank, (start, stop) in enumerate(self.pieces):
                     set_value(rank, var, np.zeros(stop - start, dtype=dtype))

@@ -64,9 +64,11 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   all at once on the GPU machine, one after the other with ``--local``;
   ``PYTENSOR_FLAGS=mode=JAX``); at 1, the one process has the GPU to itself, so its
   collectives run on NCCL (one rank); at 2, two processes share the GPU, so
-  collectives are staged through host memory. A run killed at its time limit still
-  reports the tests it finished (from pytest's verbose output); a failed run records
-  its first distinct tracebacks (``reasons``).
+  collectives are staged through host memory. The training, shares and checkpoint
+  suites run the sharded training step too (pieces of one length on the device);
+  ``sharded_tests_passed`` counts its tests that passed, over every run. A run killed
+  at its time limit still reports the tests it finished (from pytest's verbose
+  output); a failed run records its first distinct tracebacks (``reasons``).
 - ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
   16, each against the ceiling of n plain programs running at once, with its phase
   account (``--phases``: every rank's compute, gather, update, exchange, waiting and
@@ -123,6 +125,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 RESULT_PREFIX = "DEVICE-CHECK-RESULT "
 NEEDS_GPU = "needs CUDA GPUs"
+SHARDED = re.compile(r"(?<!un)sharded")  # a test of the sharded training step, by its name
 MIB = 1 << 20
 
 # Settings of the full run (the GPU machine) and of --local (this machine, the stand-in).
@@ -471,6 +474,7 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
         counts: dict = {}
         failed: list[str] = []
         reasons: list[str] = []
+        passed: list[str] = []
         if xml.exists():
             root = ElementTree.parse(xml).getroot()
             suites = [root] if root.tag == "testsuite" else list(root)
@@ -479,6 +483,8 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
             for case in root.iter("testcase"):
                 bad = case.find("failure")
                 bad = case.find("error") if bad is None else bad
+                if bad is None and case.find("skipped") is None:
+                    passed.append(case.get("name") or "")
                 if bad is not None:
                     failed.append(f"{case.get('classname')}::{case.get('name')}")
                     why = (bad.text or bad.get("message") or "")[-1500:]
@@ -492,8 +498,11 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
                               ("skipped", "SKIPPED")):
                 counts[key] = sum(outcome == word for _, outcome in outcomes)
             failed = [name for name, outcome in outcomes if outcome in ("FAILED", "ERROR")]
+            passed = [name for name, outcome in outcomes if outcome == "PASSED"]
     counts["passed"] = counts.get("tests", 0) - sum(
         counts.get(k, 0) for k in ("failures", "errors", "skipped"))
+    # the tests of the sharded training step (not those of the unsharded one) that passed
+    counts["passed_sharded"] = sum(bool(SHARDED.search(name)) for name in passed)
     lines = done["stdout"].strip().splitlines()
     record = {"label": label, "returncode": done["returncode"], "timed_out": done["timed_out"],
               "seconds": done["seconds"], "counts": counts, "failed": failed,
@@ -534,7 +543,8 @@ def part_gpu_tests(cfg: dict) -> dict:
     ok = all(r["returncode"] == 0 for r in runs) and any(
         r["counts"].get("passed", 0) > 0 for r in runs)
     result = {"platform": platform or "cuda", "concurrent": cfg["test_concurrent"],
-              "runs": runs, "all_passed": ok}
+              "runs": runs, "all_passed": ok,
+              "sharded_tests_passed": sum(r["counts"].get("passed_sharded", 0) for r in runs)}
     if not ok:
         raise PartFailed(result)
     return result
@@ -711,7 +721,8 @@ def headline(name: str, record: dict) -> str:
         return (f"synk/plain: MLP {r['mlp']['ratio_synk_over_plain']}, ResNet "
                 f"{r['resnet']['ratio_synk_over_plain']} (target <= 1.05)")
     if name == "gpu_tests":
-        return "; ".join(f"{x['label']}: {x['summary']}" for x in r["runs"])[:300]
+        return (f"sharded step tests passed: {r['sharded_tests_passed']}; "
+                + "; ".join(f"{x['label']}: {x['summary']}" for x in r["runs"]))[:300]
     if name == "cpu_scaling":
         per_n = r["vs_ceiling_per_n"] or {}
         return "of the ceiling: " + ", ".join(f"n={n} {v['median']}" for n, v in per_n.items())

@@ -26,9 +26,10 @@ Two steps, both in the master:
   against its processes before anything is compiled.
 
 Only a constant equal to the whole batch is refused: that is the serial program's
-batch size, certainly meant to follow the rows. The count is known only per call (the
-last minibatch of an epoch may be shorter), so the verdict is the call's; a replayed
-call has the rows of a call already checked.
+batch size, certainly meant to follow the rows; another constant may mean something
+else, and is left to PyTensor. The count belongs to each call (the last minibatch of
+an epoch may be shorter), so each call is checked; a replayed call has the rows of a
+call already checked.
 """
 
 from __future__ import annotations

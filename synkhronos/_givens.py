@@ -193,12 +193,14 @@ class SlicePattern:
 
     def first_rows(self) -> int | None:
         """The slice's rows with every input 0 (the tutorials' first minibatch,
-        ``index = 0``); None where an input is not a scalar, or the slices disagree."""
+        ``index = 0``); None where an input is not a scalar, or where the bounds make
+        no sense at 0 (slices of different lengths, a division by an input): each
+        call's rows are checked anyway."""
         if any(var.ndim for var in self._inputs):
             return None
         try:
             spans = self.whole([np.zeros((), var.type.numpy_dtype) for var in self._inputs])
-        except ValueError:  # slices of different lengths: the call says so
+        except Exception:
             return None
         return spans[0][1] - spans[0][0]
 

@@ -117,7 +117,7 @@ class Function:
             self._row_shareds, len(self.inputs), self._labels)
         self._local = self._variants.local
 
-    def _find_fixed_batch(self, slices) -> tuple[_fixed_batch.FixedBatch, ...]:
+    def _find_fixed_batch(self, slices: Any) -> tuple[_fixed_batch.FixedBatch, ...]:
         """The ops that hard-code the whole batch's row count (``_fixed_batch.py``):
         in the graph the user wrote, on the scattered inputs or the variables the
         slice pattern gives rows."""
@@ -127,7 +127,8 @@ class Function:
             for key, _, shared in slices.entries:
                 rows.append(key)
                 name = f"{key.name!r}, " if key.name else ""
-                labels.append(f"{name}the givens' slice of {shared.name or 'a shared variable'!r}")
+                source = repr(shared.name) if shared.name else "a shared variable"
+                labels.append(f"{name}the givens' slice of {source}")
         roots = self._outputs + [value for _, value in self._updates]
         return _fixed_batch.find(roots, rows, labels)
 

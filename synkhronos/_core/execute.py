@@ -8,8 +8,11 @@ treats an exception the same way:
   in the session, which stays usable (``WorkerError`` in the master);
 - ``KeyboardInterrupt`` passes through: in the master it abandons the command there
   and leaves it pending for the workers (``session.py``; workers ignore SIGINT, so it
-  never starts there). One that a handler's exception hides (a
-  signal during a Numba kernel surfaces as a ``SystemError``) is found and re-raised.
+  never starts there). Compiled code (Numba, PyTensor's C code, JAX) may turn the
+  handler's exception into another failure (Numba's ``SystemError: ... returned a
+  result with an exception set``) or drop it: a failure of the master's share during
+  a command in which its signal handler ran is the interruption, and is raised as one
+  (``_runtime/signals.py``), however the failure looks.
 
 The handler table is explicit: ``synkhronos/handlers.py`` lists every message type and
 its handler, and hands the table to the session and the workers. A ``Sequence`` runs
@@ -62,8 +65,9 @@ def at_reply(outcome: Outcome) -> Outcome:
 
 def failed(exc: BaseException, keep_exception: bool) -> Outcome:
     """The outcome of a handler that raised ``exc`` (``Exception`` or ``SystemExit``):
-    its failure (``keep_exception``: see ``Executor.run``)."""
-    signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
+    its failure (``keep_exception``: see ``Executor.run``), or the interruption
+    it stands for (Ctrl-C inside compiled code is still Ctrl-C)."""
+    signals.reraise_interruption(exc)
     return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
 
 

@@ -94,6 +94,8 @@ def shape_inference(roots: list[Any]) -> Any:
 
     def shape(var: Any) -> tuple:
         copy = equivalent[var]
+        if not hasattr(feature, "init_r"):  # PyTensor >= 3.3: shapes derived on demand
+            return tuple(feature.shape_tuple(copy))
         feature.init_r(copy)  # (an input that no op reads has none yet)
         return tuple(feature.shape_of[copy])
 

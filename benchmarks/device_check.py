@@ -72,7 +72,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
 - ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
   16, each against the ceiling of n plain programs running at once, with its phase
   account (``--phases``: every rank's compute, gather, update, exchange, waiting and
-  CPU time per step, and its CPU time per empty command and 4-byte all-reduce);
+  CPU time per step, and its CPU time per empty command and 4-byte all-reduce), and
+  beside the even split the step with rows balanced by measured speed (``--balance``:
+  at 16 on an H200 machine the ranks' compute for the same rows ranged 25-37 ms);
   ``scaling.draw_phases`` draws the landed JSON's ``phases``.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
   beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
@@ -148,7 +150,7 @@ FULL = {
     "step_rounds": 5, "step_seconds": 1.0,
     "scaling_sizes": [1, 4, 16], "scaling_rows": 256, "scaling_rounds": 2,
     "scaling_seconds": 0.3, "scaling_attempts": 2,
-    "scaling_phase_steps": 20, "scaling_fixed_commands": 300,
+    "scaling_phase_steps": 20, "scaling_fixed_commands": 300, "scaling_balance": True,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 300_000, "pymc_sizes": [1, 4, 16], "pymc_repeats": 3,
     "pymc_rounds": 1,
@@ -158,7 +160,7 @@ FULL = {
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
-                "cpu_scaling": 110, "cpu_all_reduce": 45, "pymc_evaluation": 50,
+                "cpu_scaling": 150, "cpu_all_reduce": 45, "pymc_evaluation": 50,
                 "pymc_chains": 100},
 }
 LOCAL = dict(FULL, **{
@@ -170,7 +172,7 @@ LOCAL = dict(FULL, **{
     "step_rounds": 3, "step_seconds": 0.2,
     "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
     "scaling_seconds": 0.1, "scaling_attempts": 1,
-    "scaling_phase_steps": 3, "scaling_fixed_commands": 20,
+    "scaling_phase_steps": 3, "scaling_fixed_commands": 20, "scaling_balance": False,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
@@ -563,6 +565,7 @@ def part_cpu_scaling(cfg: dict) -> dict:
                    str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
                    "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
                                              * max(cfg["scaling_sizes"]))),
+                   *(["--balance"] if cfg["scaling_balance"] else []),
                    "--phases", "--profile-steps", str(cfg["scaling_phase_steps"]),
                    "--fixed-commands", str(cfg["scaling_fixed_commands"]), "--out", tmp]
         done = run_logged(command, cfg["_timeout"], child_env())
@@ -573,6 +576,8 @@ def part_cpu_scaling(cfg: dict) -> dict:
     headline = report.get("headline", {})
     return {"command": done["command"], "seconds": done["seconds"],
             "vs_ceiling_per_n": headline.get("vs_ceiling_per_n"),
+            "vs_ceiling_per_n_balanced": headline.get("vs_ceiling_per_n_balanced"),
+            "balance": report.get("balance"),
             "target": "synk-16 shuffled >= 0.9 of 16 plain programs at once",
             "headline": headline, "load": report.get("load"),
             "phases": {k: v for k, v in report.get("phases", {}).items() if k != "figure"},

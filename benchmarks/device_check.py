@@ -279,7 +279,22 @@ def part_environment(cfg: dict) -> dict:
         except Exception as exc:
             info["nccl_version"] = f"unknown: {exc}"
     info["mpirun"] = shutil.which("mpirun")
+    info["topology"] = cpu_topology()
     return info
+
+
+def cpu_topology() -> dict | str:
+    """lscpu's threads per core, cores, sockets and NUMA nodes: whether 16 usable CPUs
+    are 16 cores or 8 with two hardware threads each decides how ranks that spin share
+    them (the phase account at 16 found the ranks' compute 1.5x apart)."""
+    if shutil.which("lscpu") is None:
+        return "lscpu not found"
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20).stdout
+    wanted = ("Thread(s) per core", "Core(s) per socket", "Socket(s)", "NUMA node(s)",
+              "Model name", "L3 cache")
+    return {key.strip(): value.strip() for key, _, value in
+            (line.partition(":") for line in out.splitlines())
+            if key.strip() in wanted or key.strip().startswith("NUMA node")}
 
 
 def part_nccl_unit(cfg: dict) -> dict:

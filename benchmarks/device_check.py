@@ -54,7 +54,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   copied; numpy inputs are read where they are at ``n=1`` on a GPU (as on CPU cores;
   with the copy into shared memory the step took 0.98 ms on an H100, without it 0.80,
   plain PyTensor 0.76), but copied on the stand-in, where that costs less
-  (``placement.JaxPlacement``).
+  (``placement.JaxPlacement``). Where synkhronos's extra time goes: the same steps
+  inside ``synk.profile()`` (``synk_profiled_ms_per_step``: the master's staging, the
+  function, the reduction of the outputs, per step).
 - ``gpu_tests``: the device suites of ``.ci/gpu_standin.sh`` (function, function
   errors, data, collectives, steps, training, shares, checkpoints) with
   ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
@@ -62,11 +64,18 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   all at once on the GPU machine, one after the other with ``--local``;
   ``PYTENSOR_FLAGS=mode=JAX``); at 1, the one process has the GPU to itself, so its
   collectives run on NCCL (one rank); at 2, two processes share the GPU, so
-  collectives are staged through host memory. A run killed at its time limit still
-  reports the tests it finished (from pytest's verbose output); a failed run records
-  its first distinct tracebacks (``reasons``).
+  collectives are staged through host memory. The training, shares and checkpoint
+  suites run the sharded training step too (pieces of one length on the device);
+  ``sharded_tests_passed`` counts its tests that passed, over every run. A run killed
+  at its time limit still reports the tests it finished (from pytest's verbose
+  output); a failed run records its first distinct tracebacks (``reasons``).
 - ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
-  16, each against the ceiling of n plain programs running at once.
+  16, each against the ceiling of n plain programs running at once, with its phase
+  account (``--phases``: every rank's compute, gather, update, exchange, waiting and
+  CPU time per step, and its CPU time per empty command and 4-byte all-reduce), and
+  beside the even split the step with rows balanced by measured speed (``--balance``:
+  at 16 on an H200 machine the ranks' compute for the same rows ranged 25-37 ms);
+  ``scaling.draw_phases`` draws the landed JSON's ``phases``.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
   beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
 - ``pymc_evaluation``: ``benchmarks/pymc_sampling.py``'s logistic regression at
@@ -118,6 +127,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 RESULT_PREFIX = "DEVICE-CHECK-RESULT "
 NEEDS_GPU = "needs CUDA GPUs"
+SHARDED = re.compile(r"(?<!un)sharded")  # a test of the sharded training step, by its name
 MIB = 1 << 20
 
 # Settings of the full run (the GPU machine) and of --local (this machine, the stand-in).
@@ -140,6 +150,7 @@ FULL = {
     "step_rounds": 5, "step_seconds": 1.0,
     "scaling_sizes": [1, 4, 16], "scaling_rows": 256, "scaling_rounds": 2,
     "scaling_seconds": 0.3, "scaling_attempts": 2,
+    "scaling_phase_steps": 20, "scaling_fixed_commands": 300, "scaling_balance": True,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 300_000, "pymc_sizes": [1, 4, 16], "pymc_repeats": 3,
     "pymc_rounds": 1,
@@ -149,7 +160,7 @@ FULL = {
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
-                "cpu_scaling": 90, "cpu_all_reduce": 45, "pymc_evaluation": 50,
+                "cpu_scaling": 150, "cpu_all_reduce": 45, "pymc_evaluation": 50,
                 "pymc_chains": 100},
 }
 LOCAL = dict(FULL, **{
@@ -161,6 +172,7 @@ LOCAL = dict(FULL, **{
     "step_rounds": 3, "step_seconds": 0.2,
     "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
     "scaling_seconds": 0.1, "scaling_attempts": 1,
+    "scaling_phase_steps": 3, "scaling_fixed_commands": 20, "scaling_balance": False,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
@@ -267,7 +279,22 @@ def part_environment(cfg: dict) -> dict:
         except Exception as exc:
             info["nccl_version"] = f"unknown: {exc}"
     info["mpirun"] = shutil.which("mpirun")
+    info["topology"] = cpu_topology()
     return info
+
+
+def cpu_topology() -> dict | str:
+    """lscpu's threads per core, cores, sockets and NUMA nodes: whether 16 usable CPUs
+    are 16 cores or 8 with two hardware threads each decides how ranks that spin share
+    them (the phase account at 16 found the ranks' compute 1.5x apart)."""
+    if shutil.which("lscpu") is None:
+        return "lscpu not found"
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20).stdout
+    wanted = ("Thread(s) per core", "Core(s) per socket", "Socket(s)", "NUMA node(s)",
+              "Model name", "L3 cache")
+    return {key.strip(): value.strip() for key, _, value in
+            (line.partition(":") for line in out.splitlines())
+            if key.strip() in wanted or key.strip().startswith("NUMA node")}
 
 
 def part_nccl_unit(cfg: dict) -> dict:
@@ -370,6 +397,11 @@ def _compare(name: str, synk_fn, plain_fn, x, y, cfg: dict) -> dict:
         for label in order.permutation(list(series)):
             fn, args = series[label]
             times[label].append(_timed_steps(fn, *args, steps))
+    with synk.profile() as prof:  # where synkhronos's share of a step goes
+        _timed_steps(synk_fn, x, y, steps)
+    summary = prof.summary()
+    profiled = {key: round(1e3 * summary[key] / steps, 4)
+                for key in ("total", "stage", "function", "reduce", "straggler")}
     ratios = [a / b for a, b in zip(times["synk"], times["plain"], strict=True)]
     data_ratios = [a / b for a, b in zip(times["synk_data"], times["plain"], strict=True)]
     ratio = float(np.median(ratios))
@@ -381,6 +413,7 @@ def _compare(name: str, synk_fn, plain_fn, x, y, cfg: dict) -> dict:
             "ratio_synk_over_plain": round(ratio, 4),
             "ratios_per_round": [round(r, 4) for r in ratios],
             "ratio_synk_data_over_plain": round(float(np.median(data_ratios)), 4),
+            "synk_profiled_ms_per_step": profiled,
             "target": "ratio <= 1.05", "target_met": ratio <= 1.05}
 
 
@@ -458,6 +491,7 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
         counts: dict = {}
         failed: list[str] = []
         reasons: list[str] = []
+        passed: list[str] = []
         if xml.exists():
             root = ElementTree.parse(xml).getroot()
             suites = [root] if root.tag == "testsuite" else list(root)
@@ -466,6 +500,8 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
             for case in root.iter("testcase"):
                 bad = case.find("failure")
                 bad = case.find("error") if bad is None else bad
+                if bad is None and case.find("skipped") is None:
+                    passed.append(case.get("name") or "")
                 if bad is not None:
                     failed.append(f"{case.get('classname')}::{case.get('name')}")
                     why = (bad.text or bad.get("message") or "")[-1500:]
@@ -479,8 +515,11 @@ def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
                               ("skipped", "SKIPPED")):
                 counts[key] = sum(outcome == word for _, outcome in outcomes)
             failed = [name for name, outcome in outcomes if outcome in ("FAILED", "ERROR")]
+            passed = [name for name, outcome in outcomes if outcome == "PASSED"]
     counts["passed"] = counts.get("tests", 0) - sum(
         counts.get(k, 0) for k in ("failures", "errors", "skipped"))
+    # the tests of the sharded training step (not those of the unsharded one) that passed
+    counts["passed_sharded"] = sum(bool(SHARDED.search(name)) for name in passed)
     lines = done["stdout"].strip().splitlines()
     record = {"label": label, "returncode": done["returncode"], "timed_out": done["timed_out"],
               "seconds": done["seconds"], "counts": counts, "failed": failed,
@@ -521,7 +560,8 @@ def part_gpu_tests(cfg: dict) -> dict:
     ok = all(r["returncode"] == 0 for r in runs) and any(
         r["counts"].get("passed", 0) > 0 for r in runs)
     result = {"platform": platform or "cuda", "concurrent": cfg["test_concurrent"],
-              "runs": runs, "all_passed": ok}
+              "runs": runs, "all_passed": ok,
+              "sharded_tests_passed": sum(r["counts"].get("passed_sharded", 0) for r in runs)}
     if not ok:
         raise PartFailed(result)
     return result
@@ -540,7 +580,9 @@ def part_cpu_scaling(cfg: dict) -> dict:
                    str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
                    "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
                                              * max(cfg["scaling_sizes"]))),
-                   "--out", tmp]
+                   *(["--balance"] if cfg["scaling_balance"] else []),
+                   "--phases", "--profile-steps", str(cfg["scaling_phase_steps"]),
+                   "--fixed-commands", str(cfg["scaling_fixed_commands"]), "--out", tmp]
         done = run_logged(command, cfg["_timeout"], child_env())
         path = Path(tmp) / "scaling.json"
         if done["returncode"] != 0 or not path.exists():
@@ -549,8 +591,11 @@ def part_cpu_scaling(cfg: dict) -> dict:
     headline = report.get("headline", {})
     return {"command": done["command"], "seconds": done["seconds"],
             "vs_ceiling_per_n": headline.get("vs_ceiling_per_n"),
+            "vs_ceiling_per_n_balanced": headline.get("vs_ceiling_per_n_balanced"),
+            "balance": report.get("balance"),
             "target": "synk-16 shuffled >= 0.9 of 16 plain programs at once",
             "headline": headline, "load": report.get("load"),
+            "phases": {k: v for k, v in report.get("phases", {}).items() if k != "figure"},
             "configurations": [{k: c[k] for k in ("name", "samples_per_s", "ms_per_step",
                                                   "speedup")}
                                for c in report.get("configurations", [])]}
@@ -696,7 +741,8 @@ def headline(name: str, record: dict) -> str:
         return (f"synk/plain: MLP {r['mlp']['ratio_synk_over_plain']}, ResNet "
                 f"{r['resnet']['ratio_synk_over_plain']} (target <= 1.05)")
     if name == "gpu_tests":
-        return "; ".join(f"{x['label']}: {x['summary']}" for x in r["runs"])[:300]
+        return (f"sharded step tests passed: {r['sharded_tests_passed']}; "
+                + "; ".join(f"{x['label']}: {x['summary']}" for x in r["runs"]))[:300]
     if name == "cpu_scaling":
         per_n = r["vs_ceiling_per_n"] or {}
         return "of the ceiling: " + ", ".join(f"n={n} {v['median']}" for n, v in per_n.items())

@@ -28,7 +28,10 @@ master and in worker 1 alike (at ``n=2`` the worker's share of a command is on t
 critical path), leaving out the waiting loops (``WAITS``), whose count is the time
 spent waiting. Python bytecodes are not instructions (one may cost a few nanoseconds
 or a microsecond), but their count is exact, and per function it says where the
-Python glue of a command is.
+Python glue of a command is. With more processes than cores the ranks sleep between
+commands and each command wakes them (work that free cores never do); ``--spin 5``
+keeps them spinning instead, so that the count is the one of a machine with a core per
+process.
 
     python benchmarks/instructions.py [--ops ping,plain,call] [--calls 1000] [--n 1]
     python benchmarks/instructions.py --bytecodes [--n 2] [--ops ping,call,all_reduce]
@@ -48,13 +51,14 @@ import tempfile
 from pathlib import Path
 
 OPS = ("nothing", "ping", "plain", "call", "data_call", "all_reduce")
-WAITS = frozenset({"wait_done", "next_command", "wait", "ready", "<lambda>"})  # control.py
+WAITS = frozenset({"wait_done", "next_command", "wait", "ready", "<lambda>",  # control.py
+                   "arrived", "_spin_arrivals", "_peer_failed"})
 _COUNTS: collections.Counter = collections.Counter()  # (function, file, line) -> bytecodes
 
 
-def operations(n: int, warm: list[str]) -> dict:
-    """A session of ``n`` and each operation's callable (those in ``warm`` run 300
-    times first)."""
+def operations(n: int, warm: list[str], spin: float | None = None) -> dict:
+    """A session of ``n`` (``spin``: ``synk.fork``'s) and each operation's callable
+    (those in ``warm`` run 300 times first)."""
     import numpy as np
     import pytensor
     import pytensor.tensor as pt
@@ -62,7 +66,7 @@ def operations(n: int, warm: list[str]) -> dict:
     import synkhronos as synk
     from synkhronos import testing
 
-    synk.fork(n)
+    synk.fork(n, spin=spin)
     x = pt.matrix("x", dtype="float64")
     out = (x * 2.0).sum(axis=0)
     plain = pytensor.function([x], out)
@@ -114,12 +118,12 @@ def _per_call(counts: dict, calls: int) -> dict:
                     for (name, file, line), c in top]}
 
 
-def bytecodes(names: list[str], n: int, calls: int) -> dict:
+def bytecodes(names: list[str], n: int, calls: int, spin: float | None = None) -> dict:
     """Per operation: the master's and (``n > 1``) worker 1's bytecodes per call."""
     import synkhronos as synk
     from synkhronos import testing
 
-    ops = operations(n, names)
+    ops = operations(n, names, spin)
     report = {}
     try:
         for name in names:
@@ -174,6 +178,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1)
     parser.add_argument("--bytecodes", action="store_true",
                         help="count Python bytecodes per function in the master and worker 1")
+    parser.add_argument("--spin", type=float, default=None,
+                        help="synk.fork's spin (seconds); a long one keeps every rank "
+                             "spinning, as on free cores, where n oversubscribes these")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -181,8 +188,9 @@ def main() -> None:
         return
     if args.bytecodes:
         names = [op for op in args.ops.split(",") if op in OPS]
-        print(json.dumps({"n": args.n, "calls": args.calls, "python": sys.version.split()[0],
-                          "bytecodes_per_op": bytecodes(names, args.n, args.calls)},
+        print(json.dumps({"n": args.n, "calls": args.calls, "spin": args.spin,
+                          "python": sys.version.split()[0],
+                          "bytecodes_per_op": bytecodes(names, args.n, args.calls, args.spin)},
                          indent=1))
         return
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

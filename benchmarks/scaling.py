@@ -74,6 +74,17 @@ configuration run inside ``synk.profile()`` at n=1 and n=max, beside the plain p
 (its gather and function timed apart), all over the same number of samples; printed
 as a table on stderr and stored under ``"table1"`` in the JSON.
 
+``--phases`` adds the per-phase account of the step (SPEC 11), at every synkhronos n
+of ``--sizes``: the shuffled, batch-scaled, all-reduce step run ``--profile-steps``
+times inside ``synk.profile()``, whose ``per_rank()`` gives, for every rank, its
+compute, row gather, update, exchange, waiting for the slowest and the rest, in ms per
+step, with its CPU time per step and in the exchange (``"phases"`` in the JSON; with
+more processes than cores, compare CPU times, not wall times). Beside them, each
+rank's CPU time per command of an empty command and of a 4-byte all-reduce, over
+``--fixed-commands`` of each (``"fixed_costs"``): what grows with n shows there before
+any machine has n cores. ``--out`` draws ``scaling_phases.png``: per n, a stacked bar
+per rank.
+
 Prints one JSON document; ``--out DIR`` also writes ``scaling.json``,
 ``scaling_speedup.png`` (Figure 2: speed-up per configuration at n=1 and n=max) and
 ``scaling_vs_n.png`` (Figure 3: speed-up against n) there (``scaling_cnn*`` for the
@@ -287,6 +298,11 @@ class SynkServer:
                                          learning_rate=np.float32(LEARNING_RATE),
                                          sharded=spec.get("sharded", False),
                                          balance=spec.get("balance", False))
+        import pytensor
+
+        # a 4-byte variable for the fixed costs' all-reduce (distributed with the step)
+        self.tiny = pytensor.shared(np.zeros(1, "float32"), name="tiny")
+        synk.function([x], (x.sum() * self.tiny[0], "sum"))
         synk.distribute()
         self.compile_s = time.perf_counter() - start
         xs, ys, perm = dataset(spec["dataset_rows"])
@@ -341,6 +357,33 @@ class SynkServer:
                     key = f"function[{record.name}] rank {rank}"
                     summary[key] = summary.get(key, 0.0) + seconds
         return summary
+
+    def phases(self, variant: dict, steps: int, commands: int) -> dict:
+        """Every rank's phases of the step, ms per step (``synk.profile``), and its
+        CPU time per command of an empty command and a 4-byte all-reduce, us."""
+        from synkhronos import testing
+
+        self.step(variant)
+        with self.synk.profile() as prof:
+            for _ in range(steps):
+                self.step(variant)
+        per_rank = [{k: (round(1e3 * v / entry["steps"], 4) if k not in ("rank", "steps")
+                         else v) for k, v in entry.items()} for entry in prof.per_rank()]
+        fixed = {}
+        for name, command in (("empty", testing.ping),
+                              ("all_reduce_4B", lambda: self.synk.all_reduce(self.tiny))):
+            command()
+            before = testing.run_on_ranks(time.process_time)
+            start = time.perf_counter()
+            for _ in range(commands):
+                command()
+            wall = time.perf_counter() - start
+            after = testing.run_on_ranks(time.process_time)
+            fixed[name] = {"cpu_us_per_rank": [round(1e6 * (b - a) / commands, 2)
+                                               for a, b in zip(before, after, strict=True)],
+                           "wall_us": round(1e6 * wall / commands, 2)}
+        return {"n": self.n, "steps": steps, "spin_s": self.spin,
+                "ms_per_step": per_rank, "fixed_costs": fixed}
 
     def balance(self) -> dict:
         balancer = self.train.balancer
@@ -462,6 +505,8 @@ def serve(spec: dict) -> None:
             reply = server.profile(variant, command["steps"])
         elif op == "balance":
             reply = server.balance()
+        elif op == "phases":
+            reply = server.phases(variant, command["steps"], command["commands"])
         else:
             reply = {"error": f"unknown op {op!r}"}
         channel.write(json.dumps(reply) + "\n")
@@ -887,6 +932,62 @@ def profile_table(configs: list[Config], args, pids: set[int]) -> dict:
                     "numpy gather X[idx] and its function apart."}
 
 
+def phase_account(configs: list[Config], args) -> dict:
+    """``--phases``: the phase account at every synkhronos n (``SynkServer.phases``),
+    one server after the other while the others wait."""
+    account = {}
+    for n in args.sizes:
+        config = find(configs, framework="synkhronos", n=n, scaling="scaled",
+                      access="shuffled", allreduce=True, balance=False)
+        if config is None:
+            continue
+        remote = config.remotes[0]
+        remote.send({"op": "phases", "variant": config.variant,
+                     "steps": args.profile_steps, "commands": args.fixed_commands})
+        account[str(n)] = remote.receive()
+    return {"note": "ms per step per rank from synk.profile().per_rank() (wait: at meeting "
+                    "points for the slowest rank, and the master's wait for the slowest "
+                    "worker; other: the calls' Python path); cpu, cpu_exchange: the "
+                    "process's CPU time in the step and in its collectives (a spinning "
+                    "wait counts, a blocked one does not: spin_s says which). fixed_costs: "
+                    "each rank's CPU us per command.", "per_n": account}
+
+
+def draw_phases(phases: dict, out: Path, machine: dict) -> str:
+    """``scaling_phases.png``: per n, one stacked bar of phases per rank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_n = phases["per_n"]
+    names = ("compute", "gather", "update", "exchange", "wait", "other")
+    colors = ("tab:blue", "tab:cyan", "tab:green", "tab:orange", "tab:red", "tab:gray")
+    fig, axes = plt.subplots(1, len(per_n), figsize=(2.2 + 1.1 * len(per_n) + 0.25 * sum(
+        len(v["ms_per_step"]) for v in per_n.values()), 4.2), squeeze=False)
+    for ax, (n, entry) in zip(axes[0], per_n.items(), strict=True):
+        ranks = entry["ms_per_step"]
+        x = np.arange(len(ranks))
+        bottom = np.zeros(len(ranks))
+        for name, color in zip(names, colors, strict=True):
+            values = np.array([r[name] for r in ranks])
+            ax.bar(x, values, bottom=bottom, color=color, label=name, width=0.8)
+            bottom += values
+        ax.plot(x, [r["cpu"] for r in ranks], "k.", label="CPU time")
+        ax.set_xticks(x, [str(r["rank"]) for r in ranks], fontsize=6)
+        ax.set_title(f"n={n}", fontsize=9)
+        ax.set_xlabel("rank", fontsize=8)
+    axes[0][0].set_ylabel("ms per step")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"Phases of one training step per rank ({machine['usable_cores']} cores)",
+                 fontsize=10)
+    fig.tight_layout()
+    path = out / "scaling_phases.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def format_table(table1: dict, n: int) -> str:
     header = f"{'Item':24s} {'PyTensor':>10s} {'Synk-1':>10s} {f'Synk-{n}':>10s} {'Scaling':>8s}"
     out = [f"Table 1: {table1['samples']} samples, seconds", header]
@@ -1040,6 +1141,10 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=20,
                         help="synk-max steps per profile round")
     parser.add_argument("--profile-rounds", type=int, default=3)
+    parser.add_argument("--phases", action="store_true",
+                        help="also the per-phase account of the step at every n")
+    parser.add_argument("--fixed-commands", type=int, default=300,
+                        help="empty commands and 4-byte all-reduces timed per n (--phases)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--spin", type=float, default=None,
                         help="synk.fork(spin=...); default: the library's choice")
@@ -1097,6 +1202,7 @@ def main() -> None:
                     remote.send({"op": "balance"})
                     balance[f"synk-{remote.spec['n']}"] = remote.receive()
             table1 = profile_table(configs, args, pids) if args.profile else None
+            phases = phase_account(configs, args) if args.phases else None
         finally:
             for remote in remotes:
                 remote.close()
@@ -1132,6 +1238,8 @@ def main() -> None:
         table, headline = summarize(configs, args)
         result["headline"] = headline
         result["configurations"] = table
+    if phases is not None:
+        result["phases"] = phases
     if table1 is not None:
         result["table1"] = table1
         print(format_table(table1, args.max_n), file=sys.stderr)
@@ -1142,6 +1250,11 @@ def main() -> None:
                 result["figures"] = draw(result, args.out)
             except ImportError as exc:
                 result["figures"] = f"omitted: {exc}"
+        if phases is not None:
+            try:
+                phases["figure"] = draw_phases(phases, args.out, result["machine"])
+            except ImportError as exc:
+                phases["figure"] = f"omitted: {exc}"
         stem = "scaling" if args.model == "mlp" else f"scaling_{args.model}"
         (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -23,7 +23,9 @@ needs at call time:
   broadcast inputs (a small function compiled once),
   clipped as numpy clips a slice, and the slice's rows divided by the rule that
   divides scattered rows: one ``(start, stop)`` per process and per shared variable,
-  sent with the call. Each process passes ``value[start:stop]`` for its stand-in.
+  sent with the call. Each process passes ``value[start:stop]`` for its stand-in;
+  ``SlicePattern.first_rows``: the same length at build time, for the first
+  minibatch (every scalar input 0), which is the program's batch size.
 """
 
 from __future__ import annotations
@@ -188,6 +190,19 @@ class SlicePattern:
             raise ValueError(f"the givens' slices of shared variables must select the same "
                              f"number of rows (the rows of one minibatch); got {found}")
         return spans
+
+    def first_rows(self) -> int | None:
+        """The slice's rows with every input 0 (the tutorials' first minibatch,
+        ``index = 0``); None where an input is not a scalar, or where the bounds make
+        no sense at 0 (slices of different lengths, a division by an input): each
+        call's rows are checked anyway."""
+        if any(var.ndim for var in self._inputs):
+            return None
+        try:
+            spans = self.whole([np.zeros((), var.type.numpy_dtype) for var in self._inputs])
+        except Exception:
+            return None
+        return spans[0][1] - spans[0][0]
 
     def rows(self, values: list, parts: int, shares: tuple[float, ...] | None = None
              ) -> tuple[tuple, int]:

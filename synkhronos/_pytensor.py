@@ -25,17 +25,25 @@ import pytensor
 
 try:  # PyTensor >= 3
     from pytensor.graph.traversal import ancestors as _ancestors
+    from pytensor.graph.traversal import graph_inputs as _graph_inputs
 except ImportError:  # pragma: no cover - PyTensor 2.x
     from pytensor.graph.basic import ancestors as _ancestors  # type: ignore[no-redef]
+    from pytensor.graph.basic import graph_inputs as _graph_inputs  # type: ignore[no-redef]
 from pytensor.compile.builders import OpFromGraph
+from pytensor.graph.basic import Constant, clone_get_equiv
+from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.utils import Scratchpad
 from pytensor.link.utils import raise_with_op
 from pytensor.tensor.random.type import RandomType
+from pytensor.tensor.rewriting.shape import ShapeFeature
+from pytensor.tensor.shape import Shape, Shape_i
 
 __all__ = [
     "ancestors",
     "substitute",
+    "shape_inference",
+    "lengths_read",
     "storage",
     "value",
     "bound_to",
@@ -66,6 +74,53 @@ def substitute(variable: Any, replace: dict[Any, Any]) -> Any:
     if not any(var in replace for var in ancestors([variable])):
         return variable
     return clone_replace(variable, replace=replace)
+
+
+def shape_inference(roots: list[Any]) -> Any:
+    """PyTensor's shape inference over the graph of ``roots``, which stays as it is.
+
+    Returns ``shape(var)``: each dimension of a variable of that graph as a symbolic
+    scalar, in terms of ``Shape_i`` of the graph's own inputs where PyTensor can tell
+    (and of an intermediate variable where its op cannot say). The inference runs on
+    a copy of the graph whose inputs are the graph's inputs themselves, so that those
+    dimensions name them.
+    """
+    inputs = [var for var in _graph_inputs(roots) if not isinstance(var, Constant)]
+    equivalent: dict[Any, Any] = clone_get_equiv(inputs, roots, copy_inputs=False,
+                                                 copy_orphans=True)
+    graph = FunctionGraph(inputs, [equivalent[var] for var in roots],
+                          features=[ShapeFeature()], clone=False)
+    feature = graph.shape_feature
+
+    def shape(var: Any) -> tuple:
+        copy = equivalent[var]
+        if not hasattr(feature, "init_r"):  # PyTensor >= 3.3: shapes derived on demand
+            return tuple(feature.shape_tuple(copy))
+        feature.init_r(copy)  # (an input that no op reads has none yet)
+        return tuple(feature.shape_of[copy])
+
+    return shape
+
+
+def lengths_read(dims: Iterable[Any], candidates: Iterable[Any]) -> list[Any]:
+    """Which of ``candidates`` (inputs of a graph) the symbolic ``dims`` (from
+    ``shape_inference``) grow with along axis 0: those whose ``Shape_i{0}`` or
+    ``Shape`` they read, and, where they read the shape of an intermediate variable
+    (one whose op could not infer it), every candidate that variable is computed from.
+    """
+    wanted = list(candidates)
+    found: list[Any] = []
+    for var in _ancestors(list(dims)):
+        node = var.owner
+        if node is None or not isinstance(node.op, (Shape_i, Shape)):
+            continue
+        read = node.inputs[0]
+        if isinstance(node.op, Shape_i) and node.op.i != 0 and read.owner is None:
+            continue
+        sources = [read] if read.owner is None else _ancestors([read])
+        found += [c for c in wanted if any(c is s for s in sources) and
+                  not any(c is f for f in found)]
+    return found
 
 
 def storage(var: Any) -> list:

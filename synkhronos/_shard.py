@@ -250,7 +250,7 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
             outputs = _reduced_only(outputs, strip)
         if faults.ARMED:
             faults.hit("reply")
-        if not replies.finish_kept(rank, seq, head, outputs):  # outputs of other shapes
+        if not replies.finish_kept(rank, seq, head, outputs, master_rank):  # other shapes
             replies.finish(rank, seq, (weight, outputs), False, master_rank, arena)
         return True
 

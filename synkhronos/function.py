@@ -6,8 +6,9 @@ This module builds; ``_call.py`` runs. One call, in the master::
       1. bind      args/kwargs -> one value per input (inputs + bcast_inputs)
       2. validate  count, ndim, dtype (cast only where PyTensor casts), lengths,
                    batch, the form of batch_s, num_slices, output_subset, shares
-                   (_validate.py, _scatter.py): every error here, before any
-                   worker moves
+                   (_validate.py, _scatter.py), a batch size the graph hard-codes
+                   while the rows are split (_fixed_batch.py): every error here,
+                   before any worker moves
       3. prepare   the variant's PreparedCall (_call.py): numpy inputs and batch
                    indices staged in its shared memory; a Call message with the
                    variant's id and what varies
@@ -35,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _pytensor, _replay, _validate
+from . import _fixed_batch, _pytensor, _replay, _validate
 from ._call import Call, combine, repeat_key
 from ._core.session import Session, require
 from ._reducers import ReduceOp
@@ -98,6 +99,12 @@ class Function:
         self._row_shareds, self._slice_inputs = rows.shareds, rows.stand_ins
         self._signature = self.inputs + self.bcast_inputs
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
+        self._fixed_batch = self._find_fixed_batch(rows.slices)
+        first = rows.slices.first_rows() if self._fixed_batch and rows.slices else None
+        if first:  # the tutorials' batch size, known now: refuse before compiling
+            _fixed_batch.check(self._fixed_batch, first, session.n, None, 1,
+                               f"the whole minibatch of {first} rows that the givens "
+                               "slice (with every scalar input 0)")
         self._binder = _validate.Binder(self._signature, len(self.inputs))
         self._session: Session = session
         self._untrusted = threading.Lock()  # as_pytensor's checked calls, one at a time
@@ -109,6 +116,21 @@ class Function:
             self._trusted, self._outputs, self._output_ops, self._updates, self._update_ops,
             self._row_shareds, len(self.inputs), self._labels)
         self._local = self._variants.local
+
+    def _find_fixed_batch(self, slices: Any) -> tuple[_fixed_batch.FixedBatch, ...]:
+        """The ops that hard-code the whole batch's row count (``_fixed_batch.py``):
+        in the graph the user wrote, on the scattered inputs or the variables the
+        slice pattern gives rows."""
+        rows = list(self.inputs)
+        labels = self._labels[:len(rows)]
+        if slices is not None:
+            for key, _, shared in slices.entries:
+                rows.append(key)
+                name = f"{key.name!r}, " if key.name else ""
+                source = repr(shared.name) if shared.name else "a shared variable"
+                labels.append(f"{name}the givens' slice of {source}")
+        roots = self._outputs + [value for _, value in self._updates]
+        return _fixed_batch.find(roots, rows, labels)
 
     @property
     def output_modes(self) -> list[str | None]:
@@ -233,14 +255,17 @@ class Function:
         )
         if num_slices > 1:
             check_sliceable_outputs(self._output_ops, subset)
-        prepared = self._variants.prepared(subset, num_slices > 1)
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
         rows, empty, cuts = None, False, None
+        length = checked.total_rows
         if self._slices is not None:  # the givens' slice, divided: its bounds vary per call
             rows, length = self._slices.rows(checked.values, session.n, shares)
             empty = length == 0
         elif shares is not None:
             cuts = offsets(weighted_counts(checked.total_rows, shares))
+        if self._fixed_batch:
+            _fixed_batch.check(self._fixed_batch, length, session.n, shares, num_slices)
+        prepared = self._variants.prepared(subset, num_slices > 1)  # (may distribute)
         call = prepared.message(checked, selections, num_slices, timings,
                                 session.commands, rows, empty, cuts)
         # (a plain call is kept for replay; under an instrument too, with its timings)

@@ -18,6 +18,26 @@ before and after the command). The phases of a call:
 - ``collective``: whole commands other than function calls (``all_reduce`` and the
   other collectives), wall time.
 
+A step (``synkhronos.steps``: a training step's calls and collectives in one command)
+is timed on every rank (a ``timed`` ``Sequence``): its ``phases`` give, per rank,
+
+- ``compute``: the function time of its calls, the update's left out;
+- ``gather``: the building of its rows;
+- ``update``: the function time of the update (calls compiled as ``train_apply*``);
+- ``exchange``: its collectives' time, less its waits;
+- ``wait``: time at meeting points waiting for the slowest rank (with the master's
+  wait for the slowest worker at the end of the command);
+- ``other``: the rest of its calls (partition, reply: the Python path);
+
+and beside them ``cpu`` and ``cpu_exchange``, the process's CPU seconds in the step
+and in its collectives: with more processes than cores, wall times say who waited for
+a core, CPU times what each rank's work cost (a spinning wait counts as CPU time, a
+blocked one does not).
+
+``Profile.per_rank()`` sums them over the block's steps, ``Profile.step_phases()``
+gives them step by step. Waits between machines (the leaders' exchange over MPI) count
+as ``exchange``.
+
 Starting or ending a block moves the epoch on (``_runtime/epoch.py``): the calls kept
 for replay are made again, with messages that ask every rank for its seconds (or no
 longer ask), so that a profiled call takes the path it takes unprofiled. With no
@@ -27,6 +47,7 @@ block active, nothing is recorded and a command checks one attribute.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +59,12 @@ from ._core.session import Run, require
 from ._runtime import epoch
 from .distribute import REGISTRY
 
-__all__ = ["Profile", "profile", "CallRecord"]
+__all__ = ["Profile", "profile", "CallRecord", "PHASES"]
+
+#: A step's phases per rank, in the order they are drawn (``Profile.per_rank``).
+PHASES = ("compute", "gather", "update", "exchange", "wait", "other")
+#: Beside them, the rank's CPU seconds in the step and in its collectives.
+CPU = ("cpu", "cpu_exchange")
 
 
 @dataclass
@@ -53,6 +79,7 @@ class CallRecord:
     reduce: float = 0.0
     gather: list[float] = field(default_factory=list)  # per rank that ran
     function: list[float] = field(default_factory=list)  # per rank that ran
+    phases: list[dict[str, float]] = field(default_factory=list)  # a step's, by rank
 
 
 @dataclass
@@ -67,6 +94,7 @@ class Profile:
     records: list[CallRecord] = field(default_factory=list)
     # Function names by compiled function id (the registry's, in the master)
     names: Callable[[int], str | None] = lambda fn_id: None
+    master: int = 0  # the master's rank (its wait for the slowest worker is its own)
     # (start, end, record) of the last command that was one call, for ``call``
     _command: tuple[float, float, CallRecord] | None = None
 
@@ -82,6 +110,9 @@ class Profile:
             finally:
                 marks[1] = time.perf_counter()
 
+        if isinstance(message, Sequence):  # every rank times each step
+            message = dataclasses.replace(message, timed=True)
+            key = None if key is None else message
         start = time.perf_counter()
         result = run(message, timed, key)
         end = time.perf_counter()
@@ -90,25 +121,63 @@ class Profile:
             record = self._call_record(message, replies, total=end - start, straggler=wait)
             self._command = (start, end, record)
         elif isinstance(message, Sequence):
-            self.records.append(CallRecord("step", None, total=end - start, straggler=wait))
+            record = CallRecord("step", None, total=end - start, straggler=wait)
+            self.records.append(record)
             for i, step in enumerate(message.steps):
                 if isinstance(step, Call):  # (a rank that failed replied otherwise)
                     self._call_record(step, [reply[i] if isinstance(reply, (tuple, list))
                                              else None for reply in replies])
+            record.phases = self._phases(message, replies, wait)
         else:
             self.records.append(CallRecord("collective", None, total=end - start,
                                            straggler=wait))
         return result
 
-    def _call_record(self, call: Call, replies: list, **times: float) -> CallRecord:
+    def _call_record(self, call: Call, replies: list, total: float = 0.0,
+                     straggler: float = 0.0) -> CallRecord:
         """A call's record, with each rank's (gather, function) seconds from its reply."""
         timings = [reply[2] for reply in replies
                    if isinstance(reply, (tuple, list)) and len(reply) > 2]
-        record = CallRecord("call", self.names(call.prepared_id),
-                            gather=[float(t[0]) for t in timings],
-                            function=[float(t[1]) for t in timings], **times)
+        record = CallRecord("call", self.names(call.prepared_id), total=total,
+                            straggler=straggler, gather=[float(t[0]) for t in timings],
+                            function=[float(t[1]) for t in timings])
         self.records.append(record)
         return record
+
+    def _phases(self, message: Sequence, replies: list, straggler: float,
+                ) -> list[dict[str, float]]:
+        """Each rank's phases of one timed step (see the module's docstring)."""
+        kinds = []
+        for step in message.steps:
+            if isinstance(step, Call):
+                name = self.names(step.prepared_id) or ""
+                kinds.append("update" if name.startswith("train_apply") else "compute")
+            else:
+                kinds.append("exchange")
+        phases = []
+        count = len(message.steps)
+        for rank, reply in enumerate(replies):
+            if not isinstance(reply, tuple) or len(reply) != count + 1:
+                continue  # (a rank that failed)
+            times = dict.fromkeys(PHASES + CPU, 0.0)
+            for kind, step_reply, (seconds, waited, cpu) in zip(kinds, reply, reply[count],
+                                                                strict=False):
+                times["wait"] += waited
+                times["cpu"] += cpu
+                if kind == "exchange":
+                    times["exchange"] += seconds - waited
+                    times["cpu_exchange"] += cpu
+                    continue
+                gather = function = 0.0
+                if isinstance(step_reply, (tuple, list)) and len(step_reply) > 2:
+                    gather, function = (float(t) for t in step_reply[2][:2])
+                times["gather"] += gather
+                times[kind] += function
+                times["other"] += seconds - waited - gather - function
+            if rank == self.master:
+                times["wait"] += straggler
+            phases.append({"rank": rank, **times})
+        return phases
 
     def call(self, run: Callable[..., Any], *args: Any) -> Any:
         """Run one function call (``run(*args)``): its command's record gets the
@@ -123,6 +192,24 @@ class Profile:
         return result
 
     # -- reading ----------------------------------------------------------------------------
+    def step_phases(self) -> list[list[dict[str, float]]]:
+        """Per step of the block (``"step"`` records), each rank's phases, in seconds."""
+        return [r.phases for r in self.records if r.kind == "step"]
+
+    def per_rank(self) -> list[dict[str, float]]:
+        """Per rank, its phases summed over the block's steps, in seconds (``rank``:
+        which; ``steps``: how many it ran)."""
+        totals: dict[int, dict[str, float]] = {}
+        for step in self.step_phases():
+            for entry in step:
+                rank = int(entry["rank"])
+                into = totals.setdefault(rank, {"rank": rank, "steps": 0,
+                                                **dict.fromkeys(PHASES + CPU, 0.0)})
+                into["steps"] += 1
+                for phase in PHASES + CPU:
+                    into[phase] += entry[phase]
+        return [totals[rank] for rank in sorted(totals)]
+
     def summary(self) -> dict[str, float]:
         """Totals in seconds: the per-rank phases are averaged over the ranks that ran.
 
@@ -166,7 +253,8 @@ def profile() -> Iterator[Profile]:
     if session.instrument is not None:
         raise RuntimeError("synk.profile() blocks cannot be nested")
     functions = REGISTRY.get(session.ctx).functions
-    result = Profile(names=lambda fn_id: getattr(functions.get(fn_id), "name", None))
+    result = Profile(names=lambda fn_id: getattr(functions.get(fn_id), "name", None),
+                     master=session.ctx.master_rank)
     session.instrument = result
     epoch.advance()  # what was kept for replay is made again, timed
     try:

@@ -23,15 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from ._core.session import Session, require
 from ._pytensor import value
 from .collectives import fused
 from .collectives._checks import FRONT, begin, low_precision, reduce_op
-from .collectives.backend import FusedLayout
+from .collectives.backend import FusedLayout, even_piece_length
 from .function import Function
 
 __all__ = ["Step", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "views",
-           "pieces", "run"]
+           "pieces", "piece_length", "run"]
 
 
 class Step:
@@ -154,6 +156,22 @@ def pieces(shared_var: Any) -> list[tuple[int, int]]:
         start, end = (mine[0][1], mine[0][2]) if mine else (end, end)  # empty: where it is
         bounds.append((start, end))
     return bounds
+
+
+def piece_length(size: int, dtype: Any) -> int:
+    """The length ``L`` of every process's piece of a 1-d vector of ``size`` elements of
+    ``dtype`` padded to ``n * L``: ``ceil(size / n)`` rounded up to whole cache lines
+    (64 bytes).
+
+    :func:`reduce_scatter`, :func:`all_gather_pieces` and :func:`pieces` cut a 1-d
+    shared variable of ``n * L`` elements into exactly ``[r * L, (r + 1) * L)`` for
+    rank ``r``: every piece has one length, as a function compiled for static shapes
+    (JAX, ``device="gpu"``) needs. The padding is the vector's tail.
+    """
+    session = require("synk.steps.piece_length()")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"steps.piece_length needs a size >= 1; got {size!r}")
+    return even_piece_length(int(size), session.n, dtype)
 
 
 def run(steps: Sequence[Step]) -> list[Any]:

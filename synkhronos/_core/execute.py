@@ -8,16 +8,23 @@ treats an exception the same way:
   in the session, which stays usable (``WorkerError`` in the master);
 - ``KeyboardInterrupt`` passes through: in the master it abandons the command there
   and leaves it pending for the workers (``session.py``; workers ignore SIGINT, so it
-  never starts there). One that a handler's exception hides (a
-  signal during a Numba kernel surfaces as a ``SystemError``) is found and re-raised.
+  never starts there). Compiled code (Numba, PyTensor's C code, JAX) may turn the
+  handler's exception into another failure (Numba's ``SystemError: ... returned a
+  result with an exception set``) or drop it: a failure of the master's share during
+  a command in which its signal handler ran is the interruption, and is raised as one
+  (``_runtime/signals.py``), however the failure looks.
 
 The handler table is explicit: ``synkhronos/handlers.py`` lists every message type and
 its handler, and hands the table to the session and the workers. A ``Sequence`` runs
-its steps here, in order, each through the same table.
+its steps here, in order, each through the same table; a timed one (``synk.profile``)
+also says, per step, how long it took this rank, how much of that the rank waited at
+meeting points for the others (the control block's ``clock``), and the CPU time this
+process spent on it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -58,8 +65,9 @@ def at_reply(outcome: Outcome) -> Outcome:
 
 def failed(exc: BaseException, keep_exception: bool) -> Outcome:
     """The outcome of a handler that raised ``exc`` (``Exception`` or ``SystemExit``):
-    its failure (``keep_exception``: see ``Executor.run``)."""
-    signals.reraise_interruption(exc)  # Ctrl-C inside compiled code: still Ctrl-C
+    its failure (``keep_exception``: see ``Executor.run``), or the interruption
+    it stands for (Ctrl-C inside compiled code is still Ctrl-C)."""
+    signals.reraise_interruption(exc)
     return Outcome(None, RemoteFailure.from_exception(exc, keep=keep_exception), exc)
 
 
@@ -104,7 +112,24 @@ class Executor:
             raise TypeError(f"no handler for message {type(message).__name__}") from None
 
     def _sequence(self, ctx: RankContext, message: Sequence) -> tuple:
-        return tuple(self.handler(step)(ctx, step) for step in message.steps)
+        if not message.timed:
+            return tuple(self.handler(step)(ctx, step) for step in message.steps)
+        control = ctx.control
+        clock: list[float] = []  # the seconds of each wait at a barrier
+        replies: list = []
+        times: list[tuple[float, float, float]] = []
+        if control is not None:
+            control.clock = clock
+        try:
+            for step in message.steps:
+                waits, start, cpu = len(clock), time.perf_counter(), time.process_time()
+                replies.append(self.handler(step)(ctx, step))
+                times.append((time.perf_counter() - start, sum(clock[waits:]),
+                              time.process_time() - cpu))
+        finally:
+            if control is not None:
+                control.clock = None
+        return (*replies, tuple(times))
 
     def run(self, ctx: RankContext, message: Message, keep_exception: bool = False) -> Outcome:
         """This rank's part of ``message``: its reply, or its failure.

@@ -59,9 +59,15 @@ class Sequence(Message):
 
     A rank whose step raises stops there; every other rank stops at its next meeting
     point (``BarrierAborted``), so all leave the command together.
+
+    ``timed`` (``synk.profile``'s): each rank's reply ends with one more item, per
+    step its ``(seconds, waited, cpu)``: the step's time on that rank, the part of it
+    spent at meeting points waiting for the others, and the process's CPU seconds in
+    it (``Executor``).
     """
 
     steps: tuple[Message, ...]
+    timed: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 Layout (all in one segment, mapped by every process before the fork)::
 
-    header   int64[16 + 8 * n]   sequence number, payload length, abort flag, payload
-                                 id; per rank: done-seq, status, sleeping, barrier
-                                 epoch, reply length, reply format, vote, reply
-                                 description number
+    header   int64[16 + 9 * n]   sequence number, payload length, abort flag, payload
+                                 id; per rank (one cache line each): done-seq,
+                                 status, (spare), barrier epoch, reply length, reply
+                                 format, vote, reply description number; then every
+                                 rank's sleeping flag, side by side
     log      int64[1 + ring]     the arena's release log (``arena.ReleaseLog``)
     mailbox  bytes[MAILBOX]      the pickled message of the current command
     replies  bytes[n][REPLY]     each rank's reply (result or failure)
@@ -29,7 +30,11 @@ yielding the CPU now and then), then announces it is sleeping and blocks on its 
 semaphore with a short timeout. Posters release the semaphore of a rank that
 announced sleep. Each rank writes only its own fields, so no atomic
 read-modify-write is needed; data written before a flag is seen after it because
-x86 keeps stores in order. The sleep announcement is a store followed by a load of
+x86 keeps stores in order. The sleeping flags lie side by side so that a waker sees
+in one read of n words whether anyone sleeps (``_wake``): nobody does while commands
+follow each other, and the per-rank loop then costs nothing at n = 16. A worker
+that finishes wakes only the master, the one rank waiting for its done field. The
+sleep announcement is a store followed by a load of
 the flag, which x86 may reorder with the poster's store-then-load, so a wake-up can
 in principle be lost: the timeout bounds that cost (it was never seen in
 measurements), and it is also when a waiter checks that its peers are alive.
@@ -75,7 +80,7 @@ MAILBOX_BYTES = 1 << 20
 _SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
 _HEAD = 16
 _PER_RANK = 8
-_DONE, _STATUS, _SLEEPING, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
+_DONE, _STATUS, _SPARE, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
 _EPOCH_STRIDE = 1 << 20  # barrier epoch = seq * stride + barrier count in that command
 
 
@@ -90,7 +95,8 @@ class ControlBlock:
         self.n = n
         self.spin = spin
         self.poll = poll
-        header_bytes = 8 * (_HEAD + _PER_RANK * n)
+        sleeping_at = _HEAD + _PER_RANK * n  # the sleeping flags, one word per rank
+        header_bytes = 8 * (sleeping_at + n)
         log_bytes = 8 * ReleaseLog.ITEMS
         self._mailbox_at = header_bytes + log_bytes
         replies_at = self._mailbox_at + MAILBOX_BYTES
@@ -117,11 +123,20 @@ class ControlBlock:
         #: The master's: the key of the last post while ``post_again`` may repeat it
         #: (None: it may not).
         self.again: object = None
+        #: While a timed command runs (``synk.profile``): this process's seconds of
+        #: waiting at each barrier (after arriving, for the others), appended.
+        self.clock: list[float] | None = None
         self._bases = [_HEAD + _PER_RANK * rank for rank in range(n)]  # each rank's fields
+        self._sleeping = [sleeping_at + rank for rank in range(n)]
+        #: Whether anyone sleeps, in one read: the flags' bytes against all zero.
+        self._sleepers = self._buffer[8 * sleeping_at : header_bytes]
+        self._nobody = bytes(8 * n)
         self._epochs = [base + _EPOCH for base in self._bases]  # (barrier's, agree's)
         self._votes = [base + _VOTE for base in self._bases]
+        #: Every rank's vote, read at once (``agree``; a strided view of the header).
+        self._all_votes = self.header[_HEAD + _VOTE : _HEAD + _PER_RANK * n : _PER_RANK]
         # Per rank: every other rank's sleeping field and semaphore (whom it may wake).
-        self._peers = [[(self._bases[other] + _SLEEPING, self._semaphores[other])
+        self._peers = [[(self._sleeping[other], self._semaphores[other])
                         for other in range(n) if other != rank] for rank in range(n)]
         fields = [(replies_at + REPLY_BYTES * rank, base + _DONE, base + _STATUS,
                    base + _REPLY_LEN, base + _REPLY_KIND, base + _REPLY_HEAD)
@@ -131,8 +146,9 @@ class ControlBlock:
         # mapping alive after the block is dropped unclosed.
         release = partial(_release_message, self.header, self._buffer, self._mailbox_at)
         #: Each rank's reply slot and reply fields (``replies.py``).
-        self.replies = ReplySlots(self._buffer, self.header, fields, self._peers,
-                                  _PAYLOAD_LEN, release)
+        sleepers = [(field, self._semaphores[rank]) for rank, field in enumerate(self._sleeping)]
+        self.replies = ReplySlots(self._buffer, self.header, fields, sleepers,
+                                  self.wake_all, _PAYLOAD_LEN, release)
 
     def close(self) -> None:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
@@ -140,7 +156,8 @@ class ControlBlock:
         self.replies.close()  # the views of the slots, let go
         self.again = None
         try:
-            for view in (self.header, self.release_log.words, self._buffer):
+            for view in (self._all_votes, self._sleepers, self.header,
+                         self.release_log.words, self._buffer):
                 view.release()
             self._map.close()
         except BufferError:  # a reply's view still held somewhere (a traceback's frame):
@@ -162,6 +179,11 @@ class ControlBlock:
 
     # -- waking and waiting ------------------------------------------------------------
     def wake_all(self, except_rank: int) -> None:
+        if self._sleepers.tobytes() != self._nobody:
+            self._wake(except_rank)
+
+    def _wake(self, except_rank: int) -> None:
+        """Release the semaphore of every rank but ``except_rank`` that sleeps."""
         header = self.header
         for sleeping, semaphore in self._peers[except_rank]:
             if header[sleeping]:
@@ -243,7 +265,7 @@ class ControlBlock:
                     if time.perf_counter() > deadline:
                         break
                     os.sched_yield()
-        sleeping = self._bases[rank] + _SLEEPING
+        sleeping = self._sleeping[rank]
         semaphore = self._semaphores[rank]
         self.header[sleeping] = 1
         try:
@@ -279,9 +301,8 @@ class ControlBlock:
         header[_PAYLOAD_ID] = message_id
         seq = header[_SEQ] + 1
         header[_SEQ] = seq
-        for sleeping, semaphore in self._peers[master_rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
+        if self._sleepers.tobytes() != self._nobody:  # wake_all, written out
+            self._wake(master_rank)
         if message_id and header[_PAYLOAD_LEN] >= 0:  # kept in the mailbox, by its id
             self.again = key
         return seq
@@ -296,9 +317,8 @@ class ControlBlock:
         header = self.header
         seq = header[_SEQ] + 1
         header[_SEQ] = seq
-        for sleeping, semaphore in self._peers[master_rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
+        if self._sleepers.tobytes() != self._nobody:  # wake_all, written out
+            self._wake(master_rank)
         return seq
 
     def _publish(self, message: object, arena: Arena, key) -> int:
@@ -391,9 +411,8 @@ class ControlBlock:
         first = seq * _EPOCH_STRIDE  # this command's first barrier arrives at first + 1
         target = (current if current >= first else first) + 1
         header[epoch_field] = target
-        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
+        if self._sleepers.tobytes() != self._nobody:  # wake_all, written out
+            self._wake(rank)
         epochs = self._epochs
         for field in epochs:  # (the loops of all(), written out: a small command's path)
             if header[field] < target:
@@ -401,25 +420,66 @@ class ControlBlock:
         else:
             return  # the last to arrive
 
+        def arrived() -> bool:
+            for field in epochs:
+                if header[field] < target:
+                    return False
+            return True
+
         def ready() -> bool:
+            if arrived():
+                return True
+            if self._peer_failed(seq):
+                # Look again: a rank may have arrived, passed the barrier and failed
+                # after it between the two reads above (it failed *after* the barrier,
+                # so this rank passes too and raises its own error, not a secondary one).
+                if arrived():
+                    return True
+                raise BarrierAborted("another process failed before this barrier")
+            return False
+
+        clock = self.clock
+        started = time.perf_counter() if clock is not None else 0.0
+        try:
+            if self.spin > 0 and self._spin_arrivals(epochs, target, ready):
+                return
+            self.wait(rank, ready, on_poll, spin=0.0)
+        finally:
+            if clock is not None:
+                clock.append(time.perf_counter() - started)
+
+    def _spin_arrivals(self, epochs: list[int], target: int,
+                       ready: Callable[[], bool]) -> bool:
+        """The barrier's spin: True once every rank's epoch is at ``target``, False
+        after ``spin`` seconds. It looks only for arrivals, and for a failed peer
+        (``ready``) every 256 turns: a turn that read every rank's status slowed the
+        noticing of the last arrival at 16 ranks, the barrier's whole latency."""
+        header = self.header
+        deadline = time.perf_counter() + self.spin
+        count = 0
+        while True:
             for field in epochs:
                 if header[field] < target:
                     break
             else:
                 return True
-            fields = self._bases
-            if header[_ABORT] == seq or any(
-                header[f + _DONE] == seq and header[f + _STATUS] != STATUS_OK for f in fields
-            ):
-                # Look again: a rank may have arrived, passed the barrier and failed
-                # after it between the two reads above (it failed *after* the barrier,
-                # so this rank passes too and raises its own error, not a secondary one).
-                if all(header[field] >= target for field in epochs):
+            count += 1
+            if count & 255 == 0:
+                if ready():
                     return True
-                raise BarrierAborted("another process failed before this barrier")
-            return False
+                if time.perf_counter() > deadline:
+                    return False
+                os.sched_yield()
 
-        self.wait(rank, ready, on_poll)
+    def _peer_failed(self, seq: int) -> bool:
+        """Whether command ``seq`` was aborted or a rank finished it with a failure."""
+        header = self.header
+        if header[_ABORT] == seq:
+            return True
+        for base in self._bases:
+            if header[base + _DONE] == seq and header[base + _STATUS] != STATUS_OK:
+                return True
+        return False
 
     def set_cross(self, ok: bool) -> None:
         """The leader: the outcome of a meeting across machines (read after a barrier)."""
@@ -434,10 +494,7 @@ class ControlBlock:
         yes = 2 * header[_SEQ] + 1
         header[self._votes[rank]] = yes if ok else yes - 1
         self.barrier(rank, on_poll)
-        for field in self._votes:
-            if header[field] != yes:
-                return False
-        return True
+        return self._all_votes.tolist().count(yes) == self.n
 
 
 def _release_message(header: memoryview, buffer: memoryview, mailbox_at: int,

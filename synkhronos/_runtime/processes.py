@@ -2,7 +2,9 @@
 
 A worker is a plain ``os.fork()`` child of the master. Right after the fork it:
 
-- ignores SIGINT (Ctrl-C reaches the whole process group; the master alone decides),
+- ignores SIGINT (Ctrl-C reaches the whole process group; the master alone decides)
+  and drops any signal the master's handler had noted (``signals.py``): a failure in
+  a worker is never taken for the master's interruption,
 - asks the kernel for SIGTERM when the master dies (``PR_SET_PDEATHSIG``), and on
   SIGTERM exits at once, first sweeping the program's segments if the master is gone,
 - enables ``faulthandler`` so a segfault leaves a traceback on stderr,
@@ -27,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import shmem
+from . import shmem, signals
 
 __all__ = ["Worker", "fork_workers", "stop_workers", "THREAD_ENV"]
 
@@ -100,6 +102,7 @@ def master_gone(master_pid: int) -> bool:
 def _setup_child(master_pid: int, prefix: str, core: int | None,
                  setup: Callable[[], object] | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signals.forget()
 
     def on_term(signum, frame):
         # PR_SET_PDEATHSIG fires when the forking *thread* dies: with other threads

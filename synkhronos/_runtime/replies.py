@@ -14,7 +14,8 @@ One reply, worker -> master:
    behind its pickled description (``wire.write_arrays``); anything else is pickled
    (``wire.write_pickled``: larger than the slot, into a one-off segment of the arena
    whose name the slot holds instead). Then ``status``, then ``done = seq``, then the
-   master is woken if it sleeps (the block's own ``wake_all``, written out).
+   master is woken if it sleeps: it is the one rank that waits for a done field (a
+   failure wakes every rank: one may wait for this one at a barrier).
 2. The master waits until every worker is done (the block's ``wait_done``), then
    ``collect`` reads each rank's ``(rank, failed, reply)``: arrays copied out of the
    slot or left as views of it, a one-off segment unlinked once read, and the
@@ -54,8 +55,8 @@ STATUS_OK, STATUS_FAILED = 0, 1  # a rank's status field: its reply is a result,
 #: Per rank: its slot's offset in the segment, then the header positions of its
 #: done-seq, status, reply length, reply kind and reply description number.
 Fields = tuple[int, int, int, int, int, int]
-#: Per rank: the sleeping field and semaphore of every other rank (whom it wakes).
-Peers = list[tuple[int, posix_ipc.Semaphore]]
+#: Per rank: its sleeping field and its semaphore (how to wake it).
+Sleeper = tuple[int, posix_ipc.Semaphore]
 
 
 class ReplySlots:
@@ -69,8 +70,10 @@ class ReplySlots:
         The block's header (int64 items).
     fields
         ``Fields`` of each rank, by rank.
-    peers
-        ``Peers`` of each rank, by rank.
+    sleepers
+        ``Sleeper`` of each rank, by rank.
+    wake_all
+        Wakes every sleeping rank but the one given (the block's).
     message_length
         The header position of the mailbox's length field (negative: the command's
         message went in a one-off segment).
@@ -79,7 +82,8 @@ class ReplySlots:
     """
 
     def __init__(self, buffer: memoryview, header: memoryview, fields: list[Fields],
-                 peers: list[Peers], message_length: int,
+                 sleepers: list[Sleeper], wake_all: Callable[[int], None],
+                 message_length: int,
                  release_message: Callable[[Arena], None]):
         self._n = len(fields)
         self._buffer = buffer
@@ -89,7 +93,8 @@ class ReplySlots:
         # repeated reply is read by (``replies_again``, twice a repeated command)
         self._again = [(done, status, length, number)
                        for _, done, status, length, _, number in fields]
-        self._peers = peers
+        self._sleepers = sleepers
+        self._wake_all = wake_all
         self._message_length = message_length
         self._release_message = release_message
         # Replies of arrays whose description repeats (a training loop's) reuse the
@@ -100,10 +105,15 @@ class ReplySlots:
         self._written: tuple[bytes | None, list] = (None, [])
         self._heads_written = 0
         self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * self._n
+        #: The workers' fields read at once, where the master is rank 0 of at least 2.
+        self._workers = _Workers(header, fields) if self._n > 1 else None
 
     def close(self) -> None:
         """Let go of the views of the slots (before the block lets go of its mapping)."""
         self._written, self._replies_read = (None, []), []
+        if self._workers is not None:
+            self._workers.release()
+            self._workers = None
 
     # -- the worker's side ----------------------------------------------------------------
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
@@ -137,11 +147,16 @@ class ReplySlots:
                 pickled, _ = write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
                 header[length] = pickled
                 header[kind] = wire.PICKLE
-        header[status] = STATUS_FAILED if failed else STATUS_OK
+        if failed:
+            header[status] = STATUS_FAILED
+            header[done] = seq
+            self._wake_all(rank)
+            return
+        header[status] = STATUS_OK
         header[done] = seq
-        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
+        sleeping, semaphore = self._sleepers[master_rank]
+        if header[sleeping]:
+            semaphore.release()
 
     @property
     def written_head(self) -> bytes | None:
@@ -149,7 +164,8 @@ class ReplySlots:
         reply ``finish`` wrote as arrays), or None."""
         return self._written[0]
 
-    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list) -> bool:
+    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list,
+                    master: int) -> bool:
         """``finish`` for a reply described by ``head`` again (a repeated call's: its
         rows and its outputs' dtypes and shapes, ``written_head``): ``arrays`` copied
         where the last ones went, no description made. False when the slot holds
@@ -175,9 +191,9 @@ class ReplySlots:
         header[kind] = wire.ARRAYS
         header[status] = STATUS_OK
         header[done] = seq
-        for sleeping, semaphore in self._peers[rank]:  # wake_all, written out
-            if header[sleeping]:
-                semaphore.release()
+        sleeping, semaphore = self._sleepers[master]
+        if header[sleeping]:
+            semaphore.release()
         return True
 
     # -- the master's side ----------------------------------------------------------------
@@ -231,20 +247,79 @@ class ReplySlots:
         views ``reply`` made of each slot then, or None, indexed by rank (None at the
         others), nothing read again. None when a rank has not finished yet, or its
         reply is otherwise (failed, pickled, newly described, or arrays when ``views``
-        is False: ``collect`` then reads them)."""
+        is False: ``collect`` then reads them).
+
+        When ``ranks`` are all the workers (1 to n - 1, the master being 0), their
+        fields are read in one pass each (``_Workers``): at 16 processes a loop over the
+        ranks cost more than the rest of an empty command."""
+        workers = self._workers
+        if workers is not None and ranks == workers.ranks:
+            fast = workers.replies_again(seq, views)
+            if fast is not None:
+                return fast or None  # ([]: a worker not done yet, or one failed)
         header = self._header
         fields = self._again
         replies: list = [None] * self._n
         kept = self._replies_read
         # (A reply other than described arrays sets its number to 0, for which no views
         # are ever kept: ``finish``.)
+        numbers = []
         for rank in ranks:
             done, status, length, number = fields[rank]
             if header[done] != seq or header[status] != STATUS_OK:
                 return None
             read = kept[rank]
+            numbers.append(read[0])
             if views and read[0] == header[number]:
                 replies[rank] = read[1]
             elif header[length] != _NONE:
                 return None
+        if workers is not None and views and ranks == workers.ranks:
+            workers.keep(numbers, replies)
         return replies
+
+
+class _Workers:
+    """The fields of ranks 1 to n - 1 as strided views of the header, each read in one
+    call (``tolist``), and the replies of views last answered by ``replies_again``
+    with the description numbers they were read under."""
+
+    def __init__(self, header: memoryview, fields: list[Fields]):
+        n = len(fields)
+        self.ranks = list(range(1, n))
+        self.count = n - 1
+        stride = fields[2][1] - fields[1][1] if n > 2 else 1
+
+        def strided(position: int) -> memoryview:
+            at = fields[1][position]
+            return header[at : at + stride * (n - 1) : stride]
+
+        self.done, self.status, self.length, self.number = (
+            strided(1), strided(2), strided(3), strided(5))
+        self._kept: tuple[list, list] | None = None  # (numbers, replies by rank)
+
+    def replies_again(self, seq: int, views: bool) -> list | None:
+        """``ReplySlots.replies_again``'s answer where it is one of two: every worker's
+        reply None, or (``views``) every worker's the views kept under the numbers
+        its slot still shows; ``[]`` when a worker has not finished or failed (the
+        answer is None); None otherwise (the caller looks rank by rank)."""
+        if self.done.tolist().count(seq) != self.count or any(self.status.tolist()):
+            return []
+        kept = self._kept
+        if views and kept is not None and self.number.tolist() == kept[0]:
+            return list(kept[1])
+        if self.length.tolist().count(_NONE) == self.count:
+            return [None] * (self.count + 1)
+        return None
+
+    def keep(self, numbers: list, replies: list) -> None:
+        """The replies ``replies_again`` just answered rank by rank, all of them views
+        kept under ``numbers`` (a later answer is these while the numbers stand)."""
+        if all(r is not None for r in replies[1:]):
+            self._kept = (numbers, list(replies))
+
+    def release(self) -> None:
+        """Let go of the views (of the header, and of the slots in kept replies)."""
+        self._kept = None
+        for view in (self.done, self.status, self.length, self.number):
+            view.release()

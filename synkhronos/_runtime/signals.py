@@ -16,9 +16,13 @@ Two traps make this more than ``signal.signal``:
   the kernel chose the main thread. Pools started by the library (OpenBLAS rebuilds
   its threads when their count changes) are started inside ``blocked()``, so they
   inherit a mask that leaves these signals to the main thread.
-- A handler that raises while the master runs its own share in a Numba kernel leaves
-  its exception as the context of a ``SystemError``; ``reraise_interruption`` finds it, so
-  Ctrl-C there is still Ctrl-C instead of turning into a ``WorkerError``.
+- A handler that raises while the master runs its own share inside compiled code
+  (a Numba kernel, PyTensor's C code, JAX) may see its exception dropped, or hidden
+  any number of exceptions deep behind another one (Numba's dispatcher turns it into
+  ``SystemError: ... returned a result with an exception set``). So the interruption
+  is recognised where it happens rather than looked for in the exception:
+  ``reraise_interruption`` takes a failure of this process's share, during a command
+  in which the handler ran (it noted the signal), for the interruption itself.
 """
 
 from __future__ import annotations
@@ -36,10 +40,15 @@ _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_h
 _lost: list[int] = []
 
 
-def _raise_for(signum: int):
+def _exception_for(signum: int) -> BaseException:
+    """What Python's default handling of ``signum`` would raise."""
     if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
+        return KeyboardInterrupt()
+    return SystemExit(128 + signum)
+
+
+def _raise_for(signum: int):
+    raise _exception_for(signum)
 
 
 def _on_signal(signum, frame):
@@ -78,25 +87,42 @@ forget: Callable[[], None] = _lost.clear
 
 
 def reraise_interruption(exc: BaseException) -> None:
-    """Raise the interruption behind ``exc``, if it is one or hides one.
+    """Raise the interruption behind ``exc`` (a failure of this process's share of a
+    command), if there is one.
 
-    A ``KeyboardInterrupt`` anywhere in the chain, and a ``SystemExit`` that one of
-    our signal handlers raised (SIGTERM), are interruptions; a ``SystemExit`` from
-    ``sys.exit()`` in user code is not. A handler that raises while compiled code (a
-    Numba kernel) runs can leave its exception as the context of another one: the
-    caller then sees ``SystemError: ... returned a result with an exception set``.
+    If one of our handlers ran since the command began (``forget``), the failure is the
+    interruption, whatever compiled code made of the handler's exception: this raises
+    ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) from ``exc``.
+    Otherwise a ``KeyboardInterrupt`` anywhere in the chain of ``exc`` (causes,
+    contexts and the members of exception groups, each looked at once, at any depth)
+    is one that a handler other than ours raised: ``KeyboardInterrupt`` is raised from
+    ``exc``. A ``SystemExit`` from ``sys.exit()`` in user code is not an interruption.
     """
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 8:
-        if isinstance(current, KeyboardInterrupt) or (
-            isinstance(current, SystemExit) and _lost
-        ):
-            if current is exc:
-                raise current
-            raise current from exc
-        current = current.__cause__ or current.__context__
-        seen += 1
+    if _lost:
+        signum = signal.SIGTERM if signal.SIGTERM in _lost else _lost[-1]
+        _lost.clear()
+        raise _exception_for(signum) from exc
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    if _hides_interrupt(exc):
+        raise KeyboardInterrupt from exc
+
+
+def _hides_interrupt(exc: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in the chain of ``exc``."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:  # a chain may loop back on itself
+            continue
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            pending += current.exceptions
+    return False
 
 
 def reraise_lost() -> None:

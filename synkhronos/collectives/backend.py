@@ -44,6 +44,7 @@ wraps the shared-memory one).
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -58,6 +59,7 @@ from .._scatter import split_bounds
 
 __all__ = [
     "column",
+    "even_piece_length",
     "host_value",
     "store_value",
     "ALIGN",
@@ -185,6 +187,21 @@ class FusedLayout:
                 start += nbytes
             result.append(mine)
         return result
+
+
+def even_piece_length(size: int, parts: int, dtype: Any) -> int:
+    """The length ``L`` of ``parts`` equal pieces holding ``size`` elements of ``dtype``,
+    padded: ``ceil(size / parts)`` rounded up to whole cache lines (``ALIGN`` bytes).
+
+    ``FusedLayout.pieces(parts)`` of one vector of ``parts * L`` elements then cuts it
+    exactly at ``[r * L, (r + 1) * L)``: the cuts fall on cache lines, and the lines
+    divide evenly. Each part's piece has one length, what a function compiled for
+    static shapes (JAX) needs.
+    """
+    if size < 1 or parts < 1:
+        raise ValueError(f"even_piece_length needs size and parts >= 1; got {size}, {parts}")
+    per_line = ALIGN // math.gcd(ALIGN, np.dtype(dtype).itemsize)  # elements per whole line
+    return -(-size // (parts * per_line)) * per_line
 
 
 def _element(byte: int, itemsize: int, size: int) -> int:

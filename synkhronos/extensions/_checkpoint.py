@@ -21,7 +21,8 @@ them, is learned by running the rule's arithmetic on stand-ins (``_StateRecorder
 2. Load: every key, shape and dtype is checked first (nothing moves on a misfit);
    then the parameters are broadcast, and the rule state is broadcast (unsharded) or
    joined per kind into one flat vector and cut again into each process's piece
-   (sharded; the counters are broadcast).
+   (sharded; the counters are broadcast). Pieces of one length (the sharded update on
+   the JAX backend) hold zeros past the parameters' end, and saving drops that tail.
 """
 
 from __future__ import annotations
@@ -222,6 +223,8 @@ class Checkpoint:
             broadcast(var, value)
         if flats:
             variables = [var for var, _ in flats]
+            end = pieces[-1][1]  # pieces of one length (the JAX backend's) end in padding
+            flats = [(var, np.pad(flat, (0, end - flat.size))) for var, flat in flats]
             for rank, (start, stop) in enumerate(pieces):
                 set_value(rank, variables, [flat[start:stop] for _, flat in flats])
 

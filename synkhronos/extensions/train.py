@@ -12,16 +12,18 @@ exchange to the update without a round trip to the master.
    op ``"sum"`` adds the slices' contributions. It also returns the loss, averaged
    over processes weighted by rows. Summed over processes, ``grad_shared`` is the
    mean gradient over the whole minibatch.
-2. Sharded (the default with several processes; built and held by ``_sharded``):
-   ``reduce_scatter(grad_shared, "sum")`` leaves each process the summed gradient of
-   its piece of the parameters; ``apply_function`` applies the rule to that piece of
-   ``params_flat`` (and of the rule's state, which each process holds for its piece
-   only); ``all_gather_pieces`` copies every new piece into every process's
-   ``params_flat``, which every parameter views. Unsharded: ``all_reduce(grad_shared,
-   "sum")``, then every process applies the rule to every parameter. With
-   ``exchange="bf16"``/``"fp16"`` either exchange rounds each process's gradient to 16
-   bits first and sums the rounded gradients in float32 (``synk.all_reduce``'s
-   ``exchange``); the step is then that much off the serial rule.
+2. Sharded (the default with several processes on ``device="cpu"``; built and held
+   by ``_sharded``): ``reduce_scatter(grad_shared, "sum")`` leaves each process the
+   summed gradient of its piece of the parameters; ``apply_function`` applies the
+   rule to that piece of ``params_flat`` (and of the rule's state, which each process
+   holds for its piece only); ``all_gather_pieces`` copies every new piece into every
+   process's ``params_flat``, which every parameter views (on the JAX backend, whose
+   arrays view nothing and whose shapes are static: the vectors are padded to pieces
+   of one length, and a last call copies each parameter out of ``params_flat``).
+   Unsharded: ``all_reduce(grad_shared, "sum")``, then every process applies the rule
+   to every parameter. With ``exchange="bf16"``/``"fp16"`` either exchange rounds each
+   process's gradient to 16 bits first and sums the rounded gradients in float32
+   (``synk.all_reduce``'s ``exchange``); the step is then that much off the serial rule.
 
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
@@ -53,7 +55,7 @@ from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
 from ._balance import Balancer
 from ._checkpoint import Checkpoint
-from ._sharded import ShardedUpdate, obstacles, rule_name
+from ._sharded import ShardedUpdate, in_place, obstacles, rule_name, sharded_update
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
@@ -94,14 +96,17 @@ class TrainFunction:
 
     Two forms, the same result:
 
-    - **sharded** (the default with more than one process, for the rules of
-      :mod:`~synkhronos.extensions.updates`): the flat gradient is reduce-scattered,
-      so each process holds the minibatch's gradient for its piece of the parameters;
-      each applies the rule to its piece only, its rule state (momentum, Adam's
-      moments) for that piece only (1/n of the state per process); the new pieces are
-      all-gathered into every process's flat parameter vector, which every parameter
-      views (so no parameter is copied). ZeRO stage 1, as PyTorch's
-      ZeroRedundancyOptimizer.
+    - **sharded** (the default with more than one process on ``device="cpu"``, for
+      the rules of :mod:`~synkhronos.extensions.updates`): the flat gradient is
+      reduce-scattered, so each process holds the minibatch's gradient for its piece
+      of the parameters; each applies the rule to its piece only, its rule state
+      (momentum, Adam's moments) for that piece only (1/n of the state per process);
+      the new pieces are all-gathered into every process's flat parameter vector,
+      which every parameter views (so no parameter is copied). ZeRO stage 1, as
+      PyTorch's ZeroRedundancyOptimizer. On the JAX backend (``device="gpu"``,
+      ``mode="JAX"``) every piece has one length, ``synk.steps.piece_length`` (the
+      flat vectors padded at the end with zeros), and each parameter is copied out
+      of the flat vector after the gather: JAX arrays view nothing.
     - **unsharded**: the gradient is all-reduced and every process applies the rule
       to every parameter.
 
@@ -118,11 +123,13 @@ class TrainFunction:
     grad_shared : SharedVariable
         The flat gradient vector (scratch: overwritten by every call). After a step it
         holds the minibatch's mean gradient: whole in every process (unsharded), or
-        each process's piece of it (sharded).
+        each process's piece of it (sharded; on the JAX backend padded with zeros to
+        ``n`` pieces of one length).
     params : list of SharedVariable
     params_flat : SharedVariable or None
         Sharded: the parameters, flat, in ``params`` order (each parameter views its
-        place in it).
+        place in it; on the JAX backend it is copied out of it after each step, and
+        the vector is padded as ``grad_shared``).
     param_updates : list of (SharedVariable, Variable)
         The rule's updates (parameters and rule state) in the unsharded form.
     state : list of SharedVariable
@@ -200,9 +207,25 @@ class TrainFunction:
                             f"these parameters' gradient is {grad_shared.type.dtype} "
                             "(leave exchange=None)")
         self.param_updates = param_updates
-        self.grad_shared = grad_shared
         name = update_rule.__name__
         self.sharded = self._choose_sharded(sharded, compile_kwargs)
+        self.params_flat: SharedVariable | None = None
+        self._piece_update: ShardedUpdate | None = None
+        if self.sharded:
+            # (on the JAX backend the gradient goes into a padded vector of its own)
+            self._piece_update = sharded_update(self.params, grad_shared, flat, update_rule,
+                                                rule_args, hyper, compile_kwargs,
+                                                exchange=self.exchange)
+            grad_shared, flat = self._piece_update.grad_shared, self._piece_update.grad_flat
+            self.params_flat = self._piece_update.params_flat
+            self.apply_function = self._piece_update.apply_function
+            self.state = self._piece_update.state
+        else:
+            self.apply_function = function([], updates=param_updates,
+                                           name=f"train_apply_{name}", **compile_kwargs)
+            targets = {id(p) for p in self.params}
+            self.state = [var for var, _ in param_updates if id(var) not in targets]
+        self.grad_shared = grad_shared
         self.grad_function: Function = function(
             self.inputs, loss,
             bcast_inputs=[self._total] if self.form == "inputs" else None,
@@ -219,20 +242,6 @@ class TrainFunction:
                 givens=self._givens or None, sliceable_shareds=sliceable_shareds,
                 name=f"train_rows_{name}",
                 **dict(compile_kwargs, on_unused_input="ignore"))  # the labels' rows
-        self.params_flat: SharedVariable | None = None
-        self._piece_update: ShardedUpdate | None = None
-        if self.sharded:
-            self._piece_update = ShardedUpdate(self.params, grad_shared, update_rule,
-                                               rule_args, hyper, compile_kwargs,
-                                               self.exchange)
-            self.params_flat = self._piece_update.params_flat
-            self.apply_function = self._piece_update.apply_function
-            self.state = self._piece_update.state
-        else:
-            self.apply_function = function([], updates=param_updates,
-                                           name=f"train_apply_{name}", **compile_kwargs)
-            targets = {id(p) for p in self.params}
-            self.state = [var for var, _ in param_updates if id(var) not in targets]
         zeroed = [(grad_shared, pt.zeros_like(grad_shared))]
         if self.form == "sliceable":  # a process with no rows adds no stale count
             zeroed.append((self._total, pt.zeros_like(self._total)))
@@ -259,10 +268,12 @@ class TrainFunction:
         return rows, pytensor.shared(np.zeros((), dtype=dtype), name="train_total_rows")
 
     def _choose_sharded(self, sharded: bool | None, compile_kwargs: dict) -> bool:
-        """Sharded unless asked otherwise, or impossible (``_sharded.obstacles``)."""
-        reasons = obstacles(self.update_rule, self.params, compile_kwargs)
+        """As asked; by default sharded with several processes where the update runs
+        in place (see ``make_train_function``), unless impossible
+        (``_sharded.obstacles``)."""
+        reasons = obstacles(self.update_rule, self.params)
         if sharded is None:
-            return n_parallel() > 1 and not reasons
+            return n_parallel() > 1 and in_place(compile_kwargs) and not reasons
         if sharded and reasons:
             raise ValueError(f"sharded=True is not possible here: {'; '.join(reasons)}")
         return bool(sharded)
@@ -347,7 +358,7 @@ class TrainFunction:
         steps = []
         if self._piece_update is not None:
             # a parameter set since the last step: its value counts
-            steps.append(self._piece_update.views_in)
+            steps += self._piece_update.before_gradient
         if (total is not None and total < n) or (self.form != "inputs" and n > 1):
             # some process runs nothing in the gradient call: its old gradient must not
             # count (with data in shared variables, the master does not know the rows)
@@ -526,10 +537,19 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         Passed to the underlying ``synk.function`` calls and so to
         ``pytensor.function`` (e.g. ``{"mode": "JAX"}``).
     sharded : bool, optional
-        Shard the update (see :class:`TrainFunction`): the default with more than one
-        process, a rule of :mod:`~synkhronos.extensions.updates`, parameters of one
-        dtype and a backend other than JAX; ``False`` all-reduces the gradient and
-        applies the rule in every process to every parameter. The same result.
+        Shard the update (see :class:`TrainFunction`); possible with a rule of
+        :mod:`~synkhronos.extensions.updates` and parameters of one dtype, on either
+        device; ``False`` all-reduces the gradient and applies the rule in every
+        process to every parameter. The same result either way. The default
+        (``None``) shards with more than one process on ``device="cpu"`` (a backend
+        other than JAX), where every parameter views the flat vector and nothing is
+        copied. On ``device="gpu"`` (or ``mode="JAX"``) the default is unsharded:
+        there sharding saves device memory (the rule state is 1/n per process) but
+        costs time, since JAX arrays view nothing (each step also copies every
+        parameter out of the flat vector) and the reduce-scatter and all-gather of
+        pieces are staged through host memory, while with a GPU per process the
+        unsharded step's all-reduce runs on NCCL without leaving the device. Pass
+        ``sharded=True`` there when the rule state is what does not fit.
     givens : dict or list of pairs, optional
         Data held in shared variables, as for ``synk.function``: either givens that
         slice each minibatch out of shared variables with bounds from scalar

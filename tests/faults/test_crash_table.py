@@ -683,31 +683,6 @@ def test_program_ends_without_close(mode, code, message):
         sweep(info["prefix"])
 
 
-def test_ctrl_c_while_the_master_runs_its_own_share_keeps_the_session():
-    """SIGINT to a master busy in its share's Numba kernel: KeyboardInterrupt, and the
-    next call right; the program then ends by it and leaves nothing."""
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "master_busy_in_share.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
-    info = json.loads(proc.stdout.readline())
-    try:
-        time.sleep(0.5)  # well inside the loop of calls
-        os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=GONE_S * 3)
-        assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
-        assert "KeyboardInterrupt" in err and "WorkerError" not in err, err
-        after = json.loads(out.splitlines()[-1])
-        assert after["state"] == "ready"
-        assert abs(after["again"] - after["expected"]) <= 1e-9 * abs(after["expected"])
-        assert poll(lambda: not any(_alive(pid) for pid in info["workers"]), GONE_S)
-        assert shm_entries(info["prefix"]) == []
-    finally:
-        _kill(proc.pid, *info["workers"])
-        proc.communicate()
-        sweep(info["prefix"])
-
-
 def test_signal_reaches_an_idle_master_blocked_in_a_long_call(master):
     """Ctrl-C / SIGTERM to a master blocked in one long call (here ``time.sleep(60)``).
 

@@ -23,7 +23,6 @@ from tests.integration.test_train import (
     X,
     Y,
     new_params,
-    skip_sharded_on_device,
 )
 from tests.unit.test_updates_unit import RULE_NAMES, NumpyRule, initial_params, symbolic_model
 
@@ -78,7 +77,6 @@ def train_steps(trainers, train, reference, minibatches) -> None:
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("name", RULE_NAMES)
 def test_state_dict_equals_the_serial_rule(trainers, name, sharded):
-    skip_sharded_on_device(sharded)
     train, reference = trainers.reset(name, sharded)
     train_steps(trainers, train, reference, MINIBATCHES[:3])
     state = train.state_dict()
@@ -96,9 +94,6 @@ def test_resuming_equals_training_without_the_break(trainers, name, saved_sharde
                                                     loaded_sharded):
     """Save after three steps, disturb the target, load, train on: the result is the
     reference trained on every minibatch without a break, in every process."""
-    if trainers.n == 1 and (saved_sharded or loaded_sharded):
-        pytest.skip("one process has one form (unsharded): the u-to-u case covers it")
-    skip_sharded_on_device(saved_sharded or loaded_sharded)
     train, reference = trainers.reset(name, saved_sharded)
     train_steps(trainers, train, reference, MINIBATCHES[:3])
     state = train.state_dict()

@@ -38,7 +38,7 @@ TINY = {
     "step_mlp_rows": 8, "step_rounds": 1, "step_seconds": 0.02,
     "step_resnet": {"blocks": [1], "width": 2, "image_size": 16, "rows": 4},
     "scaling_sizes": [2], "scaling_rows": 8, "scaling_rounds": 1, "scaling_seconds": 0.02,
-    "scaling_attempts": 1,
+    "scaling_attempts": 1, "scaling_phase_steps": 2, "scaling_fixed_commands": 5,
     "allreduce_bytes": [4, 4096], "allreduce_scale": 0.003,
     "pymc_rows": 2000, "pymc_sizes": [2], "pymc_repeats": 2,
     "chains_rows": 500, "chains_draws": 10, "chains_layouts": ["2x1"],
@@ -114,6 +114,13 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     assert parts["gpu_tests"]["result"]["platform"] == "cpu"
     scaling = parts["cpu_scaling"]["result"]
     assert set(scaling["vs_ceiling_per_n"]) == {"2"}
+    phases = scaling["phases"]["per_n"]["2"]
+    assert [r["rank"] for r in phases["ms_per_step"]] == [0, 1]
+    assert all(r["exchange"] > 0 and r["compute"] > 0 for r in phases["ms_per_step"])
+    assert len(phases["fixed_costs"]["all_reduce_4B"]["cpu_us_per_rank"]) == 2
+    for model in ("mlp", "resnet"):
+        profiled = step[model]["synk_profiled_ms_per_step"]
+        assert profiled["function"] > 0 and profiled["total"] >= profiled["function"]
     reduce = parts["cpu_all_reduce"]["result"]["2"]["median_us"]
     assert set(reduce["synkhronos (resident)"]) == {"4", "4096"}
     if parts["pymc_evaluation"]["status"] == "passed":

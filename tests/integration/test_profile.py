@@ -12,6 +12,8 @@ from synkhronos.testing import fault_at
 
 from ..conftest import REPLAY
 
+PHASES = ("compute", "gather", "update", "exchange", "wait", "other")  # SPEC 11
+
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_profile_records_every_phase(n):
@@ -106,3 +108,50 @@ def test_a_step_is_one_record_and_each_of_its_calls_another(n):
         assert steps.run(two) == [4.0, 6.0]
     finally:
         synk.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_training_step_has_every_ranks_phases(n):
+    """A profiled training step: per rank, its compute and update are its calls' function
+    times, an exchange where there is one, every phase non-negative, the master's
+    phases within the command; the steps' losses those of the serial program."""
+    import pytensor
+
+    from synkhronos.extensions import make_train_function, make_train_function_pytensor
+
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(5, 2))
+    xs, ys = rng.normal(size=(11, 5)), rng.normal(size=(11, 2))
+    synk.fork(n)
+    try:
+        x, y = pt.dmatrix("x"), pt.dmatrix("y")
+        w = pytensor.shared(values.copy(), name="w")
+        train = make_train_function(((x @ w - y) ** 2).mean(), [w], [x, y], "sgd",
+                                    learning_rate=0.1)
+        synk.distribute()
+        with profile() as prof:
+            losses = [float(train(xs, ys)) for _ in range(3)]
+        per_rank = prof.per_rank()
+        assert [entry["rank"] for entry in per_rank] == list(range(n))
+        assert all(entry["steps"] == 3 for entry in per_rank)
+        calls = [r for r in prof.records if r.kind == "call"]
+        for entry in per_rank:
+            rank = entry["rank"]
+            assert all(entry[phase] >= -1e-4 for phase in PHASES), entry
+            grad = sum(r.function[rank] for r in calls if r.name.startswith("train_grad"))
+            apply = sum(r.function[rank] for r in calls if r.name.startswith("train_apply"))
+            assert entry["compute"] == pytest.approx(grad, abs=1e-9)
+            assert entry["update"] == pytest.approx(apply, abs=1e-9)
+            assert (entry["exchange"] > 0) == (n > 1)
+            assert entry["cpu"] > 0
+        master = per_rank[0]
+        spent = sum(master[phase] for phase in PHASES)
+        assert spent <= sum(r.total for r in prof.records if r.kind == "step") + 1e-4
+        assert len(prof.step_phases()) == 3
+    finally:
+        synk.close()
+    w_plain = pytensor.shared(values.copy(), name="w")
+    xp, yp = pt.dmatrix("x"), pt.dmatrix("y")
+    plain = make_train_function_pytensor(((xp @ w_plain - yp) ** 2).mean(), [w_plain],
+                                         [xp, yp], "sgd", learning_rate=0.1)
+    np.testing.assert_allclose(losses, [float(plain(xs, ys)) for _ in range(3)], rtol=1e-12)

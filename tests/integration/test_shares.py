@@ -59,7 +59,7 @@ class Functions:
             px, py, loss = symbolic_model(params)
             self.trains[sharded] = make_train_function(
                 loss, params, [px, py], "adam", learning_rate=0.05,
-                sharded=None if sharded else False, balance=True)  # None: where possible
+                sharded=sharded, balance=True)
         synk.distribute()
         self.xd, self.yd = synk.data(X), synk.data(Y)
 
@@ -168,9 +168,6 @@ def test_bad_shares_raise_before_anything_moves(made):
 
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 def test_training_on_skewed_shares_equals_the_serial_program(made, sharded):
-    if sharded and DEVICE == "gpu":
-        pytest.skip("device='gpu' has no sharded update (JAX arrays cannot be updated in "
-                    "place); its unsharded form is tested")
     train = made.trains[sharded]
     synk.broadcast(train.params, initial_params())
     train.reset_state()

@@ -1,12 +1,15 @@
 """make_train_function and the update recipe at n_parallel 1, 2, 3 against numpy.
 
-Every rule trains softmax regression for several uneven (shuffled) minibatches, some
-shorter than n_parallel, and after the steps the parameters of EVERY process must
-equal the numpy reference of ``tests/unit/test_updates_unit.py`` (the rule applied to
-the full minibatch's mean gradient) to float64 round-off. Each session builds all its
-train functions once (``Trainers``) and every test resets the state it uses with one
-broadcast; the graphs are the same for every n, so later sessions load them from the
-compile cache.
+Every rule, sharded and not (sharded at n=1 too: one piece), trains softmax regression
+for several uneven (shuffled) minibatches, some shorter than n_parallel, and after the
+steps the parameters of EVERY process must equal the numpy reference of
+``tests/unit/test_updates_unit.py`` (the rule applied to the full minibatch's mean
+gradient) to float64 round-off. On ``device="gpu"`` (the stand-in in CI) the sharded
+form is the JAX backend's, pieces of one length: its pieces, their padding, and its
+agreement with the unsharded form and ``make_train_function_pytensor`` are checked
+too. Each session builds all its train functions once (``Trainers``) and every test
+resets the state it uses with one broadcast; the graphs are the same for every n, so
+later sessions load them from the compile cache.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def new_params() -> list:
 LOW_TOLERANCE = {"bf16": (2e-3, 5e-3), "fp16": (5e-4, 1e-3)}
 MLP_HIDDEN = 16
 MLP_STEPS = [rng.permutation(40)[:size] for size in (11, 17, 9, 23, 6, 14, 2)]
-MLP_VARIANTS = {"exact": {}, "bf16": {"exchange": "bf16"},
+MLP_VARIANTS = {"exact": {}, "bf16": {"exchange": "bf16", "sharded": True},
                 "bf16-unsharded": {"exchange": "bf16", "sharded": False},
                 "fp16": {"exchange": "fp16", "sharded": False}}
 
@@ -85,22 +88,21 @@ def mlp_model() -> tuple:
     return params, x, y, loss
 
 
+def build(name: str, **kwargs) -> TrainFunction:
+    params = new_params()
+    x, y, loss = symbolic_model(params)
+    return make_train_function(loss, params, [x, y], name, **HYPER[name], **kwargs)
+
+
 class Trainers:
-    """Every rule's train function, and the documented recipe for sgd, in one session."""
+    """Every rule's train function in both forms, one with the default form, and the
+    documented recipe for sgd, in one session."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.train: dict[str, TrainFunction] = {}
-        self.unsharded: dict[str, TrainFunction] = {}
-        for name in RULE_NAMES:
-            params = new_params()
-            x, y, loss = symbolic_model(params)
-            self.train[name] = make_train_function(loss, params, [x, y], name, **HYPER[name])
-            if n > 1:  # with several processes the default is sharded: the other form too
-                params = new_params()
-                x, y, loss = symbolic_model(params)
-                self.unsharded[name] = make_train_function(loss, params, [x, y], name,
-                                                           sharded=False, **HYPER[name])
+        self.train = {name: build(name, sharded=True) for name in RULE_NAMES}
+        self.unsharded = {name: build(name, sharded=False) for name in RULE_NAMES}
+        self.default = build("sgd")
         self.mlp: dict[str, TrainFunction] = {}
         for key, kwargs in MLP_VARIANTS.items():
             params, x, y, loss = mlp_model()
@@ -118,7 +120,7 @@ class Trainers:
 
     def reset(self, name: str, sharded: bool = True) -> tuple[TrainFunction, NumpyRule]:
         """Parameters back to their start, rule state to zero, in every process."""
-        train = self.train[name] if sharded or self.n == 1 else self.unsharded[name]
+        train = self.train[name] if sharded else self.unsharded[name]
         synk.broadcast(train.params, initial_params())
         train.reset_state()
         return train, NumpyRule(name, initial_params(), **HYPER[name])
@@ -129,12 +131,6 @@ class Trainers:
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL,
                                            err_msg=f"rank {rank}")
-
-
-def skip_sharded_on_device(sharded: bool) -> None:
-    if sharded and DEVICE == "gpu":
-        pytest.skip("device='gpu' has no sharded update (JAX arrays cannot be viewed and "
-                    "updated in place); its unsharded form is tested")
 
 
 @pytest.fixture(scope="module", params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
@@ -149,9 +145,8 @@ def trainers(request):
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 @pytest.mark.parametrize("name", RULE_NAMES)
 def test_every_rule_equals_the_serial_rule_in_every_process(trainers, name, sharded):
-    skip_sharded_on_device(sharded)
     train, reference = trainers.reset(name, sharded)
-    assert train.sharded == (sharded and trainers.n > 1)
+    assert train.sharded == sharded
     for idx in MINIBATCHES:
         loss = train(trainers.xd, trainers.yd, batch=idx)
         np.testing.assert_allclose(loss, reference.train(X[idx], Y[idx]), rtol=RTOL)
@@ -160,7 +155,6 @@ def test_every_rule_equals_the_serial_rule_in_every_process(trainers, name, shar
 
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
 def test_slices_and_every_batch_form_equal_serial(trainers, sharded):
-    skip_sharded_on_device(sharded)
     train, reference = trainers.reset("adam", sharded)
     steps = [
         ((trainers.xd, trainers.yd), 13, 2, np.arange(13)),
@@ -177,22 +171,28 @@ def test_slices_and_every_batch_form_equal_serial(trainers, sharded):
 
 
 def test_sharded_state_is_split_over_the_processes(trainers):
-    """Adam's moments: each process holds its piece only, the pieces tile the whole."""
+    """Adam's moments: each process holds its piece only, the pieces tile the whole (on
+    the JAX backend: pieces of one length, padded at the end)."""
     train, _ = trainers.reset("adam")
     train(trainers.xd, trainers.yd, batch=MINIBATCHES[0])
     size = sum(p.get_value().size for p in train.params)
-    if not train.sharded:
-        return
+    n = trainers.n
+    even = {1: 24, 2: 16, 3: 8}[n]  # ceil(18 / n) rounded up to a cache line of float64
+    assert synk.steps.piece_length(size, "float64") == even
+    with pytest.raises(ValueError, match="needs a size >= 1; got 0"):
+        synk.steps.piece_length(0, "float64")
     moments = [var for var in train.state if var.ndim == 1]
     assert len(moments) == 2  # m and v
     for var in moments:
         lengths = [len(value) for value in rank_values(var)]
-        assert sum(lengths) == size
-        if trainers.n > 1:
-            assert max(lengths) <= size // trainers.n + 16  # a piece ends on a cache line
-    if trainers.n > 1:  # unsharded, every process holds the whole of m and v
-        full = [var for var in trainers.unsharded["adam"].state if var.ndim]
-        assert sum(var.get_value().size for var in full) == 2 * size
+        if DEVICE == "gpu":  # the JAX backend's pieces: one length
+            assert lengths == [even] * n
+        else:
+            assert sum(lengths) == size
+            assert max(lengths) <= size // n + 16  # a piece ends on a cache line
+    # unsharded, every process holds the whole of m and v
+    full = [var for var in trainers.unsharded["adam"].state if var.ndim]
+    assert sum(var.get_value().size for var in full) == 2 * size
 
 
 def test_a_training_step_is_one_command(trainers):
@@ -204,13 +204,16 @@ def test_a_training_step_is_one_command(trainers):
         assert commands_run() == before + 1
 
 
-def test_grad_shared_holds_the_minibatch_mean_gradient_everywhere(trainers):
-    train, reference = trainers.reset("sgd")
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])
+def test_grad_shared_holds_the_minibatch_mean_gradient_everywhere(trainers, sharded):
+    train, reference = trainers.reset("sgd", sharded)
     idx = MINIBATCHES[1]
     _, grads = numpy_loss_and_grads(reference.params, X[idx], Y[idx])
     train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
     want = np.concatenate([g.ravel() for g in grads])
-    pieces = synk.steps.pieces(train.grad_shared) if train.sharded else None
+    # (pieces of one length: the padding past the parameters holds zeros)
+    want = np.pad(want, (0, train.grad_shared.get_value().size - want.size))
+    pieces = synk.steps.pieces(train.grad_shared) if sharded else None
     for rank in range(trainers.n):
         got = synk.get_value(rank, train.grad_shared)
         if pieces is not None:  # sharded: each process holds its piece of it
@@ -251,8 +254,35 @@ def test_the_step_functions_are_exposed(trainers):
     assert isinstance(train.grad_function, synk.Function)
     assert isinstance(train.apply_function, synk.Function)
     assert train.grad_function.update_modes == ["sum"]
-    assert train.grad_shared.get_value().shape == (18,)
+    padded = {1: 24, 2: 32, 3: 24}[trainers.n]  # n pieces of ceil(18 / n), to a cache line
+    assert train.grad_shared.get_value().shape == ((padded,) if DEVICE == "gpu" else (18,))
+    assert trainers.unsharded["adam"].grad_shared.get_value().shape == (18,)
     assert train.update_rule is updates.adam
+
+
+def test_the_default_form_is_sharded_with_several_processes_on_cpu(trainers):
+    """On device="gpu" the default stays unsharded (make_train_function says why)."""
+    assert trainers.default.sharded == (trainers.n > 1 and DEVICE == "cpu")
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_sharded_unsharded_and_serial_pytensor_take_the_same_steps(trainers, name):
+    """The sharded step, the unsharded one and the serial program of plain PyTensor
+    functions (make_train_function_pytensor) from the same start: the same losses and
+    the same parameters in every process, step after step."""
+    sharded, _ = trainers.reset(name, True)
+    unsharded, _ = trainers.reset(name, False)
+    params = new_params()
+    x, y, loss = symbolic_model(params)
+    serial = make_train_function_pytensor(loss, params, [x, y], name, **HYPER[name])
+    for step, idx in enumerate(MINIBATCHES):
+        want = serial(X[idx], Y[idx])
+        for train in (sharded, unsharded):
+            got = train(trainers.xd, trainers.yd, batch=idx, num_slices=1 + step % 2)
+            np.testing.assert_allclose(got, want, rtol=RTOL, err_msg=f"step {step}")
+        values = [p.get_value() for p in params]
+        trainers.assert_params_everywhere(sharded.params, values)
+        trainers.assert_params_everywhere(unsharded.params, values)
 
 
 # -- the low-precision exchange of the gradient ------------------------------------------------
@@ -287,7 +317,7 @@ def test_mlp_low_precision_exchange_trains_close_to_the_exact_step(trainers):
     exact_losses, exact_ranks = _mlp_run(trainers, "exact")
     runs = {key: _mlp_run(trainers, key) for key in MLP_VARIANTS if key != "exact"}
     assert trainers.mlp["bf16"].exchange == "bf16"
-    assert trainers.mlp["bf16"].sharded == (trainers.n > 1 and DEVICE != "gpu")
+    assert trainers.mlp["bf16"].sharded and not trainers.mlp["bf16-unsharded"].sharded
     for key, (losses, ranks) in runs.items():
         for other in ranks[1:]:
             assert all(np.array_equal(a, b) for a, b in zip(ranks[0], other, strict=True)), key

@@ -60,6 +60,23 @@ def test_pieces_are_balanced_in_bytes():
     assert max(per_part) - min(per_part) <= 2 * ALIGN
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int8", "complex128"])
+@pytest.mark.parametrize("size", [1, 5, 18, 1000, 100_003])
+def test_a_padded_vector_is_cut_into_pieces_of_one_length(size, dtype):
+    """even_piece_length: ceil(size / parts) to a whole cache line, and the layout's cut
+    of parts * L elements is then exactly [r * L, (r + 1) * L) (what the sharded update
+    on the JAX backend relies on)."""
+    itemsize = np.dtype(dtype).itemsize
+    for parts in (1, 2, 3, 7, 16):
+        length = backend.even_piece_length(size, parts, dtype)
+        assert length * itemsize % ALIGN == 0
+        assert -(-size // parts) <= length < -(-size // parts) + ALIGN // itemsize
+        pieces = FusedLayout([dtype], [(parts * length,)]).pieces(parts)
+        assert pieces == [[(0, r * length, (r + 1) * length)] for r in range(parts)]
+    with pytest.raises(ValueError, match="size and parts >= 1"):
+        backend.even_piece_length(0, 2, dtype)
+
+
 def test_complement_of_ranges():
     assert _complement(10, []) == [(0, 10)]
     assert _complement(10, [(0, 10)]) == []

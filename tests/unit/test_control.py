@@ -366,13 +366,13 @@ def test_wait_abandoned_by_on_poll_clears_sleeping(make_block):
 
     with pytest.raises(Stop):
         block.wait(1, lambda: False, stop)
-    assert block.header[C._HEAD + C._PER_RANK * 1 + C._SLEEPING] == 0
+    assert block.header[block._sleeping[1]] == 0
 
 
 def test_post_wakes_a_sleeping_waiter(make_block):
     """A waiter blocked on its semaphore returns well before its poll interval."""
     block = make_block(2, poll=10.0)
-    sleeping_at = C._HEAD + C._PER_RANK * 1 + C._SLEEPING
+    sleeping_at = block._sleeping[1]
     returned = threading.Event()
 
     def waiter():
@@ -509,7 +509,7 @@ def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
     for k in range(1, 4):
         seq = block.post(None, 0, block.master_arena)
         arrays = [np.full((2, 3), float(k)), np.arange(3, dtype="f4") + k]
-        assert block.replies.finish_kept(1, seq, head, arrays)
+        assert block.replies.finish_kept(1, seq, head, arrays, 0)
         assert block.done(1) == seq and not block.failed(1)
         got = block.replies.reply(1, block.master_arena, copy=False)
         assert got[0] == 4 and got[1][0] is first[1][0]  # the master's views, kept
@@ -525,14 +525,14 @@ def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
         block.replies.finish(1, seq, (4, like), False, 0, block.worker_arena)
         head = block.replies.written_head  # (a new one each time: the last reply was another)
         seq = block.post(None, 0, block.master_arena)
-        assert not block.replies.finish_kept(1, seq, head, arrays)
+        assert not block.replies.finish_kept(1, seq, head, arrays, 0)
         assert block.done(1) != seq  # not finished: the caller's finish does it
         block.replies.finish(1, seq, (4, arrays), False, 0, block.worker_arena)
         got = block.replies.reply(1, block.master_arena)
         for a, b in zip(got[1], arrays, strict=True):
             np.testing.assert_array_equal(a, b)
     seq = block.post(None, 0, block.master_arena)
-    assert not block.replies.finish_kept(1, seq, head, like)  # the slot holds another head
+    assert not block.replies.finish_kept(1, seq, head, like, 0)  # the slot holds another head
     block.replies.finish(1, seq, "pickled", False, 0, block.worker_arena)
     assert block.replies.written_head is None  # the slot holds a pickle now
 

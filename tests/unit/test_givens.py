@@ -81,3 +81,21 @@ def test_negative_and_open_bounds_clip_as_numpy_does():
     pattern.compile([i])
     assert pattern.whole([np.int64(5)]) == [(15, 20)]
     assert pattern.whole([np.int64(50)]) == [(0, 20)]
+
+
+def test_the_first_minibatch_is_known_at_build_where_the_bounds_allow():
+    """``first_rows``: the slice's rows with every input 0, the tutorials' batch size
+    (the build-time check of a hard-coded batch size reads it); None where that
+    cannot be told, and the call's own rows are checked then."""
+    i, n = pt.lscalar("i"), pt.lscalar("n")
+    cases = [
+        (DATA[i * 6:(i + 1) * 6], [i], 6),  # the tutorials' form
+        (DATA[i * n:(i + 1) * n], [i, n], 0),  # a size given at the call: 0 rows at 0
+        (DATA[i * 30:(i + 1) * 30], [i], 20),  # clipped as numpy clips
+        (DATA[20 // n:], [n], None),  # no sense at 0: a division by an input
+        (DATA[i:i + 4], [i, pt.dvector("v")], None),  # an input that is not a scalar
+    ]
+    for value, inputs, first in cases:
+        pattern = _pattern(value, [var for var in inputs if var.ndim == 0])
+        pattern.compile(inputs)  # (the function's broadcast inputs)
+        assert pattern.first_rows() == first, value

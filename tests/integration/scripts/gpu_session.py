@@ -75,19 +75,25 @@ assert run_on_ranks(value_kind, "w_gpu") == ["jaxlib"] * n
 synk.broadcast(w, np.zeros(3))
 np.testing.assert_array_equal(synk.get_value(n - 1, w), np.zeros(3))
 
-# the training step: unsharded on a device, and sharded=True is refused
+# the training step: unsharded on a device by default; sharded=True (pieces of one
+# length) takes the same steps
 p = pytensor.shared(np.zeros(3), name="p_gpu")
-step_loss = ((x.dot(p) - t) ** 2).mean()
-with pytest.raises(ValueError, match="JAX arrays cannot be updated in place"):
-    make_train_function(step_loss, [p], [x, t], "sgd", sharded=True, learning_rate=0.1)
-train = make_train_function(step_loss, [p], [x, t], "sgd", learning_rate=0.1)
+train = make_train_function(((x.dot(p) - t) ** 2).mean(), [p], [x, t], "sgd",
+                            learning_rate=0.1)
 assert not train.sharded
+q = pytensor.shared(np.zeros(3), name="q_gpu")
+sharded = make_train_function(((x.dot(q) - t) ** 2).mean(), [q], [x, t], "sgd",
+                              sharded=True, learning_rate=0.1)
+assert sharded.sharded
 p_serial = np.zeros(3)
 for _ in range(3):
     train(rows, targets)
+    sharded(rows, targets)
     p_serial = p_serial - 0.1 * 2 * rows.T.dot(rows.dot(p_serial) - targets) / len(rows)
-np.testing.assert_allclose(np.asarray(p.get_value()), p_serial, rtol=1e-10)
-np.testing.assert_allclose(synk.get_value(n - 1, p), p_serial, rtol=1e-10)
+for var in (p, q):
+    np.testing.assert_allclose(np.asarray(var.get_value()), p_serial, rtol=1e-10)
+    np.testing.assert_allclose(synk.get_value(n - 1, var), p_serial, rtol=1e-10)
+assert run_on_ranks(value_kind, "q_gpu") == ["jaxlib"] * n  # device values throughout
 synk.close()
 # the master's environment as it was: programs started now see what they would have
 assert {name: os.environ.get(name) for name in SESSION_ENV} == environment

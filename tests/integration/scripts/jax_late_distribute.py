@@ -27,9 +27,18 @@ t = pt.dvector("t")
 loss = ((x.dot(p) - t) ** 2).mean()
 train = make_train_function(loss, [p], [x, t], "sgd", compile_kwargs={"mode": "JAX"},
                             learning_rate=0.1)
-train(rows, np.arange(4.0))
-train(rows, np.arange(4.0), num_slices=2)
-values = synk.get_value(1, p)
-np.testing.assert_allclose(values, synk.get_value(0, p))
+assert not train.sharded  # the default with the JAX backend
+q = pytensor.shared(np.zeros(3), name="q")
+sharded = make_train_function(((x.dot(q) - t) ** 2).mean(), [q], [x, t], "sgd",
+                              compile_kwargs={"mode": "JAX"}, sharded=True,
+                              learning_rate=0.1)  # pieces of one length, as on a device
+serial = np.zeros(3)
+for num_slices in (1, 2):
+    train(rows, np.arange(4.0), num_slices=num_slices)
+    sharded(rows, np.arange(4.0), num_slices=num_slices)
+    serial = serial - 0.1 * 2 * rows.T.dot(rows.dot(serial) - np.arange(4.0)) / 4
+for var in (p, q):
+    for rank in (0, 1):
+        np.testing.assert_allclose(synk.get_value(rank, var), serial, rtol=1e-12)
 synk.close()
 print("ok")

@@ -8,7 +8,8 @@ shape conventions, so that such a program is ported by changing its import.
 Both build graphs of slices, joins, reshapes, reductions and one matrix product:
 ops that every PyTensor backend compiles natively (C, Numba, JAX) and whose
 gradients are cheap. ``pytensor.tensor.signal.convolve2d`` instead runs a SciPy
-routine per image in Numba's object mode, about 170 times slower per row.
+routine per image in Numba's object mode: 12 to 95 times slower per row on LeNet's
+layers, forward and backward (``benchmarks/conv_layers.py``).
 
 ``conv2d`` (im2col), for ``(rows, channels, height, width)`` images and
 ``(filters, channels, kh, kw)`` filters:
@@ -47,7 +48,7 @@ from typing import Any, Literal
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.basic import Variable
+from pytensor.tensor.variable import TensorVariable
 
 __all__ = ["conv2d", "pool_2d"]
 
@@ -61,7 +62,7 @@ def conv2d(input: Any, filters: Any, input_shape: Sequence[Any] | None = None,  
            filter_shape: Sequence[int | None] | None = None,
            border_mode: BorderMode = "valid", subsample: Sequence[int] = (1, 1),
            filter_flip: bool = True, image_shape: Sequence[Any] | None = None,
-           filter_dilation: Sequence[int] = (1, 1)) -> pt.TensorVariable:
+           filter_dilation: Sequence[int] = (1, 1)) -> TensorVariable:
     """2-d convolution of a minibatch of images, as ``theano.tensor.nnet.conv2d``.
 
     Parameters
@@ -179,7 +180,7 @@ def conv2d(input: Any, filters: Any, input_shape: Sequence[Any] | None = None,  
 
 def pool_2d(input: Any, ws: Sequence[int], ignore_border: bool = True,  # noqa: A002
             stride: Sequence[int] | None = None, pad: Sequence[int] = (0, 0),
-            mode: PoolMode = "max") -> pt.TensorVariable:
+            mode: PoolMode = "max") -> TensorVariable:
     """Pooling over windows of the last two axes, as ``theano.tensor.signal.pool.pool_2d``.
 
     Parameters
@@ -337,7 +338,7 @@ def _rows_and_sizes(input_shape: Sequence[Any] | None, input: Any) -> tuple[Any,
         raise ValueError(f"input_shape has {len(input_shape)} sizes for a 4-d input: "
                          f"{tuple(input_shape)}")
     first = input_shape[0]
-    if isinstance(first, Variable):
+    if isinstance(first, TensorVariable):
         if first.ndim != 0 or "int" not in first.dtype:
             raise TypeError(f"input_shape[0] must be an int, None or a symbolic integer "
                             f"scalar (the number of rows); got {first} of type "

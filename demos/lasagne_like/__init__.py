@@ -25,13 +25,14 @@ ElemwiseSumLayer, get_output, get_all_params, ...), :mod:`.init`,
 Lasagne's) and :mod:`.random` (the generator that initializers and dropout draw
 seeds from; ``numpy.random`` by default, as in Lasagne).
 
-Everything is plain PyTensor underneath: convolution is im2col (shifted, strided
-slices joined along the channel axis and one matrix product), pooling is a maximum
-or mean over shifted slices (a reshape where windows tile the image), and every
-graph compiles with PyTensor's default (Numba) backend and with its JAX backend.
-For JAX every shape must be concrete when traced, so the layers compute all shapes
-in Python from the layers' ``output_shape`` and take only the number of rows from
-the input itself (``x.shape[0]``, never arithmetic on it).
+Everything is plain PyTensor underneath: convolution and pooling are synkhronos'
+ports of Theano's ``conv2d`` and ``pool_2d`` (:mod:`synkhronos.extensions.conv`:
+im2col and one matrix product; a maximum or mean over shifted slices, or a reshape
+where windows tile the image), and every graph compiles with PyTensor's default
+(Numba) backend and with its JAX backend. For JAX every shape must be concrete when
+traced, so the layers compute all shapes in Python from the layers'
+``output_shape`` and take only the number of rows from the input itself
+(``x.shape[0]``, never arithmetic on it).
 """
 
 from . import init, layers, nonlinearities, objectives, random, updates

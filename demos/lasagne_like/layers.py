@@ -8,17 +8,15 @@ each layer's ``get_output_for``; keyword arguments such as ``deterministic=True`
 reach every layer (dropout off, batch normalization on its running averages).
 
 Shapes follow Lasagne: images are ``(rows, channels, height, width)`` and a
-convolution weight is ``(filters, channels, filter_height, filter_width)``. The
-convolution works by im2col: it moves the channels last, pads, joins the strided
-slices of every row offset along the channel axis, then those of every column
-offset (``(rows, out_h, out_w, h * w * channels)``), and multiplies by the weight
-laid out as a matrix. Pooling takes the maximum (or mean) over the strided slices of
-every row offset, then of every column offset, or reshapes when the windows tile
-the image. Both have cheap gradients (slices and one matrix product) and compile
-with Numba and with JAX. Slicing the two axes in turn (``h + w`` slices, not
-``h * w``) and sizing every padding block by the input variable's rows
-(``get_output`` passes them to the layers as ``input_rows``) keep the graph of a
-ResNet-50 small enough for PyTensor to build and rewrite in seconds.
+convolution weight is ``(filters, channels, filter_height, filter_width)``. As in
+Lasagne, the convolution and pooling layers call Theano's ``conv2d`` and
+``pool_2d``, here :func:`synkhronos.extensions.conv2d` and
+:func:`synkhronos.extensions.pool_2d` (im2col and one matrix product; a reshape or
+strided slices), which compile with Numba and with JAX and have cheap gradients.
+``get_output`` passes the input variable's number of rows to the layers
+(``input_rows``), and the convolution hands it on as ``input_shape[0]``: every
+padding block and reshape is then sized by that one variable, which keeps the graph
+of a ResNet-50 small enough for PyTensor to build and rewrite in seconds.
 
 Dropout and batch normalization keep Lasagne's behaviour: their state moves by
 PyTensor's default updates, so a training function needs no extra ``updates``.
@@ -45,6 +43,8 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pytensor.tensor.random.utils import RandomStream
+
+from synkhronos.extensions import conv2d, pool_2d
 
 from . import init, nonlinearities
 from .random import get_rng
@@ -219,47 +219,6 @@ def _conv_pad(pad, filter_size):
     return _pair(pad, "pad")
 
 
-def _pad_axis(x, rows, shape, axis, before, after, value=0.0):
-    """Pad one axis of ``x`` (whose sizes but the rows are ``shape``) with ``value``.
-
-    Built from blocks of ``value`` joined to ``x``. ``rows`` is the number of rows
-    taken from the network's input variable: a shape computed from ``x`` itself (as
-    ``pt.pad`` does) makes PyTensor analyse the whole graph above ``x`` at every
-    padding, which grows without bound in a deep network.
-    """
-    if not before and not after:
-        return x, shape
-
-    def block(size):
-        sizes = list(shape)
-        sizes[axis - 1] = size
-        return pt.alloc(np.asarray(value, dtype=x.dtype), rows, *sizes)
-
-    parts = [block(before)] * bool(before) + [x] + [block(after)] * bool(after)
-    shape = list(shape)
-    shape[axis - 1] += before + after
-    return pt.concatenate(parts, axis=axis), tuple(shape)
-
-
-def _offsets(x, length, axis, size, stride, out):
-    """The ``size`` strided slices along ``axis`` (of ``length``) that windows start from.
-
-    Slicing the two image axes one after the other takes ``kh + kw`` slices per
-    window grid rather than ``kh * kw``: a smaller graph, which PyTensor rewrites and
-    differentiates much faster in a deep network.
-    """
-    views = []
-    for offset in range(size):
-        stop = offset + stride * (out - 1) + 1
-        if (offset, stop, stride) == (0, length, 1):
-            views.append(x)  # the whole axis: no slice
-            continue
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(offset, stop, stride)
-        views.append(x[tuple(index)])
-    return views
-
-
 class Conv2DLayer(Layer):
     """2-d convolution of ``(rows, channels, h, w)`` images, by im2col.
 
@@ -296,26 +255,12 @@ class Conv2DLayer(Layer):
         return (input_shape[0], self.num_filters, *sizes)
 
     def get_output_for(self, input, input_rows=None, **kwargs):  # noqa: A002
-        _, channels, height, width = self.input_shape
-        out_h, out_w = self.output_shape[2:]
-        (kh, kw), (sh, sw), (ph, pw) = self.filter_size, self.stride, self.pad
-        W = self.W[:, :, ::-1, ::-1] if self.flip_filters else self.W  # noqa: N806
+        # The rows go in as input_shape[0]: the input variable's count (see get_output).
         rows = input.shape[0] if input_rows is None else input_rows
-        # Channels last, padded; then the filter offsets side by side along channels:
-        # first the kh row offsets (channel i*C + c), then the kw column offsets
-        # (channel j*kh*C + i*C + c), which is the order of W laid out as a matrix.
-        x, shape = input.dimshuffle(0, 2, 3, 1), (height, width, channels)
-        x, shape = _pad_axis(x, rows, shape, 1, ph, ph)
-        x, shape = _pad_axis(x, rows, shape, 2, pw, pw)
-        by_rows = _offsets(x, shape[0], 1, kh, sh, out_h)
-        x = by_rows[0] if kh == 1 else pt.concatenate(by_rows, axis=3)
-        by_cols = _offsets(x, shape[1], 2, kw, sw, out_w)
-        x = by_cols[0] if kw == 1 else pt.concatenate(by_cols, axis=3)
-        depth = kh * kw * channels
-        matrix = W.dimshuffle(3, 2, 1, 0).reshape((depth, self.num_filters))
-        columns = x.reshape((rows, out_h * out_w, depth))
-        out = pt.matmul(columns, matrix).reshape((rows, out_h, out_w, self.num_filters))
-        out = out.dimshuffle(0, 3, 1, 2)
+        out = conv2d(input, self.W, input_shape=(rows, *self.input_shape[1:]),
+                     filter_shape=(self.num_filters, self.input_shape[1], *self.filter_size),
+                     border_mode=self.pad, subsample=self.stride,
+                     filter_flip=self.flip_filters)
         if self.b is not None:
             out = out + self.b.dimshuffle("x", 0, "x", "x")
         return self.nonlinearity(out)
@@ -359,39 +304,9 @@ class Pool2DLayer(Layer):
                  zip(input_shape[2:], self.pool_size, self.stride, self.pad, strict=True)]
         return (*input_shape[:2], *sizes)
 
-    def get_output_for(self, input, input_rows=None, **kwargs):  # noqa: A002
-        _, channels, height, width = self.input_shape
-        rows = input.shape[0] if input_rows is None else input_rows
-        out = self.output_shape[2:]
-        (kh, kw), (sh, sw), (ph, pw) = self.pool_size, self.stride, self.pad
-        tiles = (kh, kw) == (sh, sw) and (ph, pw) == (0, 0) and (height, width) == (
-            out[0] * kh, out[1] * kw)
-        if tiles:  # windows tile the image exactly: one reshape
-            blocks = input.reshape((rows, channels, out[0], kh, out[1], kw))
-            return blocks.max(axis=(3, 5)) if self.mode == "max" else blocks.mean(axis=(3, 5))
-        # Padding: the given pad on both sides, plus what partial windows need at the end.
-        extra = [max(0, (o - 1) * s + k - (n + 2 * p)) for o, s, k, n, p in
-                 zip(out, (sh, sw), (kh, kw), (height, width), (ph, pw), strict=True)]
-        pad_h, pad_w = (ph, ph + extra[0]), (pw, pw + extra[1])
-        low = np.finfo(input.dtype).min if self.mode == "max" else 0.0
-        x, shape = _pad_axis(input, rows, (channels, height, width), 2, *pad_h, low)
-        x, shape = _pad_axis(x, rows, shape, 3, *pad_w, low)
-        # Reduce over the row offsets, then over the column offsets.
-        combine = pt.maximum if self.mode == "max" else pt.add
-        for axis, size, stride, n_out in ((2, kh, sh, out[0]), (3, kw, sw, out[1])):
-            views = _offsets(x, shape[axis - 1], axis, size, stride, n_out)
-            x = views[0]
-            for view in views[1:]:
-                x = combine(x, view)
-        if self.mode == "max":
-            return x
-        if self.mode == "average_inc_pad":
-            return x / np.asarray(kh * kw, dtype=input.dtype)
-        # Real positions per window, from a padded mask of ones (a constant).
-        mask = np.pad(np.ones((height, width)), (pad_h, pad_w))
-        counts = sum(mask[i:i + sh * (out[0] - 1) + 1:sh, j:j + sw * (out[1] - 1) + 1:sw]
-                     for i in range(kh) for j in range(kw))
-        return x / pt.constant(counts.astype(input.dtype))[None, None]
+    def get_output_for(self, input, **kwargs):  # noqa: A002
+        return pool_2d(input, self.pool_size, ignore_border=self.ignore_border,
+                       stride=self.stride, pad=self.pad, mode=self.mode)
 
 
 class MaxPool2DLayer(Pool2DLayer):

@@ -25,7 +25,7 @@ CONTRACT = {  # SPEC.md sections 2-7, and the public helper modules
 PUBLIC_MODULES = ["synkhronos", "synkhronos.testing", "synkhronos.steps",
                   "synkhronos.errors", "synkhronos.extensions",
                   "synkhronos.extensions.updates", "synkhronos.extensions.train",
-                  "synkhronos.data"]
+                  "synkhronos.extensions.conv", "synkhronos.data"]
 
 
 def test_top_level_names_are_the_contracts():

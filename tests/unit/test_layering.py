@@ -40,7 +40,7 @@ PACKAGE = ROOT / "synkhronos"
 PUBLIC = {
     "synkhronos", "synkhronos.testing", "synkhronos.steps", "synkhronos.errors",
     "synkhronos.extensions", "synkhronos.extensions.updates", "synkhronos.extensions.train",
-    "synkhronos.pymc", "synkhronos.data",
+    "synkhronos.extensions.conv", "synkhronos.pymc", "synkhronos.data",
 }
 THIRD_PARTY_OF_RUNTIME = {"numpy", "posix_ipc"}
 DEVICE_MODULES = {"placement", "nccl"}  # the device libraries live behind these two

@@ -19,7 +19,9 @@ thread per process:
   (``synk.steps.run``), which saves one wake-up of the workers per step.
 
 Before the rounds, one step of each from the same parameters is checked against the
-serial step (costs, and the parameters after the all-reduce). After them, one more
+serial step (costs, and the parameters after the all-reduce), and each peer runs one
+untimed epoch (under Numba the first calls after the first still compiled, for over a
+minute on a cold cache, in a trial on two cores). After the rounds, one more
 epoch of each synkhronos peer runs inside ``synk.profile()``: where the time went
 (``summary()`` for both, and ``per_rank()``, each rank's phases, for the step).
 
@@ -195,6 +197,8 @@ def main() -> None:
     steps = {"serial": serial_train, "synk": synk_step, "synk_steps": synk_steps_step}
     check = check_first_step(steps, initial, serial_params, synk_params)
 
+    for name in PEERS:  # untimed: Numba still compiles parts in the first few calls
+        epoch(steps[name], args.minibatches)
     load_before = _harness.load()
     times: dict[str, list[float]] = {name: [] for name in PEERS}
     for r in range(args.rounds):

@@ -5,7 +5,8 @@ regression. A port of ``convolutional_mlp.py`` from the LISA lab's Deep Learning
 Tutorials (BSD license, see NOTICE.txt) from Theano to PyTensor: ``theano`` ->
 ``pytensor``, Python 3, and the one import PyTensor 3 cannot serve, Theano's
 convolution and pooling, taken from ``synkhronos.extensions`` (the same arguments and
-results). The tutorial's layers want 28x28 images: MNIST with ``--dataset``, or by
+results); the validation lines also print the last minibatch's cost, as the other
+ports do. The tutorial's layers want 28x28 images: MNIST with ``--dataset``, or by
 default scikit-learn's digits enlarged to that size. Its twin
 ``convolutional_mlp.py`` runs on every core; the two print the same lines.
 

@@ -43,6 +43,21 @@ The link between leaders (``Machines``) owns, and knows nothing of what a comman
   there (a worker died or did not finish in time, or the leader failed); the master turns it, and
   MPI's own errors (a lost machine under ULFM, a timeout between machines), into
   ``WorkerDiedError`` / ``WorkerTimeoutError`` naming the host.
+- **Ctrl-C** in the master (SPEC 6: the session stays usable) must leave every machine
+  in step: the master still takes part in every status round the others take part in,
+  with the codes that end the command there. From ``begin`` (the command sent) to the
+  end of ``finish`` it *owes* the others the command's end (``owed``). Ctrl-C while it
+  waits in a status round (``meet``, ``finish``) is raised at once and leaves the round
+  posted (``_await``: an interruptible wait); the next command's ``finish`` waits for
+  that round, then posts "ended" until every machine has ended, and throws the replies
+  away. Where the others would wait inside a transfer that the master abandoned -- the
+  envelope of a command, a ``Data`` write, and everything from ``exchange`` to the end
+  of the transfers after it (the next status round, or the end of the master's share:
+  ``end_transfers``) -- Ctrl-C is held (``held``, ``_runtime/signals.py``) and raised
+  once they are over. A wait that a held Ctrl-C finds still going after
+  ``INTERRUPT_GRACE`` (a machine that has not reached the transfer, a transfer that
+  long) is the one state that cannot be kept: the ``KeyboardInterrupt`` is raised with a
+  note, the link is broken, and ``close()`` ends the job.
 """
 
 from __future__ import annotations
@@ -216,10 +231,14 @@ class Machines:
             raise
         self._release()
 
-    def end_transfers(self) -> None:
+    def end_transfers(self, raise_held: bool = True) -> None:
         """The master's share of a command has ended: a hold that ``exchange`` began ends
-        (its transfers are over), and a Ctrl-C held meanwhile is raised."""
-        self._release()
+        (its transfers are over), and a Ctrl-C held meanwhile is raised (unless not
+        ``raise_held``: the share raised, and that goes up instead)."""
+        if raise_held:
+            self._release()
+        elif self._holding:
+            self._drop_hold()
 
     # -- commands ----------------------------------------------------------------------
     def begin(self, message: Message, journal: tuple, key: Any = None) -> None:
@@ -497,9 +516,12 @@ class Several(Transport):
 
         def share(message: Message) -> Outcome:
             try:
-                return own_share(message)
-            finally:  # a Ctrl-C held during its transfers between machines: raised here
-                machines.end_transfers()
+                outcome = own_share(message)
+            except BaseException:  # (this goes up, not a Ctrl-C held meanwhile)
+                machines.end_transfers(raise_held=False)
+                raise
+            machines.end_transfers()  # a Ctrl-C held during its transfers: raised here
+            return outcome
 
         local, own, parts = group.round(message, share, key, fatal=machines.ends_command)
         replies: list[Any] = [None] * group.ctx.size
@@ -593,7 +615,8 @@ class Several(Transport):
                 return
             except BaseException as exc:
                 broken = exc
-        reason = (f"{type(broken).__name__}: {broken}" if broken is not None
+        reason = (" ".join([f"{type(broken).__name__}: {broken}",
+                            *getattr(broken, "__notes__", ())]) if broken is not None
                   else "the master closed the session during a command")
         machines.abort(reason)  # never returns: ends every machine's processes
 

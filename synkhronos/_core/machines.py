@@ -584,6 +584,9 @@ class Several(Transport):
         machines = self._machines
         self._healthy = orderly and machines.broken is None
         self._closing = None
+        # a Ctrl-C noted before (the program may end on it) is not one during close():
+        # the waits below would raise it again
+        signals.forget()
         if self._healthy:
             try:
                 if machines.owed:  # Ctrl-C left a command pending: its end comes first
@@ -603,6 +606,10 @@ class Several(Transport):
             raise RuntimeError(
                 f"the other machines were still in the command that Ctrl-C left pending "
                 f"{_CLOSE_GRACE:g} s after close(): ending the job") from exc
+        except KeyboardInterrupt as exc:
+            raise RuntimeError(
+                "Ctrl-C while close() waited for the other machines to end the command "
+                "that Ctrl-C left pending: ending the job") from exc
 
     def end_close(self, broken: BaseException | None) -> None:
         """After this machine is clean: leave MPI with the others, or end the job."""

@@ -82,14 +82,24 @@ def test_ctrl_c_inside_a_transfer_that_does_not_end_breaks_the_session(launcher,
 def test_ctrl_c_while_another_machine_is_busy_leaves_the_command_pending(launcher,
                                                                          tmp_path):
     result, master = launched(launcher, tmp_path, "remote_busy")
-    assert result.returncode == 0, result.describe()
-    assert master["state"] == "ready"
+    assert master["state"] == "ready", result.describe()
     assert master["latency"] < LATENCY_LIMIT + SLACK  # not after the 4 s sleep
     assert master["again"] < LATENCY_LIMIT + SLACK  # the next call's wait, interrupted
     assert master["right"] and master["after"]
     assert master["since_start"] >= 4.0  # the call waited for the sleep to end
+    # it ended on a last Ctrl-C between commands: close() at exit left MPI in order
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
+    assert "ending the MPI job" not in result.stderr, result.describe()
     report("remote_busy", latency=master["latency"], again=master["again"],
            waited=master["waited"])
+
+
+def test_close_after_ctrl_c_waits_for_the_other_machine_then_closes(launcher, tmp_path):
+    result, master = launched(launcher, tmp_path, "close_pending")
+    assert result.returncode == 0, result.describe()  # an orderly end, not an abort
+    assert master["state"] == "ready" and master["latency"] < LATENCY_LIMIT + SLACK
+    assert master["closed_after"] >= 2.0 and not master["open"]  # machine 1's 2 s
+    report("close_pending", latency=master["latency"], closed=master["closed_after"])
 
 
 def test_a_program_ending_on_ctrl_c_ends_every_machine(launcher, tmp_path):
@@ -97,5 +107,7 @@ def test_a_program_ending_on_ctrl_c_ends_every_machine(launcher, tmp_path):
     assert master["state"] == "ready" and master["latency"] < LATENCY_LIMIT + SLACK
     assert result.returncode != 0, result.describe()
     # close() at exit waited 5 s for machine 1, busy for 30 s, then ended the job
+    assert "still in the command that Ctrl-C left pending 5 s after close()" \
+        in result.stderr, result.describe()
     assert result.elapsed < 30.0, result.describe()
     report("exit_pending", latency=master["latency"], job=result.elapsed)

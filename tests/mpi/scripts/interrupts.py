@@ -25,6 +25,11 @@ thread of the master sends the SIGINT to it (``os.kill``) and records when.
 - ``remote_busy``: the last rank (on machine 1) sleeps 4 s inside a command; the
   master, waiting for it, is interrupted, then interrupted again while the next call
   waits for that command to end there; the call after waits it out and is right.
+  Then a last interrupt between commands ends the program: ``close()`` at exit ends
+  the session as usual, with no command pending.
+- ``close_pending``: the same with a 2 s sleep, and ``synk.close()`` right after the
+  interrupt: it waits for machine 1 to end the command, then closes as usual (the
+  program goes on after it).
 - ``exit_pending``: the same with a 30 s sleep, and the program ends on the
   interrupt: ``close()`` at exit waits up to 5 s for machine 1, then ends the job.
 
@@ -185,29 +190,36 @@ def main() -> None:
                     f(data)
                 except RuntimeError as exc:
                     seen.update(next_error=str(exc))
-        elif case in ("remote_busy", "exit_pending"):
-            seconds = 4.0 if case == "remote_busy" else 30.0
+        elif case in ("remote_busy", "close_pending", "exit_pending"):
+            seconds = {"remote_busy": 4.0, "close_pending": 2.0, "exit_pending": 30.0}[case]
             start = time.monotonic()
             interrupter = Interrupter(0.5)
             seen["latency"] = interrupted(
                 lambda: testing.run_on_ranks(slow_on, n - 1, seconds), interrupter)
             seen["state"] = testing.session_state()
-            if case == "exit_pending":
+            if case == "close_pending":
+                synk.close()
+                seen["closed_after"] = time.monotonic() - start
+                seen["open"] = testing.session_open()
+            elif case == "exit_pending":
                 seen["raised_after"] = time.monotonic() - start
                 (out / "master.json").write_text(json.dumps(seen))
                 raise KeyboardInterrupt  # the program ends on it; close() runs at exit
-            seen["again"] = interrupted(lambda: f(data), Interrupter(0.5))  # in the wait
-            waited = time.monotonic()
-            seen["right"] = call_is_right()  # waits for the sleep to end, then runs
-            seen["waited"] = time.monotonic() - waited
-            seen["since_start"] = time.monotonic() - start
-            seen["after"] = collectives_are_right()
+            else:
+                seen["again"] = interrupted(lambda: f(data), Interrupter(0.5))  # its wait
+                waited = time.monotonic()
+                seen["right"] = call_is_right()  # waits for the sleep to end, then runs
+                seen["waited"] = time.monotonic() - waited
+                seen["since_start"] = time.monotonic() - start
+                seen["after"] = collectives_are_right()
+                os.kill(os.getpid(), signal.SIGINT)  # between commands: the program
+                time.sleep(DEADLINE)  # ends on it, and close() at exit is orderly
         else:
             raise SystemExit(f"unknown case {case!r}")
     finally:
         if case != "exit_pending":
             (out / "master.json").write_text(json.dumps(seen))
-    synk.close()  # past_grace: ends the job
+    synk.close()  # past_grace: ends the job (close_pending: closed already)
 
 
 if __name__ == "__main__":

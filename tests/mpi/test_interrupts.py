@@ -16,6 +16,7 @@ its machines is left, and the launch's timeout catches a hang. Latencies are pri
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -88,7 +89,8 @@ def test_ctrl_c_while_another_machine_is_busy_leaves_the_command_pending(launche
     assert master["right"] and master["after"]
     assert master["since_start"] >= 4.0  # the call waited for the sleep to end
     # it ended on a last Ctrl-C between commands: close() at exit left MPI in order
-    assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
+    # (the exit status is the launcher's: MPICH's mpiexec gave 0 here, Open MPI's 1)
+    assert "KeyboardInterrupt" in result.stderr, result.describe()
     assert "ending the MPI job" not in result.stderr, result.describe()
     report("remote_busy", latency=master["latency"], again=master["again"],
            waited=master["waited"])
@@ -104,10 +106,10 @@ def test_close_after_ctrl_c_waits_for_the_other_machine_then_closes(launcher, tm
 
 def test_a_program_ending_on_ctrl_c_ends_every_machine(launcher, tmp_path):
     result, master = launched(launcher, tmp_path, "exit_pending")
+    ended = time.time() - master["raised_at"]  # (the job's end, to within the checks)
     assert master["state"] == "ready" and master["latency"] < LATENCY_LIMIT + SLACK
     assert result.returncode != 0, result.describe()
-    # close() at exit waited 5 s for machine 1, busy for 30 s, then ended the job
-    assert "still in the command that Ctrl-C left pending 5 s after close()" \
-        in result.stderr, result.describe()
-    assert result.elapsed < 30.0, result.describe()
-    report("exit_pending", latency=master["latency"], job=result.elapsed)
+    # close() at exit waited 5 s for machine 1, busy for 30 s, then ended the job (the
+    # reason it logs may be lost: MPICH's launcher dropped it once as the job ended)
+    assert 5.0 <= ended < 30.0, result.describe()
+    report("exit_pending", latency=master["latency"], ended=ended, job=result.elapsed)

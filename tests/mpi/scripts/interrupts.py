@@ -203,6 +203,7 @@ def main() -> None:
                 seen["open"] = testing.session_open()
             elif case == "exit_pending":
                 seen["raised_after"] = time.monotonic() - start
+                seen["raised_at"] = time.time()  # (the test's clock: the job's end)
                 (out / "master.json").write_text(json.dumps(seen))
                 raise KeyboardInterrupt  # the program ends on it; close() runs at exit
             else:

@@ -6,7 +6,10 @@ shared variables and the labels are stored as floats and handed out as
 
 - by default, scikit-learn's 8x8 digits, each image also shifted by one pixel in
   the four directions (8985 images), shuffled once and split 6000 / 1500 / 1485, so
-  that the tutorials' minibatch of 600 rows gives 10 / 2 / 2 minibatches;
+  that the tutorials' minibatch of 600 rows gives 10 / 2 / 2 minibatches (LeNet's
+  500: 12 / 3 / 2). ``side=28`` gives them MNIST's shape for LeNet, whose layers
+  are sized for 28x28 images: each pixel repeated 3x3 (24x24) inside a blank border
+  of 2;
 - ``dataset="path/mnist.pkl.gz"``: the tutorials' own MNIST pickle
   (train, valid, test), as they load it;
 - ``dataset="path/mnist.npz"``: the common archive (``x_train``, ``y_train``,
@@ -27,7 +30,7 @@ import pytensor.tensor as T
 __all__ = ["load_data"]
 
 
-def _digits():
+def _digits(side):
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
@@ -42,17 +45,33 @@ def _digits():
         edge[axis] = 0 if step == 1 else -1
         moved[tuple(edge)] = 0.0  # what rolled around the border is blank
         shifted.append(moved)
-    x = np.concatenate(shifted).reshape(-1, 64)
+    images = np.concatenate(shifted)
+    if side is not None:
+        images = _enlarged(images, side)
+    x = images.reshape(len(images), -1)
     y = np.tile(labels, len(shifted))
     order = np.random.default_rng(0).permutation(len(x))
     x, y = x[order], y[order]
     return (x[:6000], y[:6000]), (x[6000:7500], y[6000:7500]), (x[7500:], y[7500:])
 
 
-def _mnist(path):
+def _enlarged(images, side):
+    """8x8 images as ``side`` x ``side``: each pixel repeated, the rest a blank border."""
+    scale = side // 8
+    if scale < 1:
+        raise SystemExit(f"the digits are 8x8: cannot make them {side}x{side}")
+    images = np.kron(images, np.ones((scale, scale)))
+    border = side - 8 * scale
+    return np.pad(images, ((0, 0), (border // 2, border - border // 2),
+                           (border // 2, border - border // 2)))
+
+
+def _mnist(path, side):
     file = Path(path)
     if not file.is_file():
         raise SystemExit(f"--dataset: no such file {path!r}")
+    if side not in (None, 28):
+        raise SystemExit(f"--dataset: MNIST's images are 28x28, not {side}x{side}")
     if file.name.endswith(".pkl.gz"):
         with gzip.open(file, "rb") as f:
             return pickle.load(f, encoding="latin1")
@@ -76,12 +95,14 @@ def shared_dataset(data_xy, borrow=True):
     return shared_x, T.cast(shared_y, "int32")
 
 
-def load_data(dataset=None):
+def load_data(dataset=None, side=None):
     """``[(train_x, train_y), (valid_x, valid_y), (test_x, test_y)]``, shared.
 
     Also returns, as the number of inputs per image, ``n_in`` (64 for the digits,
-    784 for MNIST): ``datasets, n_in = load_data(...)``.
+    ``side * side`` for the digits enlarged to ``side``, 784 for MNIST):
+    ``datasets, n_in = load_data(...)``.
     """
-    train_set, valid_set, test_set = _digits() if dataset is None else _mnist(dataset)
+    train_set, valid_set, test_set = (_digits(side) if dataset is None
+                                      else _mnist(dataset, side))
     rval = [shared_dataset(test_set), shared_dataset(valid_set), shared_dataset(train_set)]
     return rval[::-1], int(np.shape(train_set[0])[1])

@@ -22,9 +22,9 @@ table).
 
 from __future__ import annotations
 
-import fnmatch
 import gc
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -62,13 +62,14 @@ _SIZES = os.environ.get("SYNKHRONOS_TEST_SIZES")
 CORE_SIZE = 3
 
 # What "python -m pytest" runs with no path, -m or -k: every public feature once.
-DEFAULT_TIER = "not (sizes or slow or mpi)"
+DEFAULT_TIER = "not (sizes or slow or demo or mpi)"
 
-# Markers by where a test lives: (pattern, markers). A pattern is a glob matched
-# against the test's path under tests/, then "::" and its name (parameters left out),
-# so "faults/*" names a folder, "integration/test_cli.py::*" a module and
-# "integration/test_demos.py::test_resnet_*" some of its tests. Every matching row adds
-# its markers; a marker written "-name" takes one away that an earlier row added.
+# Markers by where a test lives: (pattern, markers). A pattern is matched against the
+# test's path under tests/, "::" and its name with its parameters, "*" standing for any
+# text: "faults/*" names a folder, "integration/test_cli.py::*" a module,
+# "integration/test_demos.py::test_resnet_*" some of its tests and
+# "faults/test_group_kill.py::*[3-in_command]" one. Every matching row adds its
+# markers; a marker written "-name" takes away one that an earlier row added.
 # What each marker means, and the steps of CI that select it: pyproject.toml.
 _STACK_MODULES = ["test_pymc*", "test_tutorials", "test_docs_examples", "test_function",
                   "test_function_errors", "test_distribute_opfromgraph",
@@ -77,13 +78,14 @@ _DEVICE_MODULES = ["test_function", "test_function_errors", "test_data", "test_c
                    "test_steps", "test_train", "test_shares", "test_checkpoint"]
 _REPLAY_MODULES = ["test_function", "test_collectives", "test_steps", "test_data"]
 TIERS: list[tuple[str, set[str]]] = [
-    # the area: the folder (and the two script-running modules)
+    # the area: by folder; programs run as users run them are "demo"
     ("unit/*", {"unit"}),
     ("unit/mpi/*", {"-unit", "mpi"}),
     ("mpi/*", {"mpi"}),
     ("integration/*", {"core"}),
-    ("clients/*", {"core"}),
     ("integration/test_demos.py::*", {"-core", "demo"}),
+    ("integration/test_docs_examples.py::*", {"-core", "demo"}),
+    ("clients/*", {"demo"}),
     ("integration/test_device_check.py::*", {"-core", "demo", "slow", "once"}),
     ("faults/*", {"faults", "replay", "once"}),
     # what else depends on the stack: CI runs these on PyMC 5's older PyTensor too
@@ -108,15 +110,48 @@ TIERS: list[tuple[str, set[str]]] = [
         "test_resnet_demo_and_serial_twin",
         "test_deep_learning_tutorials_print_the_serial_numbers",
         "test_logistic_sgd_on_an_mnist_file")),
+    # left out of the default tier for time, which checks the same failures once in the
+    # crash table: the soak, a fault at every phase, isolation between programs, misuse
+    # from threads and children, Ctrl-C inside compiled kernels, every way the master
+    # can die or end, states moved between session sizes
+    ("faults/test_soak.py::*", {"slow"}),
+    ("faults/test_phases.py::*", {"slow"}),
+    ("faults/test_isolation.py::*", {"slow"}),
+    ("faults/test_thread_misuse.py::*", {"slow"}),
+    ("faults/test_interrupt.py::*", {"slow"}),
+    ("faults/test_group_kill.py::test_group_sigkill_leaves_nothing*", {"slow"}),
+    ("faults/test_group_kill.py::test_group_sigkill_leaves_nothing[3-in_command]", {"-slow"}),
+    ("faults/test_crash_table.py::test_master_death*", {"slow"}),
+    ("faults/test_crash_table.py::test_master_death[sigkill-in_command-*", {"-slow"}),
+    ("faults/test_crash_table.py::test_program_ends_without_close*", {"slow"}),
+    ("faults/test_crash_table.py::test_program_ends_without_close[no_close]", {"-slow"}),
+    ("faults/test_crash_table.py::test_signal_reaches_an_idle_master_*", {"slow"}),
+    ("faults/test_crash_table.py::test_master_sigkilled_workers_sweep_*", {"slow"}),
+    ("integration/test_checkpoint_sizes.py::*", {"slow"}),
+    ("integration/test_gpu.py::test_a_whole_session_on_the_cpu_stand_in[1]", {"slow"}),
+    # PyMC once (when it is installed): logp and its gradient, pm.sample's signature
+    # on one model; the model zoo (whose fixture compiles every model: four minutes
+    # on a cold cache), the chains, and the sampling demo are left out
+    ("integration/test_pymc_zoo.py::*", {"slow"}),
+    ("integration/test_pymc_chains.py::*", {"slow"}),
+    ("integration/test_pymc.py::test_sample_matches_pm_sample[hierarchical_model]", {"slow"}),
+    ("integration/test_pymc.py::test_pymc_sampling_demo", {"slow"}),
 ]
 _TESTS = Path(__file__).resolve().parent
 
 
+def _matcher(pattern: str) -> re.Pattern:
+    return re.compile(".*".join(map(re.escape, pattern.split("*"))))
+
+
+_MATCHERS = [(_matcher(pattern), given) for pattern, given in TIERS]
+
+
 def tier_markers(where: str) -> set[str]:
-    """The markers ``TIERS`` gives the test at ``where`` ("folder/module.py::name")."""
+    """The markers ``TIERS`` gives the test at ``where`` ("folder/module.py::name[id]")."""
     markers: set[str] = set()
-    for pattern, given in TIERS:
-        if fnmatch.fnmatchcase(where, pattern):
+    for pattern, given in _MATCHERS:
+        if pattern.fullmatch(where):
             markers |= {m for m in given if not m.startswith("-")}
             markers -= {m[1:] for m in given if m.startswith("-")}
     return markers
@@ -149,8 +184,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path.resolve().relative_to(_TESTS).as_posix()
-        name = getattr(item, "originalname", None) or item.name
-        for marker in sorted(tier_markers(f"{path}::{name}")):
+        for marker in sorted(tier_markers(f"{path}::{item.name}")):
             item.add_marker(marker)
 
 

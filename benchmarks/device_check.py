@@ -487,7 +487,8 @@ def marked_modules(marker: str, k: str | None, timeout: float) -> dict:
     needs one.
     """
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-               "--continue-on-collection-errors", "-m", marker] + (["-k", k] if k else [])
+               "-p", "no:warnings", "-rE", "--continue-on-collection-errors", "-m", marker] + (
+                   ["-k", k] if k else [])
     done = run_logged(command, timeout, child_env())
     lines = done["stdout"].splitlines()
     modules = sorted({line.split("::")[0] for line in lines if "::" in line})

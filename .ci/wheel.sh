@@ -30,6 +30,7 @@ mapfile -t modules <<<"$listing"
 outside=$(mktemp -d)
 trap 'rm -rf "$outside"' EXIT
 cp -r tests "$outside/tests"
+cp pyproject.toml "$outside/"  # pytest's settings: the markers, the timeout
 cd "$outside"
 # the installed package, not the checkout
 "$venv/bin/python" -c "
@@ -37,4 +38,4 @@ import synkhronos, sys
 sys.exit(0 if synkhronos.__file__.startswith('$venv/') else
          f'imported {synkhronos.__file__}, not the wheel installed in $venv')"
 "$venv/bin/synkhronos" --check
-"$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 -m cli "${modules[@]}"
+"$venv/bin/python" -m pytest -q -m cli "${modules[@]}"

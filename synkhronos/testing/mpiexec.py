@@ -140,8 +140,39 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
             netns: Netns | None = None, per_host: int = 1) -> tuple[list[str], dict[str, str]]:
     """The ``mpiexec`` command line and extra environment for one launch.
 
-    ``per_host``: ranks per namespace (``netns`` only; ranks fill the first host first).
+    Parameters
+    ----------
+    library : {"openmpi", "mpich"}
+        The MPI library beside this Python (:func:`mpi_library`).
+    n : int
+        MPI ranks (machines).
+    argv : list of str
+        The program each rank runs.
+    transport : {"shm", "tcp", "netns"}
+        How the ranks talk (the module's docstring).
+    ft : bool
+        Open MPI's fault tolerance (ULFM): a rank's death is reported, not fatal.
+    netns : Netns, optional
+        The namespaces, for ``transport="netns"``.
+    per_host : int
+        Ranks per namespace (``"netns"`` only; ranks fill the first host first).
+
+    Returns
+    -------
+    line : list of str
+        The command line.
+    env : dict
+        Variables to add to the environment of the launch.
+
+    Raises
+    ------
+    ValueError
+        For an unknown transport, ``"netns"`` without ``netns``, or ``ft`` with MPICH.
     """
+    if transport not in ("shm", "tcp", "netns"):
+        raise ValueError(f"transport must be 'shm', 'tcp' or 'netns'; got {transport!r}")
+    if transport == "netns" and netns is None:
+        raise ValueError("transport='netns' needs the namespaces: pass netns=Netns()")
     mpiexec = str(BIN / "mpiexec")
     env: dict[str, str] = {}
     if library == "openmpi":
@@ -152,8 +183,7 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
             line += ["--with-ft", "ulfm"]
         if transport == "tcp":
             line += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
-        elif transport == "netns":
-            assert netns is not None
+        elif transport == "netns" and netns is not None:
             line = [mpiexec, "-n", str(n), "--hostfile", str(netns.hostfile),
                     "--map-by", f"ppr:{per_host}:node:OVERSUBSCRIBE",
                     "--mca", "plm_rsh_agent", str(netns.agent),
@@ -166,13 +196,12 @@ def command(library: str, n: int, argv: list[str], transport: str, *, ft: bool =
         line = [mpiexec, "-n", str(n)]
         if transport == "tcp":
             env.update(MPIR_CVAR_NOLOCAL="1", FI_PROVIDER="tcp", FI_TCP_IFACE="lo")
-        elif transport == "netns":
-            assert netns is not None
+        elif transport == "netns" and netns is not None:
             line = [mpiexec, "-launcher", "ssh", "-launcher-exec", str(netns.agent),
                     "-hosts", ",".join(NETNS_ADDRESSES), "-ppn", str(per_host), "-n", str(n),
                     "-iface", NETNS_IFACE]
             env.update(FI_PROVIDER="tcp", FI_TCP_IFACE=NETNS_IFACE)
     line += argv
-    if transport == "netns":
+    if netns is not None and transport == "netns":
         line = netns.wrap(line)
     return line, env

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# CI for device="gpu" without a GPU: the function, data, collective, steps, training and
-# checkpoint suites (SPEC sections 3-7) on the
-# stand-in (SYNKHRONOS_GPU_PLATFORM=cpu: JAX's CPU platform in every process, collectives
+# CI for device="gpu" without a GPU: the tests marked "device" (tests/conftest.py marks
+# the function, data, collective, steps, training, shares and checkpoint suites: SPEC
+# sections 3-7) on the stand-in (SYNKHRONOS_GPU_PLATFORM=cpu: JAX's CPU platform in every process, collectives
 # staged through shared memory), at n_parallel 1 and 3: 1 is the master alone, 3 has
 # workers and splits rows unevenly; 2 adds nothing on the device the CPU suite does not
 # test at every size (the split of rows is the library's, the same on both devices),
 # and each size costs a pytest process per module that starts JAX.
 #
 # A master that ran JAX cannot fork again, so each (module, size) is its own pytest
-# process (SYNKHRONOS_TEST_SIZES); PYTENSOR_FLAGS=mode=JAX makes the tests' plain
+# process (SYNKHRONOS_TEST_SIZES; .ci/marked_modules lists the modules); PYTENSOR_FLAGS=mode=JAX makes the tests' plain
 # reference functions read device values too (tests/conftest.py). One JAX persistent
 # compile cache, in a temporary directory removed at the end, lets the workers of a
 # session (and later processes) reuse the compiles of the first. Prints each run's
@@ -20,16 +20,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python}"
 
+listing=$(PYTHON="$python" bash .ci/marked_modules device) || exit 1
+mapfile -t modules <<<"$listing"
+
 cache="$(mktemp -d "${TMPDIR:-/tmp}/synk-jax-cache.XXXXXX")"
 trap 'rm -rf "$cache"' EXIT
 export SYNKHRONOS_TEST_DEVICE=gpu SYNKHRONOS_GPU_PLATFORM=cpu PYTENSOR_FLAGS=mode=JAX
 export JAX_COMPILATION_CACHE_DIR="$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
-modules=(tests/integration/test_function.py tests/integration/test_function_errors.py
-         tests/integration/test_data.py tests/integration/test_collectives.py
-         tests/integration/test_steps.py tests/integration/test_train.py
-         tests/integration/test_shares.py tests/integration/test_checkpoint.py)
 failed=()
 timings=()
 start_all=$SECONDS
@@ -37,7 +36,7 @@ for module in "${modules[@]}"; do
     for n in 1 3; do
         echo "== device=gpu stand-in: $module at n_parallel=$n"
         start=$SECONDS
-        if SYNKHRONOS_TEST_SIZES=$n "$python" -m pytest -q "$module"; then
+        if SYNKHRONOS_TEST_SIZES=$n "$python" -m pytest -q -m device "$module"; then
             status=passed
         else
             status=FAILED

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# CI for several machines: tests/mpi/ (and the MPI layer's own tests, tests/unit/mpi/)
-# under each MPI library that installs from a binary
+# CI for several machines: the tests marked "mpi" (tests/mpi/, and the MPI layer's own
+# tests, tests/unit/mpi/) under each MPI library that installs from a binary
 # wheel (Open MPI through the package's `mpi` extra, then MPICH), each in its own virtual
 # environment under build/. A library that cannot be installed is skipped with the
 # reason printed; if none can be, the step says so and succeeds. Any test failure fails.
+# The calling environment's pytest lists the modules (it has the test extra to collect
+# the whole suite with; these venvs have mpi4py, pytest and pytest-timeout only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+listing=$(bash .ci/marked_modules mpi)
+mapfile -t modules <<<"$listing"
 
 installed=0
 run_tests() {  # run_tests NAME PIP-ARGS...
@@ -33,7 +38,7 @@ run_tests() {  # run_tests NAME PIP-ARGS...
     local version
     version=$("$venv/bin/mpiexec" --version)
     echo "${version%%$'\n'*}"
-    python -m pytest -q -rs tests/mpi tests/unit/mpi
+    python -m pytest -q -rs -m mpi "${modules[@]}"
     deactivate
 }
 

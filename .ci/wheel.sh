@@ -2,9 +2,11 @@
 # CI for the package as a user receives it: build the sdist, and the wheel from that
 # sdist (python -m build does both, in that order), install the wheel -- not editable --
 # in a fresh virtual environment, then run `synkhronos --check` and the command line's
-# tests from a folder outside the checkout, so that they import the installed files.
-# A module, data file or entry point missing from the sdist or the wheel fails here.
-# Needs `build` in the calling environment (the `dev` dependency group has it).
+# tests (marked "cli") from a folder outside the checkout, so that they import the
+# installed files. A module, data file or entry point missing from the sdist or the
+# wheel fails here. Needs `build` and the test extra in the calling environment (the
+# `dev` dependency group has build; its pytest lists the modules marked "cli", since the
+# wheel's environment has no test extra to collect the whole suite with).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,9 +24,13 @@ venv=$root/build/venv-wheel
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "${wheels[0]}" pytest pytest-timeout
 
+listing=$(bash .ci/marked_modules cli)
+mapfile -t modules <<<"$listing"
+
 outside=$(mktemp -d)
 trap 'rm -rf "$outside"' EXIT
 cp -r tests "$outside/tests"
+cp pyproject.toml "$outside/"  # pytest's settings: the markers, the timeout
 cd "$outside"
 # the installed package, not the checkout
 "$venv/bin/python" -c "
@@ -32,5 +38,4 @@ import synkhronos, sys
 sys.exit(0 if synkhronos.__file__.startswith('$venv/') else
          f'imported {synkhronos.__file__}, not the wheel installed in $venv')"
 "$venv/bin/synkhronos" --check
-"$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout=300 \
-    tests/integration/test_cli.py tests/unit/test_report.py
+"$venv/bin/python" -m pytest -q -m cli "${modules[@]}"

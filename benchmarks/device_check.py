@@ -35,9 +35,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
 
 - ``environment``: ``nvidia-smi``, ``jax.devices()``, the CPU, cores and memory, the
   versions of Python, numpy, PyTensor, JAX, CuPy, NCCL, PyMC, mpi4py and torch.
-- ``nccl_unit``: ``tests/unit/test_nccl.py`` (one-rank NCCL all-reduce and broadcast
-  on device buffers through ``synkhronos._runtime.nccl``, which only unit tests may
-  import: this part and the next two run ``tests/unit/nccl_probe.py``).
+- ``nccl_unit``: the tests marked ``nccl`` (one-rank NCCL all-reduce and broadcast on
+  device buffers through the private ``synkhronos._runtime.nccl``, which only unit
+  tests may import; the next two parts run ``python -m synkhronos.testing.nccl_probe``).
 - ``nccl_all_reduce``: a one-rank ``Communicator.all_reduce`` and ``broadcast`` of
   64 MiB of float32 on the GPU, timed (median of ``nccl_trials``).
 - ``nccl_two_ranks``: two processes on the one GPU, each a ``Communicator(2, rank,
@@ -57,8 +57,9 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   (``placement.JaxPlacement``). Where synkhronos's extra time goes: the same steps
   inside ``synk.profile()`` (``synk_profiled_ms_per_step``: the master's staging, the
   function, the reduction of the outputs, per step).
-- ``gpu_tests``: the device suites of ``.ci/gpu_standin.sh`` (function, function
-  errors, data, collectives, steps, training, shares, checkpoints) with
+- ``gpu_tests``: the tests marked ``device`` (``tests/conftest.py`` marks the function,
+  function errors, data, collectives, steps, training, shares and checkpoint suites;
+  CI's ``.ci/gpu_standin.sh`` runs the same) with
   ``SYNKHRONOS_TEST_DEVICE=gpu`` at n_parallel 1 and 2 (one
   pytest process per module and size, since a master that ran JAX cannot fork again:
   all at once on the GPU machine, one after the other with ``--local``;
@@ -92,7 +93,7 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
 
 ``--local`` runs the same parts on this machine with ``SYNKHRONOS_GPU_PLATFORM=cpu``
 (JAX's CPU platform stands in for the GPU), n <= 2, small sizes and only the all-reduce
-tests of ``test_collectives.py``, in a few minutes on two cores; the NCCL parts are
+tests of the collectives suite, in a few minutes on two cores; the NCCL parts are
 skipped ("needs CUDA GPUs"). The whole device suite on the stand-in is CI's
 ``.ci/gpu_standin.sh``. ``--set KEY=JSON`` overrides one
 setting (the keys of ``FULL`` and ``LOCAL`` below), e.g. ``--set 'test_sizes=[1]'``;
@@ -135,14 +136,9 @@ MIB = 1 << 20
 # at these sizes every part ran inside its budget there, and all of them fit one call.
 FULL = {
     "deadline": 500.0,
-    "test_modules": ["tests/integration/test_function.py",
-                     "tests/integration/test_function_errors.py",
-                     "tests/integration/test_data.py",
-                     "tests/integration/test_collectives.py",
-                     "tests/integration/test_steps.py",
-                     "tests/integration/test_train.py",
-                     "tests/integration/test_shares.py",
-                     "tests/integration/test_checkpoint.py"],
+    # the tests the gpu_tests part runs: a marker expression (tests/conftest.py assigns
+    # the markers), and a -k expression or None
+    "test_marker": "device",
     "test_sizes": [1, 2], "test_k": None, "test_concurrent": True,
     "nccl_bytes": 64 * MIB, "nccl_trials": 20, "probe_timeout": 20.0,
     "step_mlp_rows": 256, "step_resnet": {"blocks": [1, 1, 1, 1], "width": 16,
@@ -158,14 +154,14 @@ FULL = {
     "chains_rows": 30_000, "chains_draws": 60,
     "chains_layouts": ["1x16", "4x4", "4x1"],
     # seconds each part may take at most (less when the deadline is near)
-    "budgets": {"environment": 20, "nccl_unit": 30, "nccl_all_reduce": 25,
+    "budgets": {"environment": 20, "nccl_unit": 45, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
                 "cpu_scaling": 150, "cpu_all_reduce": 45, "pymc_evaluation": 50,
                 "pymc_chains": 100},
 }
 LOCAL = dict(FULL, **{
     "deadline": 420.0,
-    "test_modules": ["tests/integration/test_collectives.py"], "test_k": "all_reduce",
+    "test_k": "test_collectives and all_reduce",
     "test_sizes": [1, 2], "test_concurrent": False,
     "step_mlp_rows": 32, "step_resnet": {"blocks": [1, 1], "width": 4, "image_size": 16,
                                          "rows": 8},
@@ -301,19 +297,21 @@ def part_nccl_unit(cfg: dict) -> dict:
     problem = cuda_problem()
     if problem:
         raise PartSkipped(problem)
-    record = pytest_run(["tests/unit/test_nccl.py"], cfg["_timeout"], child_env(),
-                        "nccl_unit")
+    deadline = time.monotonic() + cfg["_timeout"]
+    listed = marked_modules("nccl", None, cfg["_timeout"])
+    record = pytest_run(listed["modules"], deadline - time.monotonic(), child_env(),
+                        "nccl_unit", marker="nccl")
     if record["returncode"] != 0 or record["counts"].get("passed", 0) == 0:
         raise PartFailed(record)
     return record
 
 
-PROBE = "tests/unit/nccl_probe.py"  # the private NCCL layer stays behind the unit tests
+PROBE = [sys.executable, "-m", "synkhronos.testing.nccl_probe"]
 
 
 def _probe(args: list[str], timeout: float, env: dict | None = None) -> dict:
-    """Run ``tests/unit/nccl_probe.py ARGS``; its JSON line."""
-    done = subprocess.run([sys.executable, PROBE, *args], cwd=REPO, env=env or child_env(),
+    """Run ``python -m synkhronos.testing.nccl_probe ARGS``; its JSON line."""
+    done = subprocess.run([*PROBE, *args], cwd=REPO, env=env or child_env(),
                           capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"nccl_probe {args[0]} failed: {done.stderr[-3000:]}")
@@ -342,7 +340,7 @@ def part_nccl_two_ranks(cfg: dict) -> dict:
     env = child_env(NCCL_MULTI_RANK_GPU_ENABLE="1", NCCL_DEBUG="WARN",
                     XLA_PYTHON_CLIENT_PREALLOCATE="false")
     start = time.monotonic()
-    ranks = [subprocess.Popen([sys.executable, PROBE, "rank", str(r), json.dumps(uid)],
+    ranks = [subprocess.Popen([*PROBE, "rank", str(r), json.dumps(uid)],
                               cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)
              for r in range(2)]
@@ -479,14 +477,40 @@ def part_step_overhead(cfg: dict) -> dict:
         synk.close()
 
 
+def marked_modules(marker: str, k: str | None, timeout: float) -> dict:
+    """The test modules that hold tests matching ``-m marker`` (and ``-k k``), from
+    pytest's collection of the whole suite (``tests/conftest.py`` assigns the markers).
+
+    A module that cannot be collected here (one that imports a test dependency this
+    machine lacks, such as hypothesis on the GPU machine) is listed under
+    ``collection_errors`` rather than failing the listing: none of the device suites
+    needs one.
+    """
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+               "-p", "no:warnings", "-rE", "--continue-on-collection-errors", "-m", marker] + (
+                   ["-k", k] if k else [])
+    done = run_logged(command, timeout, child_env())
+    lines = done["stdout"].splitlines()
+    modules = sorted({line.split("::")[0] for line in lines if "::" in line})
+    if not modules:
+        raise PartFailed({"error": f"no test matches -m {marker!r} -k {k!r}",
+                          **{key: done[key] for key in ("command", "returncode",
+                                                        "stderr_tail")},
+                          "stdout_tail": done["stdout"][-3000:]})
+    errors = [line.removeprefix("ERROR ") for line in lines if line.startswith("ERROR ")]
+    return {"modules": modules, "collection_errors": errors}
+
+
 def pytest_run(modules: list[str], timeout: float, env: dict, label: str,
-               k: str | None = None) -> dict:
-    """pytest on ``modules`` in a subprocess; the counts from its JUnit XML, or, when it
-    was killed before writing that, from its verbose output so far."""
+               k: str | None = None, marker: str | None = None) -> dict:
+    """pytest on ``modules`` (their tests that match ``-m marker`` and ``-k k``) in a
+    subprocess; the counts from its JUnit XML, or, when it was killed before writing
+    that, from its verbose output so far."""
     with tempfile.TemporaryDirectory(prefix="synk-device-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE",
-                   f"--junitxml={xml}", *modules] + (["-k", k] if k else [])
+                   f"--junitxml={xml}", *modules] + (["-k", k] if k else []) + (
+                       ["-m", marker] if marker else [])
         done = run_logged(command, timeout, env)
         counts: dict = {}
         failed: list[str] = []
@@ -540,19 +564,20 @@ def part_gpu_tests(cfg: dict) -> dict:
         env = child_env(SYNKHRONOS_TEST_DEVICE="gpu", SYNKHRONOS_TEST_SIZES=str(n),
                         PYTENSOR_FLAGS="mode=JAX", SYNKHRONOS_GPU_PLATFORM=platform)
         return dict(pytest_run([module], timeout, env, f"{Path(module).stem} n_parallel={n}",
-                               cfg["test_k"]), module=module, n_parallel=n)
+                               cfg["test_k"], cfg["test_marker"]), module=module, n_parallel=n)
 
     # A master that ran JAX cannot fork again (SPEC 2): one pytest process per module
     # and size, as .ci/gpu_standin.sh runs them.
-    jobs = [(module, n) for module in cfg["test_modules"] for n in cfg["test_sizes"]]
+    deadline = time.monotonic() + cfg["_timeout"]
+    listed = marked_modules(cfg["test_marker"], cfg["test_k"], cfg["_timeout"])
+    jobs = [(module, n) for module in listed["modules"] for n in cfg["test_sizes"]]
     if cfg["test_concurrent"]:  # all at once (the GPU is shared)
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(jobs)) as pool:
-            runs = list(pool.map(lambda job: one(job, cfg["_timeout"]), jobs))
+            runs = list(pool.map(lambda job: one(job, deadline - time.monotonic()), jobs))
     else:
         runs = []
-        deadline = time.monotonic() + cfg["_timeout"]
         for i, job in enumerate(jobs):
             runs.append(one(job, (deadline - time.monotonic()) / (len(jobs) - i)))
     # a module may have no test for a size (pytest exits 0 with every test skipped), but
@@ -564,7 +589,7 @@ def part_gpu_tests(cfg: dict) -> dict:
               "sharded_tests_passed": sum(r["counts"].get("passed_sharded", 0) for r in runs)}
     if not ok:
         raise PartFailed(result)
-    return result
+    return dict(result, collection_errors=listed["collection_errors"])
 
 
 class PartFailed(Exception):

@@ -143,11 +143,10 @@ def idle_percent(seconds: float = 0.5) -> float:
 
 def launch(argv: list[str], n: int, transport: str, library: str, netns, per_host: int,
            timeout: float) -> list[dict]:
-    sys.path.insert(0, str(REPO))
-    from tests.mpi import harness
+    from synkhronos.testing import mpiexec
 
     if n:
-        line, env = harness.command(library, n, argv, transport, netns=netns,
+        line, env = mpiexec.command(library, n, argv, transport, netns=netns,
                                     per_host=per_host)
     else:
         line, env = argv, {}
@@ -160,7 +159,7 @@ def launch(argv: list[str], n: int, transport: str, library: str, netns, per_hos
         run = subprocess.run(line, capture_output=True, text=True, env=full, timeout=timeout,
                              start_new_session=True)
         for entry in set(os.listdir("/dev/shm")) - before:
-            if entry.startswith(harness.MPI_SHM_PREFIXES):
+            if entry.startswith(mpiexec.MPI_SHM_PREFIXES):
                 os.unlink(os.path.join("/dev/shm", entry))
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(line[-6:])} failed ({run.returncode}):\n"
@@ -245,13 +244,12 @@ def main() -> None:
     if args.role == "local":
         return role_local(sizes, 4)
 
-    sys.path.insert(0, str(REPO))
-    from tests.mpi import harness
+    from synkhronos.testing import mpiexec
 
-    library = harness.mpi_library()
+    library = mpiexec.mpi_library()
     if library is None:
-        sys.exit(f"no MPI library: {harness.unavailable_reason()}")
-    netns = harness.Netns() if args.transport == "netns" else None
+        sys.exit(f"no MPI library: {mpiexec.unavailable_reason()}")
+    netns = mpiexec.Netns() if args.transport == "netns" else None
     me = [sys.executable, str(Path(__file__).resolve()), "--max-bytes", str(args.max_bytes)]
     rows: list[dict] = []
     idle = {"before": idle_percent()}
@@ -273,7 +271,7 @@ def main() -> None:
     table = summarize(rows)
     import mpi4py
 
-    version = subprocess.run([str(harness.BIN / "mpiexec"), "--version"],
+    version = subprocess.run([str(mpiexec.BIN / "mpiexec"), "--version"],
                              capture_output=True, text=True).stdout.splitlines()[0]
     hierarchical, peer = "hierarchical (fast)", "MPI Allreduce (4 ranks)"
     ratios = {

@@ -81,7 +81,8 @@ compute, row gather, update, exchange, waiting for the slowest and the rest, in 
 step, with its CPU time per step and in the exchange (``"phases"`` in the JSON; with
 more processes than cores, compare CPU times, not wall times). Beside them, each
 rank's CPU time per command of an empty command and of a 4-byte all-reduce, over
-``--fixed-commands`` of each (``"fixed_costs"``): what grows with n shows there before
+``--fixed-commands`` of each, and of the step's exchange run alone (a thirtieth as
+many; ``"fixed_costs"``): what grows with n shows there before
 any machine has n cores. ``--out`` draws ``scaling_phases.png``: per n, a stacked bar
 per rank.
 
@@ -336,12 +337,7 @@ class SynkServer:
         summary = prof.summary()
         summary["wall"] = wall
         if self.n > 1:  # the step's exchange alone, again and again: values stay resident
-            train, steps_of = self.train, self.synk.steps
-            if train.sharded:
-                exchange = [steps_of.reduce_scatter(train.grad_shared, op="sum"),
-                            steps_of.all_gather_pieces(train.params_flat)]
-            else:
-                exchange = [steps_of.all_reduce(train.grad_shared, op="sum")]
+            steps_of, exchange = self.synk.steps, self._exchange()
             times = []
             for _ in range(steps + 2):
                 start = time.perf_counter()
@@ -358,9 +354,19 @@ class SynkServer:
                     summary[key] = summary.get(key, 0.0) + seconds
         return summary
 
+    def _exchange(self) -> list:
+        """The step's exchange as steps of its own (values stay resident)."""
+        train, steps_of = self.train, self.synk.steps
+        if train.sharded:
+            return [steps_of.reduce_scatter(train.grad_shared, op="sum"),
+                    steps_of.all_gather_pieces(train.params_flat)]
+        return [steps_of.all_reduce(train.grad_shared, op="sum")]
+
     def phases(self, variant: dict, steps: int, commands: int) -> dict:
         """Every rank's phases of the step, ms per step (``synk.profile``), and its
-        CPU time per command of an empty command and a 4-byte all-reduce, us."""
+        CPU time per command of an empty command, a 4-byte all-reduce and the step's
+        exchange alone, us (a checkout whose profile has no ``per_rank`` gives the
+        CPU times alone)."""
         from synkhronos import testing
 
         self.step(variant)
@@ -368,20 +374,26 @@ class SynkServer:
             for _ in range(steps):
                 self.step(variant)
         per_rank = [{k: (round(1e3 * v / entry["steps"], 4) if k not in ("rank", "steps")
-                         else v) for k, v in entry.items()} for entry in prof.per_rank()]
+                         else v) for k, v in entry.items()}
+                    for entry in getattr(prof, "per_rank", list)()]
         fixed = {}
-        for name, command in (("empty", testing.ping),
-                              ("all_reduce_4B", lambda: self.synk.all_reduce(self.tiny))):
+        exchange = self._exchange() if self.n > 1 else None
+        for name, command, count in (
+                ("empty", testing.ping, commands),
+                ("all_reduce_4B", lambda: self.synk.all_reduce(self.tiny), commands),
+                ("exchange", lambda: self.synk.steps.run(exchange), max(3, commands // 30))):
+            if name == "exchange" and exchange is None:
+                continue
             command()
             before = testing.run_on_ranks(time.process_time)
             start = time.perf_counter()
-            for _ in range(commands):
+            for _ in range(count):
                 command()
             wall = time.perf_counter() - start
             after = testing.run_on_ranks(time.process_time)
-            fixed[name] = {"cpu_us_per_rank": [round(1e6 * (b - a) / commands, 2)
+            fixed[name] = {"cpu_us_per_rank": [round(1e6 * (b - a) / count, 2)
                                                for a, b in zip(before, after, strict=True)],
-                           "wall_us": round(1e6 * wall / commands, 2)}
+                           "wall_us": round(1e6 * wall / count, 2), "commands": count}
         return {"n": self.n, "steps": steps, "spin_s": self.spin,
                 "ms_per_step": per_rank, "fixed_costs": fixed}
 

@@ -1,18 +1,31 @@
-"""Shared test fixtures: every test leaves no child process, no segment, no open session.
+"""Shared test fixtures, and the tiers: which tests run where.
 
-A test that forks a session must close it (the fixtures below do): one left open
-would make the next test's ``fork()`` fail. The autouse check closes such a session
-and fails the test that left it, not the next one.
+Every test leaves no child process, no segment, no open session. A test that forks a
+session must close it (the fixtures below do): one left open would make the next
+test's ``fork()`` fail. The autouse check closes such a session and fails the test
+that left it, not the next one.
 
 Unit tests (``tests/unit``) exercise one private module each and never fork; every
 other test uses only public modules (``synkhronos``, ``synkhronos.testing``,
 ``synkhronos.extensions``, ...): ``tests/unit/test_layering.py`` checks it.
+
+Tiers. Every test gets its markers here, from where it lives (``TIERS`` below, read
+by ``pytest_collection_modifyitems``) and from the session size it forks at
+(:func:`sizes_to_run`), so that a new test file has its tier without a decorator.
+The markers are registered, each with what it means, in ``pyproject.toml``. ``python
+-m pytest`` alone (no path, no ``-m``, no ``-k``) runs the default tier,
+``DEFAULT_TIER``: every public feature once, at one session size, in a few minutes;
+``python -m pytest tests`` runs every test this environment can run; CI
+(``.ci/run``) selects each of its steps by marker (``docs/internals.rst`` has the
+table).
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +37,8 @@ os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
 import synkhronos as synk
 from synkhronos.testing import child_pids, leftover_segments, program_prefix, session_open
 
-__all__ = ["child_pids", "segments_of", "session_fixture", "DEVICE", "sizes_to_run"]
+__all__ = ["child_pids", "segments_of", "session_fixture", "DEVICE", "sizes_to_run",
+           "CORE_SIZE", "DEFAULT_TIER", "TIERS"]
 
 segments_of = leftover_segments  # the name the tests use
 
@@ -38,15 +52,140 @@ DEVICE = os.environ.get("SYNKHRONOS_TEST_DEVICE", "cpu")
 # step, data and failure suites a second time with SYNK_REPLAY=0, where every command
 # takes the general path; the tests of replay itself then check that nothing replays.
 REPLAY = os.environ.get("SYNK_REPLAY", "").strip() != "0"
+# Limits every session fixture of this process to these sizes (comma-separated): the
+# device suites run one size per pytest process, since a master that ran JAX cannot
+# fork again. To leave out sizes otherwise, deselect the marker "sizes".
 _SIZES = os.environ.get("SYNKHRONOS_TEST_SIZES")
+
+# The session size of the core tier: 3 has workers and splits rows unevenly on two
+# cores. A test forked at any other size is marked "sizes".
+CORE_SIZE = 3
+
+# What "python -m pytest" runs with no path, -m or -k: every public feature once.
+DEFAULT_TIER = "not (sizes or slow or demo or mpi)"
+
+# Markers by where a test lives: (pattern, markers). A pattern is matched against the
+# test's path under tests/, "::" and its name with its parameters, "*" standing for any
+# text: "faults/*" names a folder, "integration/test_cli.py::*" a module,
+# "integration/test_demos.py::test_resnet_*" some of its tests and
+# "faults/test_group_kill.py::*[3-in_command]" one. Every matching row adds its
+# markers; a marker written "-name" takes away one that an earlier row added.
+# What each marker means, and the steps of CI that select it: pyproject.toml.
+_STACK_MODULES = ["test_pymc*", "test_tutorials", "test_docs_examples", "test_function",
+                  "test_function_errors", "test_distribute_opfromgraph",
+                  "test_distribute_ops", "test_checkpoint", "test_gpu"]
+_DEVICE_MODULES = ["test_function", "test_function_errors", "test_data", "test_collectives",
+                   "test_steps", "test_train", "test_shares", "test_checkpoint"]
+_REPLAY_MODULES = ["test_function", "test_collectives", "test_steps", "test_data"]
+TIERS: list[tuple[str, set[str]]] = [
+    # the area: by folder; programs run as users run them are "demo"
+    ("unit/*", {"unit"}),
+    ("unit/mpi/*", {"-unit", "mpi"}),
+    ("mpi/*", {"mpi"}),
+    ("integration/*", {"core"}),
+    ("integration/test_demos.py::*", {"-core", "demo"}),
+    ("integration/test_docs_examples.py::*", {"-core", "demo"}),
+    ("clients/*", {"demo"}),
+    ("integration/test_device_check.py::*", {"-core", "demo", "slow", "once"}),
+    ("faults/*", {"faults", "replay", "once"}),
+    # what else depends on the stack: CI runs these on PyMC 5's older PyTensor too
+    *((f"integration/{m}.py::*", {"stack"}) for m in _STACK_MODULES),
+    ("unit/test_pymc_*", {"stack"}),
+    # run again on device="gpu" (the stand-in; a GPU in benchmarks/device_check.py)
+    *((f"integration/{m}.py::*", {"device"}) for m in _DEVICE_MODULES),
+    ("unit/test_nccl.py::*", {"nccl"}),
+    # run again with replay off (SYNK_REPLAY=0)
+    *((f"integration/{m}.py::*", {"replay"}) for m in _REPLAY_MODULES),
+    # the command line: run again from the installed wheel
+    ("integration/test_cli.py::*", {"cli"}),
+    ("unit/test_report.py::*", {"cli"}),
+    # faults whose outcome depends on the stack: PyTensor's input checks (random shapes
+    # and dtypes), fork() from threads (Python 3.12 warns)
+    ("faults/test_fuzz.py::*", {"-once"}),
+    ("faults/test_thread_misuse.py::*", {"-once"}),
+    # whole programs beside their serial twins: the library paths they take are the
+    # core suites'
+    *((f"integration/test_demos.py::{name}*", {"slow", "once"}) for name in (
+        "test_run_lasagne_demos", "test_cpu_data_demo_with_dropout_on_an_mnist_file",
+        "test_resnet_demo_and_serial_twin",
+        "test_deep_learning_tutorials_print_the_serial_numbers",
+        "test_logistic_sgd_on_an_mnist_file")),
+    # left out of the default tier for time, which checks the same failures once in the
+    # crash table: the soak, a fault at every phase, isolation between programs, misuse
+    # from threads and children, Ctrl-C inside compiled kernels, every way the master
+    # can die or end, states moved between session sizes
+    ("faults/test_soak.py::*", {"slow"}),
+    ("faults/test_phases.py::*", {"slow"}),
+    ("faults/test_isolation.py::*", {"slow"}),
+    ("faults/test_thread_misuse.py::*", {"slow"}),
+    ("faults/test_interrupt.py::*", {"slow"}),
+    ("faults/test_group_kill.py::test_group_sigkill_leaves_nothing*", {"slow"}),
+    ("faults/test_group_kill.py::test_group_sigkill_leaves_nothing[3-in_command]", {"-slow"}),
+    ("faults/test_crash_table.py::test_master_death*", {"slow"}),
+    ("faults/test_crash_table.py::test_master_death[sigkill-in_command-*", {"-slow"}),
+    ("faults/test_crash_table.py::test_program_ends_without_close*", {"slow"}),
+    ("faults/test_crash_table.py::test_program_ends_without_close[no_close]", {"-slow"}),
+    ("faults/test_crash_table.py::test_signal_reaches_an_idle_master_*", {"slow"}),
+    ("faults/test_crash_table.py::test_master_sigkilled_workers_sweep_*", {"slow"}),
+    ("integration/test_checkpoint_sizes.py::*", {"slow"}),
+    ("integration/test_gpu.py::test_a_whole_session_on_the_cpu_stand_in[1]", {"slow"}),
+    # PyMC once (when it is installed): logp and its gradient, pm.sample's signature
+    # on one model; the model zoo (whose fixture compiles every model: four minutes
+    # on a cold cache), the chains, and the sampling demo are left out
+    ("integration/test_pymc_zoo.py::*", {"slow"}),
+    ("integration/test_pymc_chains.py::*", {"slow"}),
+    ("integration/test_pymc.py::test_sample_matches_pm_sample[hierarchical_model]", {"slow"}),
+    ("integration/test_pymc.py::test_pymc_sampling_demo", {"slow"}),
+]
+_TESTS = Path(__file__).resolve().parent
+
+
+def _matcher(pattern: str) -> re.Pattern:
+    return re.compile(".*".join(map(re.escape, pattern.split("*"))))
+
+
+_MATCHERS = [(_matcher(pattern), given) for pattern, given in TIERS]
+
+
+def tier_markers(where: str) -> set[str]:
+    """The markers ``TIERS`` gives the test at ``where`` ("folder/module.py::name[id]")."""
+    markers: set[str] = set()
+    for pattern, given in _MATCHERS:
+        if pattern.fullmatch(where):
+            markers |= {m for m in given if not m.startswith("-")}
+            markers -= {m[1:] for m in given if m.startswith("-")}
+    return markers
 
 
 def sizes_to_run(sizes):
-    """``sizes``, limited to those SYNKHRONOS_TEST_SIZES names (all when unset)."""
-    if not _SIZES:
-        return list(sizes)
-    wanted = {int(n) for n in _SIZES.split(",")}
-    return [n for n in sizes if n in wanted]
+    """``sizes`` as parameters of session fixtures, limited to those
+    SYNKHRONOS_TEST_SIZES names (all when unset); each but ``CORE_SIZE`` is marked
+    "sizes"."""
+    wanted = {int(n) for n in _SIZES.split(",")} if _SIZES else set(sizes)
+    return [pytest.param(n, marks=() if n == CORE_SIZE else pytest.mark.sizes)
+            for n in sizes if n in wanted]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """No path, no -m, no -k: the default tier."""
+    if (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.markexpr and not config.option.keyword):
+        config.option.markexpr = DEFAULT_TIER
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    tier = ("the default tier" if config.option.markexpr == DEFAULT_TIER else
+            f"-m {config.option.markexpr!r}" if config.option.markexpr else "every tier")
+    return (f"tests: {tier}; markers by place in tests/conftest.py (TIERS); "
+            f"`python -m pytest tests` runs every tier")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest selects by -m
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve().relative_to(_TESTS).as_posix()
+        for marker in sorted(tier_markers(f"{path}::{item.name}")):
+            item.add_marker(marker)
 
 
 def _open_prefix() -> str | None:

@@ -43,20 +43,37 @@ The link between leaders (``Machines``) owns, and knows nothing of what a comman
   there (a worker died or did not finish in time, or the leader failed); the master turns it, and
   MPI's own errors (a lost machine under ULFM, a timeout between machines), into
   ``WorkerDiedError`` / ``WorkerTimeoutError`` naming the host.
+- **Ctrl-C** in the master (SPEC 6: the session stays usable) must leave every machine
+  in step: the master still takes part in every status round the others take part in,
+  with the codes that end the command there. From ``begin`` (the command sent) to the
+  end of ``finish`` it *owes* the others the command's end (``owed``). Ctrl-C while it
+  waits in a status round (``meet``, ``finish``) is raised at once and leaves the round
+  posted (``_await``: an interruptible wait); the next command's ``finish`` waits for
+  that round, then posts "ended" until every machine has ended, and throws the replies
+  away. Where the others would wait inside a transfer that the master abandoned -- the
+  envelope of a command, a ``Data`` write, and everything from ``exchange`` to the end
+  of the transfers after it (the next status round, or the end of the master's share:
+  ``end_transfers``) -- Ctrl-C is held (``held``, ``_runtime/signals.py``) and raised
+  once they are over. A wait that a held Ctrl-C finds still going after
+  ``INTERRUPT_GRACE`` (a machine that has not reached the transfer, a transfer that
+  long) is the one state that cannot be kept: the ``KeyboardInterrupt`` is raised with a
+  note, the link is broken, and ``close()`` ends the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pickle
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
 
-from .._runtime import mpi, shmem
+from .._runtime import mpi, shmem, signals
 from .._runtime.memo import Decoded, Memo
 from .._runtime.remote import BarrierAborted
 from ..errors import WorkerDiedError, WorkerTimeoutError
@@ -68,7 +85,7 @@ from .transport import First, Transport, merge, root_failure
 
 __all__ = ["Machines", "Several", "AcrossMachines", "COMMAND", "LEADERS_ONLY", "END",
            "fatal", "HANDLERS", "LEADERS_ONLY_HANDLERS", "DataWrite", "DataRows",
-           "DataSetItem", "join", "leaders_of"]
+           "DataSetItem", "join", "leaders_of", "INTERRUPT_GRACE"]
 
 COMMAND, LEADERS_ONLY, END = "command", "leaders", "end"
 _HERE_YES, _HERE_NO, _ENDED = 0, 1, 2
@@ -76,6 +93,11 @@ _RECORD = 1024  # bytes of a status record: code, payload length, payload
 _HEAD = 16
 _CARRIED = _RECORD - _HEAD  # payload bytes the record itself carries
 _IDLE_SPIN = 0.002  # seconds an idle leader spins before it sleeps between commands
+#: Seconds a Ctrl-C held during a transfer between machines waits for its end before
+#: it breaks the session (SPEC 6: the master raises it within a second).
+INTERRUPT_GRACE = 1.0
+_CLOSE_GRACE = 5.0  # seconds close() waits for the other machines to end a command
+# that Ctrl-C left pending, before it ends the job instead
 
 
 def fatal(exc: BaseException | None) -> bool:
@@ -105,6 +127,13 @@ class Machines:
         self._head = self._record[:_HEAD].view(np.int64)
         self._memo = Memo()  # master: repeated message -> id
         self._decoded = Decoded(size=None)  # other leaders: id -> message (emptied when told)
+        #: The master sent a command (``begin``) and has not met the other machines at
+        #: its end (``finish``) yet: Ctrl-C left it pending there.
+        self.owed = False
+        self._in_flight: tuple[Any, np.ndarray] | None = None  # a status round posted,
+        # not yet seen complete: (request, every leader's record)
+        self._holding = False  # Ctrl-C waits (``signals.hold``): data are moving
+        self._local_watch: Callable[[], None] | None = None
 
     @property
     def host(self) -> str:
@@ -141,8 +170,25 @@ class Machines:
         return self._comm.broken
 
     def set_liveness(self, watch: Callable[[], None] | None) -> None:
-        """What every wait between machines runs while it polls (None: nothing)."""
-        self._comm.liveness = watch
+        """What every wait between machines runs while it polls (None: nothing), with
+        the grace of a held Ctrl-C (``INTERRUPT_GRACE``)."""
+        self._local_watch = watch
+        self._comm.liveness = None if watch is None else self._watch
+
+    def _watch(self) -> None:
+        assert self._local_watch is not None
+        self._local_watch()
+        if self._holding:
+            since = signals.held()
+            if since is not None and time.monotonic() - since > INTERRUPT_GRACE:
+                self._drop_hold()
+                interrupt = KeyboardInterrupt()
+                interrupt.add_note(
+                    f"Ctrl-C came while the machines were moving data between them, and "
+                    f"that did not end within {INTERRUPT_GRACE:g} s: the machines are no "
+                    f"longer in step, so the synkhronos session is broken (close() ends "
+                    f"the MPI job)")
+                raise interrupt  # out of the wait: the link is broken (Leaders.wait)
 
     def close(self, timeout: float) -> None:
         """Leave the machines together (every leader, collective)."""
@@ -155,7 +201,58 @@ class Machines:
     def host_of(self, rank: int) -> str:
         return self._comm.host_of(rank)
 
+    # -- Ctrl-C while data move between machines -----------------------------------------
+    def _hold(self) -> None:
+        if not self._holding:
+            self._holding = True  # (first: a Ctrl-C between the two is raised at once)
+            signals.hold()
+
+    def _release(self) -> None:
+        """Stop holding Ctrl-C; raise the ``KeyboardInterrupt`` held meanwhile."""
+        if self._holding:
+            self._holding = False
+            signals.release()
+
+    def _drop_hold(self) -> None:
+        """Stop holding Ctrl-C, dropping one held meanwhile (an error goes up instead)."""
+        self._holding = False
+        signals.release(raise_held=False)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Ctrl-C waits until the block has ended, then is raised: the block moves data
+        that the other leaders wait to move with this one. A wait in it that a held
+        Ctrl-C finds past ``INTERRUPT_GRACE`` breaks the link instead."""
+        self._hold()
+        try:
+            yield
+        except BaseException:
+            self._drop_hold()
+            raise
+        self._release()
+
+    def end_transfers(self, raise_held: bool = True) -> None:
+        """The master's share of a command has ended: a hold that ``exchange`` began ends
+        (its transfers are over), and a Ctrl-C held meanwhile is raised (unless not
+        ``raise_held``: the share raised, and that goes up instead)."""
+        if raise_held:
+            self._release()
+        elif self._holding:
+            self._drop_hold()
+
     # -- commands ----------------------------------------------------------------------
+    def begin(self, message: Message, journal: tuple, key: Any = None) -> None:
+        """The master: ``message``, a command, to every other leader; once it left, the
+        master owes them the command's end (``owed``) whatever interrupts it."""
+        self._hold()  # (``held``, written out: every command comes here)
+        try:
+            self.send(COMMAND, message, journal, key)
+        except BaseException:
+            self._drop_hold()
+            raise
+        self.owed = True
+        self._release()
+
     def send(self, kind: str, message: Any, journal: tuple, key: Any = None) -> None:
         """The master: an envelope to every other leader (collective)."""
         ident, reset = 0, False
@@ -186,49 +283,108 @@ class Machines:
         return journal, kind, ident, message
 
     # -- meeting points inside a command -----------------------------------------------
-    def _round(self, code: int, payload: bytes = b"") -> np.ndarray:
-        """One status round: every leader's record, ``(machines, _RECORD)``."""
+    def _fill(self, code: int, payload: bytes = b"") -> np.ndarray:
+        """This leader's record of a status round: ``code``, then ``payload``."""
+        self._release()  # the transfers after an exchange are over (a held Ctrl-C: here)
+        assert self._in_flight is None, "a status round is still in flight"
         record, head = self._record, self._head
         head[0] = code
         head[1] = len(payload)
         carried = min(len(payload), _CARRIED)
         if carried:
             record[_HEAD:_HEAD + carried] = np.frombuffer(payload, np.uint8, carried)
-        return self._comm.all_gather_fixed(record)
+        return record
+
+    def _post(self, code: int, payload: bytes = b"") -> None:
+        """Post a status round that Ctrl-C may leave in flight (``_await``)."""
+        record = self._fill(code, payload)
+        self._hold()  # posted and noted as in flight: one step for Ctrl-C
+        try:
+            self._in_flight = self._comm.post_all_gather_fixed(record)
+        except BaseException:
+            self._drop_hold()
+            raise
+        self._release()
+
+    def _await(self, timeout: float | None = None) -> np.ndarray:
+        """Every leader's record of the status round in flight, ``(machines,
+        _RECORD)``, once complete. Ctrl-C leaves it in flight, for ``finish``."""
+        assert self._in_flight is not None
+        request, every = self._in_flight
+        self._comm.wait([request], "exchanging status between machines",
+                        timeout=timeout, keep=[self._record, every], interruptible=True)
+        return every
 
     @staticmethod
     def _codes(records: np.ndarray) -> np.ndarray:
         return records[:, :_HEAD].view(np.int64)
 
     def meet(self, ok: bool) -> bool:
-        """Every leader's vote at a meeting point: whether all passed ``ok``."""
-        codes = self._codes(self._round(_HERE_YES if ok else _HERE_NO))[:, 0]
+        """Every leader's vote at a meeting point: whether all passed ``ok``.
+
+        Ctrl-C while the master waits here leaves the round in flight (``finish``
+        completes it): the vote is cast, and nothing but status rounds follows it."""
+        self._post(_HERE_YES if ok else _HERE_NO)
+        codes = self._codes(self._await())[:, 0]
+        self._in_flight = None
         if (codes == _ENDED).any():
             raise BarrierAborted("another machine stopped before this meeting point")
         return bool((codes == _HERE_YES).all())
 
     def exchange(self) -> None:
-        """Before moving data between machines: every machine is here (or raise)."""
-        if (self._codes(self._round(_HERE_YES))[:, 0] == _ENDED).any():
+        """Before moving data between machines: every machine is here (or raise).
+
+        From this round to the end of the transfers that follow it (the next status
+        round, or the end of the master's share: ``end_transfers``) Ctrl-C waits
+        (``held``): once every machine has said it is here, each starts the transfers,
+        which none can finish without the others."""
+        record = self._fill(_HERE_YES)
+        self._hold()
+        try:
+            codes = self._codes(self._comm.all_gather_fixed(record))[:, 0]
+        except BaseException:
+            self._drop_hold()
+            raise
+        if (codes == _ENDED).any():
+            self._release()  # no transfer follows
             raise BarrierAborted("another machine stopped before this exchange")
 
-    def finish(self, payload: bytes = b"") -> list[bytes] | None:
+    def finish(self, payload: bytes = b"", timeout: float | None = None
+               ) -> list[bytes] | None:
         """The end of a command on this machine: wait until every machine has ended;
-        the master gets every machine's ``payload`` (its replies), by machine."""
+        the master gets every machine's ``payload`` (its replies), by machine.
+
+        On the master, Ctrl-C while it waits for the others leaves the command
+        ``owed`` (and a status round perhaps in flight): a later ``finish`` takes up
+        from there. ``timeout``: seconds a status round may wait (else the leaders'
+        own limit)."""
+        self._release()
         while True:
-            records = self._round(_ENDED, payload)
+            if self._in_flight is None:
+                self._post(_ENDED, payload)
+            records = self._await(timeout)
+            self._hold()  # seen complete, and what follows, as one step for Ctrl-C
+            self._in_flight = None
             heads = self._codes(records)
             if (heads[:, 0] == _ENDED).all():
                 break
-        lengths = [int(length) for length in heads[:, 1]]
-        rest = None
-        if max(lengths) > _CARRIED:  # every leader sees it: a gather for the rest
-            rest = self._comm.gather(np.frombuffer(payload[_CARRIED:], np.uint8), root=0)
-        if self.node != 0:
-            return None
-        return [records[m, _HEAD:_HEAD + min(length, _CARRIED)].tobytes()
-                + (rest[m].tobytes() if rest is not None and length > _CARRIED else b"")
-                for m, length in enumerate(lengths)]
+            self._release()
+        try:
+            lengths = [int(length) for length in heads[:, 1]]
+            rest = None
+            if max(lengths) > _CARRIED:  # every leader sees it: a gather for the rest
+                rest = self._comm.gather(np.frombuffer(payload[_CARRIED:], np.uint8),
+                                         root=0)
+        except BaseException:
+            self._drop_hold()
+            raise
+        self.owed = False
+        replies = None if self.node != 0 else [
+            records[m, _HEAD:_HEAD + min(length, _CARRIED)].tobytes()
+            + (rest[m].tobytes() if rest is not None and length > _CARRIED else b"")
+            for m, length in enumerate(lengths)]
+        self._release()
+        return replies
 
     # -- failures ------------------------------------------------------------------------
     def report(self, exc: BaseException) -> None:
@@ -332,7 +488,6 @@ class Several(Transport):
         The link to the other machines' leaders.
     """
 
-    interrupt_breaks = True  # a command half done on other machines cannot be kept
     close_on_failure = False  # the exception goes up first; close() then ends the job
 
     def __init__(self, group: LocalGroup, machines: Machines):
@@ -340,21 +495,40 @@ class Several(Transport):
         self.round_again = None  # every command goes to the other machines first (run)
         self._machines = machines
         self._healthy = False
+        self._closing: BaseException | None = None
         self.replica_groups = tuple(zip(machines.offsets, machines.local_sizes, strict=True))
         group.host = machines.host
         group.also = machines.check_alarms  # another machine's report, while waiting here
         machines.set_liveness(group.watch)
 
+    @property
+    def interrupt_breaks(self) -> bool:
+        """Ctrl-C breaks the session only where it broke the link between machines: it
+        came while data moved between them, and that did not end within
+        ``INTERRUPT_GRACE``. Anywhere else it leaves the command pending (``settle``)."""
+        return self._machines.broken is not None
+
     def run(self, message: Message, own_share: Share, key: Any
             ) -> tuple[list[Any], Outcome, First]:
         machines, group = self._machines, self.group
-        machines.send(COMMAND, message, group.ctx.arena.take_journal(), key)
-        local, own, parts = group.round(
-            message, own_share, key, fatal=machines.ends_command)
+        self.pending_elsewhere = True  # (until the command's end, or ``settle``)
+        machines.begin(message, group.ctx.arena.take_journal(), key)
+
+        def share(message: Message) -> Outcome:
+            try:
+                outcome = own_share(message)
+            except BaseException:  # (this goes up, not a Ctrl-C held meanwhile)
+                machines.end_transfers(raise_held=False)
+                raise
+            machines.end_transfers()  # a Ctrl-C held during its transfers: raised here
+            return outcome
+
+        local, own, parts = group.round(message, share, key, fatal=machines.ends_command)
         replies: list[Any] = [None] * group.ctx.size
         replies[local] = own.reply
         first = merge(replies, parts, None, 0)  # on machine 0, local ranks are global
         others = machines.finish()
+        self.pending_elsewhere = False
         assert others is not None
         for part in others[1:]:
             for rank, failed, value in pickle.loads(part):
@@ -363,6 +537,16 @@ class Several(Transport):
                 else:
                     replies[rank] = value
         return replies, own, first
+
+    def settle(self) -> None:
+        """This machine's workers done with the command Ctrl-C left pending (as on one
+        machine), then the other machines met at its end, their replies thrown away
+        (``Machines.finish``: it takes up from where Ctrl-C left the master). Ctrl-C
+        here leaves it pending again."""
+        super().settle()
+        if self._machines.owed:
+            self._machines.finish()
+        self.pending_elsewhere = False
 
     def error(self, exc: BaseException) -> BaseException:
         return self._machines.error(exc)
@@ -374,15 +558,17 @@ class Several(Transport):
 
     def publish_values(self, segment: str, buffer: Any) -> None:
         nbytes = len(buffer)
-        self._to_leaders(DataWrite(segment, nbytes))
-        self._machines.broadcast(buffer)
+        with self._machines.held():  # Ctrl-C waits for the other machines' copies
+            self._to_leaders(DataWrite(segment, nbytes))
+            self._machines.broadcast(buffer)
 
     def publish_rows(self, segment: str, view: Any, bounds: list[tuple[int, int]]) -> None:
         empty = np.empty(0, np.uint8)
         parts = [view[lo:hi].reshape(-1).view(np.uint8) if copy else empty
                  for copy, (lo, hi) in enumerate(bounds)]
-        self._to_leaders(DataRows(segment, view.dtype.str, view.shape, tuple(bounds)))
-        self._machines.scatter(parts, root=0)
+        with self._machines.held():
+            self._to_leaders(DataRows(segment, view.dtype.str, view.shape, tuple(bounds)))
+            self._machines.scatter(parts, root=0)
 
     def publish_item(self, segment: str, view: Any, key: Any, value: Any) -> bool:
         message = DataSetItem(segment, view.dtype.str, view.shape, key, np.asarray(value))
@@ -390,23 +576,45 @@ class Several(Transport):
             pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # a key that does not pickle: the caller sends the values
             return False
-        self._to_leaders(message)
+        with self._machines.held():
+            self._to_leaders(message)
         return True
 
     def begin_close(self, orderly: bool) -> None:
-        self._healthy = orderly and self._machines.broken is None
-        self._closing: BaseException | None = None
+        machines = self._machines
+        self._healthy = orderly and machines.broken is None
+        self._closing = None
+        # a Ctrl-C noted before (the program may end on it) is not one during close():
+        # the waits below would raise it again
+        signals.forget()
         if self._healthy:
             try:
-                self._machines.send(END, None, ())
+                if machines.owed:  # Ctrl-C left a command pending: its end comes first
+                    self._end_pending()
+                machines.send(END, None, ())
             except BaseException as exc:  # the others cannot be reached: abort at the end
                 self._healthy = False
                 self._closing = exc
 
+    def _end_pending(self) -> None:
+        """At close: meet the other machines at the end of the command Ctrl-C left
+        pending, if they get there within ``_CLOSE_GRACE`` (this machine's workers are
+        stopped anyway); else raise, and the job ends (``end_close``)."""
+        try:
+            self._machines.finish(timeout=_CLOSE_GRACE)
+        except mpi.LeaderTimeoutError as exc:
+            raise RuntimeError(
+                f"the other machines were still in the command that Ctrl-C left pending "
+                f"{_CLOSE_GRACE:g} s after close(): ending the job") from exc
+        except KeyboardInterrupt as exc:
+            raise RuntimeError(
+                "Ctrl-C while close() waited for the other machines to end the command "
+                "that Ctrl-C left pending: ending the job") from exc
+
     def end_close(self, broken: BaseException | None) -> None:
         """After this machine is clean: leave MPI with the others, or end the job."""
         machines = self._machines
-        broken = getattr(self, "_closing", None) or broken
+        broken = self._closing or broken
         if self._healthy:
             machines.set_liveness(None)  # the workers are gone, as they should be
             try:
@@ -414,7 +622,8 @@ class Several(Transport):
                 return
             except BaseException as exc:
                 broken = exc
-        reason = (f"{type(broken).__name__}: {broken}" if broken is not None
+        reason = (" ".join([f"{type(broken).__name__}: {broken}",
+                            *getattr(broken, "__notes__", ())]) if broken is not None
                   else "the master closed the session during a command")
         machines.abort(reason)  # never returns: ends every machine's processes
 

@@ -34,7 +34,10 @@ The next command (``enter``, and ``run_held`` again) first waits, interruptibly,
 every worker has marked the pending command done, and throws its replies away
 (one-off reply segments unlinked): only then may it stage shared memory or post. The
 sequence number, the abort flag and the barrier epochs all carry the command's
-number, so nothing of the abandoned command is mistaken for the next one.
+number, so nothing of the abandoned command is mistaken for the next one. Over
+several machines the transport does the same with the other machines
+(``Transport.settle``, while ``pending_elsewhere``); it says when an interrupt broke
+the session instead (``interrupt_breaks``).
 
 An instrument (``synk.profile()``) may watch commands (as Trio's instruments watch
 its run): the session then hands it each command to run, with the master's share, and
@@ -45,8 +48,10 @@ Steps 2-5 are the transport's (``_core/transport.py``), chosen once at ``fork`` 
 held: one machine's runs the local group's round (``_core/group.py``); the one over
 several machines wraps it (``_core/machines.py``). The session's run path is the same
 for both; what differs is declared by the transport: what a failure means
-(``error``), whether Ctrl-C breaks the session (a command half done on other machines
-cannot be kept), and whether a failure closes it at once or at ``close()``.
+(``error``), how a command Ctrl-C left pending is settled (``settle``), whether an
+interrupt broke the session (``interrupt_breaks``: over several machines, one that
+came while data moved between them and outlasted its grace), and whether a failure
+closes it at once or at ``close()``.
 """
 
 from __future__ import annotations
@@ -231,8 +236,8 @@ class Session:
         if self.state is not _READY:  # another thread broke or closed it meanwhile
             self.leave(True)
             self.check_usable()
-        if self.group.pending is not None:  # before any staging into shared memory
-            try:
+        if self.group.pending is not None or self.transport.pending_elsewhere:
+            try:  # (before any staging into shared memory)
                 self._settle()
             except BaseException:
                 self.leave(True)
@@ -270,7 +275,7 @@ class Session:
         self._running = True
         self.commands += 1
         try:
-            if self.group.pending is not None:
+            if self.group.pending is not None or self.transport.pending_elsewhere:
                 self._settle()
             signals.forget()  # only a signal that arrives during this command is ours
             transport = self.transport
@@ -332,16 +337,18 @@ class Session:
 
     def _settle(self) -> None:
         """Wait until every worker is done with the command Ctrl-C left pending, and
-        throw its replies away. Ctrl-C here raises again and leaves it pending; a dead
-        worker or the timeout breaks the session as in any command."""
+        throw its replies away (``Transport.settle``). Ctrl-C here raises again and
+        leaves it pending; a dead worker or the timeout breaks the session as in any
+        command."""
         signals.forget()
         try:
-            self.group.settle()
-        except KeyboardInterrupt:
-            raise
+            self.transport.settle()
+        except KeyboardInterrupt as exc:
+            if not self.transport.interrupt_breaks:
+                raise
+            self._fail_raise(exc)
         except BaseException as exc:
-            self._fail(exc)
-            raise
+            self._fail_raise(exc)
 
     def _fail_raise(self, exc: BaseException) -> NoReturn:
         """Break the session over ``exc`` and raise what it means (the transport's
@@ -359,6 +366,10 @@ class Session:
         took = self.enter()
         try:
             publish(self.transport)
+        except KeyboardInterrupt as exc:  # (raised once the write is everywhere)
+            if not self.transport.interrupt_breaks:
+                raise
+            self._fail_raise(exc)
         except BaseException as exc:
             self._fail_raise(exc)
         finally:

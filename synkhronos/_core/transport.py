@@ -10,6 +10,10 @@ never asks which one it has. A transport answers four things:
   segment's new values to every other copy of the session's memory (``replica_groups``
   says whether there is any, and which ranks share each copy);
 - **watch** (``watch``): the liveness check while waiting;
+- **settle** (``settle``, while ``group.pending`` or ``pending_elsewhere`` says a
+  command is pending): a command that Ctrl-C abandoned in the master is finished or
+  abandoned by every process, before anything else may run (SPEC 6);
+  ``interrupt_breaks`` says whether an interrupt broke the session instead;
 - **close** (``begin_close`` before the local group stops, ``end_close`` after it is
   gone), and what a failure means to the caller (``error``).
 
@@ -46,9 +50,9 @@ class Transport:
     #: Per copy of the session's memory other than this one's: (first rank, ranks);
     #: None when every process maps the same memory (nothing to publish).
     replica_groups: tuple[tuple[int, int], ...] | None = None
-    #: Ctrl-C during a command breaks the session (True), or leaves the command
-    #: pending and the session usable (False, SPEC 6).
-    interrupt_breaks = False
+    #: A command that Ctrl-C abandoned may still be pending on another machine
+    #: (``settle`` then finds out); never on one machine.
+    pending_elsewhere = False
     #: A failure closes the session at once (True), or only at ``close()`` (False:
     #: the exception goes up first).
     close_on_failure = True
@@ -69,6 +73,19 @@ class Transport:
         replies: list[Any] = [None] * self._size
         replies[local] = own.reply
         return replies, own, merge(replies, parts, None, 0) if parts else None
+
+    @property
+    def interrupt_breaks(self) -> bool:
+        """Whether the Ctrl-C just raised broke the session (here never: it leaves the
+        command pending, and the session usable, SPEC 6)."""
+        return False
+
+    def settle(self) -> None:
+        """Wait until every process is done with the command Ctrl-C left pending, and
+        throw its replies away (``LocalGroup.settle``). Ctrl-C here raises again and
+        leaves it pending."""
+        if self.group.pending is not None:
+            self.group.settle()
 
     def error(self, exc: BaseException) -> BaseException:
         """What a failure during a command means to the caller (here: itself)."""

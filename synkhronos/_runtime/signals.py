@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["install", "restore", "reraise_lost", "forget", "blocked",
-           "reraise_interruption"]
+           "reraise_interruption", "hold", "release", "held"]
 
 _TERMINATING = {signal.SIGINT, signal.SIGTERM}
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
 _lost: list[int] = []
+_holder: int | None = None  # the thread whose Ctrl-C waits for ``release`` (``hold``)
+_held_since: float | None = None  # when the first Ctrl-C held so far arrived
 
 
 def _exception_for(signum: int) -> BaseException:
@@ -52,8 +55,41 @@ def _raise_for(signum: int):
 
 
 def _on_signal(signum, frame):
+    global _held_since
     _lost.append(signum)
+    if signum == signal.SIGINT and _holder is not None:
+        if _held_since is None:
+            _held_since = time.monotonic()
+        if _holder == threading.get_ident():  # (handlers run in the main thread)
+            return  # raised by ``release``
     _raise_for(signum)
+
+
+def hold() -> None:
+    """From now on a Ctrl-C waits in this thread: noted, not raised (neither by the
+    handler, if this is the main thread, nor by ``reraise_lost``), until ``release``.
+    SIGTERM is not held. One thread holds at a time (commands run one at a time)."""
+    global _holder, _held_since
+    _held_since = None
+    _holder = threading.get_ident()
+
+
+def release(raise_held: bool = True) -> None:
+    """Stop holding Ctrl-C; raise ``KeyboardInterrupt`` if one arrived meanwhile
+    (``raise_held``: else it is dropped, the caller raising its own)."""
+    global _holder, _held_since
+    since = _held_since
+    _holder = None
+    _held_since = None
+    if since is not None and raise_held:
+        _lost.clear()
+        raise KeyboardInterrupt
+
+
+def held() -> float | None:
+    """When the first Ctrl-C held since ``hold`` arrived (``time.monotonic()``), or
+    None."""
+    return _held_since
 
 
 def install() -> dict[int, Any]:
@@ -74,7 +110,9 @@ def restore(old: dict[int, Any]) -> None:
     Ctrl-C its command saw there) ours stay, which behave as Python's defaults do for
     SIGINT (``KeyboardInterrupt``) and nearly so for SIGTERM (``SystemExit(143)``).
     """
+    global _holder, _held_since
     _lost.clear()
+    _holder = _held_since = None
     if threading.current_thread() is not threading.main_thread():
         return
     for signum, handler in old.items():
@@ -126,8 +164,12 @@ def _hides_interrupt(exc: BaseException) -> bool:
 
 
 def reraise_lost() -> None:
-    """Raise again a signal whose exception posix_ipc swallowed."""
+    """Raise again a signal whose exception posix_ipc swallowed (not a Ctrl-C this
+    thread holds: ``hold``)."""
     if _lost:
+        if _holder is not None and signal.SIGTERM not in _lost \
+                and _holder == threading.get_ident():
+            return
         signum = _lost.pop()
         _lost.clear()
         _raise_for(signum)

@@ -1,24 +1,19 @@
 """A short soak: calls and fork/close cycles return every resource to its baseline.
 
-The long version is ``benchmarks/soak.py`` (100 000 calls, 50 cycles).
+The long version is ``benchmarks/soak.py`` (100 000 calls, 50 cycles); both run
+``synkhronos.testing.soak``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
-_path = pathlib.Path(__file__).parents[2] / "benchmarks" / "soak.py"
-_spec = importlib.util.spec_from_file_location("soak_benchmark", _path)
-soak_benchmark = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(soak_benchmark)
+from synkhronos.testing.soak import soak
 
 
 @pytest.mark.timeout(240)
 def test_short_soak_returns_to_baseline():
-    result = soak_benchmark.soak(calls=2000, cycles=8, n=2)
+    result = soak(calls=2000, cycles=8, n=2)
     base, final = result["baseline"], result["final"]
     assert final["children"] == base["children"] == 0
     # No descriptor opened since the baseline is left open. (One open at the baseline

@@ -5,8 +5,9 @@ rotting in between: it runs every part on this machine (JAX's CPU platform stand
 for the GPU, n = 2 only, tiny sizes, one test of each of two device suites), in a subprocess, and
 checks the JSON it writes: every part is recorded, the NCCL parts are skipped with the
 reason "needs CUDA GPUs", and every other part passed (PyMC's part may be skipped where
-PyMC is not installed, and says so). Marked ``devicecheck`` (``-m devicecheck`` runs it
-alone, ``-m "not devicecheck"`` leaves it out): it takes a minute or two.
+PyMC is not installed, and says so). It takes a minute or two: ``tests/conftest.py``
+marks it ``slow`` (the default tier leaves it out) and ``once`` (CI runs it in its
+first environment only).
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_
 NCCL_PARTS = ["nccl_unit", "nccl_all_reduce", "nccl_two_ranks"]
 TINY = {
     "deadline": 900,
-    # two modules, each of which computes on the device: a master that ran JAX cannot
-    # fork again, so they must run in processes of their own
-    "test_modules": ["tests/integration/test_collectives.py",
-                     "tests/integration/test_train.py"],
+    # one test of each of two device suites, each of which computes on the device: a
+    # master that ran JAX cannot fork again, so they must run in processes of their own
     "test_k": "test_all_reduce_twice_and_after_function_updates or "
               "test_a_training_step_is_one_command", "test_sizes": [2],
     "step_mlp_rows": 8, "step_rounds": 1, "step_seconds": 0.02,
@@ -45,7 +44,7 @@ TINY = {
     "budgets": {name: 300 for name in PARTS},
 }
 
-pytestmark = [pytest.mark.devicecheck, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.timeout(1200)
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,17 @@ all, when the session's handler ran during the command; without that, a
 The signals are really delivered (``signal.raise_signal``) to the session's handlers,
 installed over Python's defaults as ``fork`` installs them, so this passes when the
 suite runs with SIGINT ignored (``pytest &``). Nothing forks here.
+
+Over several machines a Ctrl-C that comes while data move between the machines waits
+(``signals.hold``) until the move is over (``signals.release``): held in the thread
+that moves them, raised at once in the main thread if another one does.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -181,3 +186,73 @@ def test_sys_exit_in_user_code_is_a_failure_not_an_interruption():
         outcome = failed(buried(exc, 3), True)
     assert outcome.failure.exc_type == "SystemError"
     assert failed(SystemExit(5), True).failure.exc_type == "SystemExit"
+
+
+# -- a Ctrl-C held while data move between machines (signals.hold) -----------------------
+def test_a_held_ctrl_c_is_raised_by_release():
+    with session_handlers():
+        signals.hold()
+        try:
+            signal.raise_signal(signal.SIGINT)  # noted, not raised
+            for _ in range(1000):
+                pass
+            assert signals.held() is not None
+            signals.reraise_lost()  # the waiting loops' check leaves it too
+        except KeyboardInterrupt:
+            signals.release(raise_held=False)
+            raise AssertionError("a held Ctrl-C was raised before release()") from None
+        with pytest.raises(KeyboardInterrupt):
+            signals.release()
+        assert signals.held() is None
+        deliver(signal.SIGINT)  # no longer held: raised at once
+
+
+def test_release_without_a_ctrl_c_raises_nothing_and_can_drop_one():
+    with session_handlers():
+        signals.hold()
+        signals.release()
+        signals.hold()
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):
+            pass
+        signals.release(raise_held=False)  # the caller raises an error of its own
+        signals.forget()
+        signals.reraise_lost()
+
+
+def test_sigterm_is_never_held():
+    with session_handlers():
+        signals.hold()
+        try:
+            deliver(signal.SIGTERM)
+        finally:
+            signals.release(raise_held=False)
+
+
+def test_a_ctrl_c_held_by_another_thread_still_reaches_the_main_thread():
+    """The main thread gets it at once (it is not the one moving data); the holding
+    thread's waits leave it, and its release raises it there."""
+    seen: list[str] = []
+    held, delivered = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        signals.hold()
+        held.set()
+        delivered.wait(10)
+        signals.reraise_lost()  # a wait's check in the holding thread: nothing
+        seen.append("waited")
+        try:
+            signals.release()
+        except KeyboardInterrupt:
+            seen.append("raised")
+
+    with session_handlers():
+        thread = threading.Thread(target=holder)
+        thread.start()
+        assert held.wait(10)
+        try:
+            deliver(signal.SIGINT)  # raised in the main thread
+        finally:
+            delivered.set()
+            thread.join(10)
+    assert seen == ["waited", "raised"]

@@ -44,6 +44,9 @@ PUBLIC = {
 }
 THIRD_PARTY_OF_RUNTIME = {"numpy", "posix_ipc"}
 DEVICE_MODULES = {"placement", "nccl"}  # the device libraries live behind these two
+# what the tests and the benchmarks share lives in synkhronos.testing's submodules
+PUBLIC |= {"synkhronos.testing.soak", "synkhronos.testing.mpiexec",
+           "synkhronos.testing.nccl_probe"}
 
 
 def _module_name(path: Path) -> str:

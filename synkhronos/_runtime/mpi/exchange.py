@@ -157,12 +157,15 @@ class Exchange(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, requests: list, what: str, *, timeout: float | None = None,
-             spin: float | None = None, keep: Sequence[Any] = ()) -> None:
+             spin: float | None = None, keep: Sequence[Any] = (),
+             interruptible: bool = False) -> None:
         """Return once ``requests`` are complete; raise if they cannot be.
 
         ``what`` names the operation in errors; ``timeout`` and ``spin`` override the
         communicator's defaults; ``keep`` holds the buffers the requests use, kept
-        alive if the wait fails (MPI may still write into them).
+        alive if the wait fails (MPI may still write into them); ``interruptible``:
+        a ``KeyboardInterrupt`` leaves the requests posted, for the caller to wait for
+        them again later.
         """
 
     @functools.cached_property
@@ -222,13 +225,19 @@ class Exchange(abc.ABC):
         """Every leader's ``record`` on every leader, stacked by leader rank, in one
         collective (no header exchange: every leader passes the same dtype and shape).
         """
-        self.check_usable()
-        _check_contiguous(record, "record")
-        every = np.empty((self.size,) + record.shape, record.dtype)
-        request = self.comm.Iallgather(record, every)
+        request, every = self.post_all_gather_fixed(record)
         self.wait([request], "exchanging status between machines", timeout=timeout,
                   keep=[record, every])
         return every
+
+    def post_all_gather_fixed(self, record: np.ndarray) -> tuple[Any, np.ndarray]:
+        """``all_gather_fixed`` posted and not waited for: ``(request, every)``. The
+        caller waits for ``request`` (``wait``), perhaps in several tries
+        (``interruptible``), and leaves ``record`` unchanged until it is complete."""
+        self.check_usable()
+        _check_contiguous(record, "record")
+        every = np.empty((self.size,) + record.shape, record.dtype)
+        return self.comm.Iallgather(record, every), every
 
     def all_gather_objects(self, obj: Any, *, timeout: float | None = None) -> list:
         """Every leader's ``obj`` (pickled) in a list on every leader. Collective."""

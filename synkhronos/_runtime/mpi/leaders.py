@@ -30,8 +30,12 @@ wait adds a note saying why) and later SIGKILL; MPICH sends SIGKILL at once.
 
 Any exception out of a wait leaves the leaders *broken* (``Leaders.broken`` says why):
 the other leaders may be inside the same collective, so no later operation is
-possible; the way out is :meth:`Leaders.abort`. Buffers of abandoned requests are kept
-alive until the process ends, so MPI never writes into freed memory.
+possible; the way out is :meth:`Leaders.abort`. The one exception is a
+``KeyboardInterrupt`` in a wait the caller declares ``interruptible``: its requests
+stay posted, and the caller waits for them again later (the core does so for the
+status rounds between machines, so that Ctrl-C keeps a session). Buffers of
+abandoned requests are kept alive until the process ends, so MPI never writes into
+freed memory.
 """
 
 from __future__ import annotations
@@ -173,10 +177,14 @@ class Leaders(Exchange):
                               f"{self.broken}; call abort()")
 
     def wait(self, requests: list, what: str, *, timeout: float | None = None,
-             spin: float | None = None, keep: Sequence[Any] = ()) -> None:
+             spin: float | None = None, keep: Sequence[Any] = (),
+             interruptible: bool = False) -> None:
         """Test ``requests`` until all are complete; see the module docstring.
 
         ``keep`` holds the buffers the requests use, kept alive if the wait fails.
+        ``interruptible``: a ``KeyboardInterrupt`` leaves the requests posted and the
+        leaders usable; the caller, which keeps the requests and their buffers, waits
+        for them again later (a request already complete tests complete again).
         """
         MPI = self.MPI
         timeout = self.timeout if timeout is None else timeout
@@ -214,6 +222,8 @@ class Leaders(Exchange):
             self._abandon(requests, keep, f"{what} failed")
             raise self._translate(exc, what) from exc
         except BaseException as exc:
+            if interruptible and isinstance(exc, KeyboardInterrupt):
+                raise
             self._abandon(requests, keep, f"{what} was interrupted by "
                                           f"{type(exc).__name__}: {exc}")
             if isinstance(exc, SystemExit) and exc.code == 143 and self.size > 1:

@@ -10,12 +10,12 @@
   session goes on.
 - ``stop_worker``: rank 3 is stopped (SIGSTOP) with ``fork(timeout=1)``:
   ``WorkerTimeoutError`` naming machine 1's host.
-- ``interrupt``: SIGINT reaches the master during a long call on every machine.
 - ``kill_master``: the master SIGKILLs itself between calls (it records nothing; the
   test checks that every machine's processes end and remove their segments).
 
 The master writes what it saw into ``--out``/``master.json`` (exception type, message,
 host, seconds from the failure to the error); after it, ``synk.close()`` ends the job.
+Ctrl-C, which keeps the session, has its own cases (``interrupts.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -33,11 +32,6 @@ import pytensor.tensor as pt
 
 import synkhronos as synk
 from synkhronos import testing
-
-
-def slow_on(rank: int, seconds: float) -> None:
-    if testing.this_rank() == rank:
-        time.sleep(seconds)
 
 
 def raise_on(rank: int) -> None:
@@ -82,10 +76,6 @@ def main() -> None:
             os.kill(pids[3], signal.SIGSTOP)
         elif case == "kill_master":
             os.kill(os.getpid(), signal.SIGKILL)
-        elif case == "interrupt":
-            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-            failed_at = time.monotonic() + 0.5
-            testing.run_on_ranks(slow_on, 3, 30.0)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             f(data)
@@ -97,8 +87,6 @@ def main() -> None:
                expected_host=hosts[3])
         if case == "stop_worker":
             os.kill(pids[3], signal.SIGCONT)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
     synk.close()  # after a failure between machines: ends the job
 
 

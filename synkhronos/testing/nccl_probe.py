@@ -1,12 +1,16 @@
-"""NCCL on a GPU, driven from ``benchmarks/device_check.py`` (run as a script).
+"""NCCL on a GPU, probed one step below a session: one rank alone, and two ranks on one
+device (run as ``python -m synkhronos.testing.nccl_probe``; it prints one JSON line).
 
-It lives beside ``test_nccl.py`` because it uses the private NCCL layer
-(``synkhronos._runtime.nccl``), which only unit tests may import; the device check runs
-it in a subprocess and reads the one JSON line it prints.
+A session hides which collectives layer it runs on; these probes call the NCCL layer
+(``synkhronos._runtime.nccl``) directly, to time a one-rank all-reduce and broadcast
+and to learn whether NCCL accepts two ranks on one GPU. ``benchmarks/device_check.py``
+runs them in subprocesses (a hung NCCL call is killed with its process)::
 
-    python tests/unit/nccl_probe.py time NBYTES TRIALS   # one-rank all_reduce, broadcast
-    python tests/unit/nccl_probe.py rank R UID_JSON      # one rank of a two-rank probe
-    python tests/unit/nccl_probe.py uid                  # a communicator id for them
+    python -m synkhronos.testing.nccl_probe time NBYTES TRIALS  # one-rank all_reduce, broadcast
+    python -m synkhronos.testing.nccl_probe rank R UID_JSON     # one rank of a two-rank probe
+    python -m synkhronos.testing.nccl_probe uid                 # a communicator id for them
+
+Needs JAX and CuPy with NCCL (the ``gpu`` extra) and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ import json
 import sys
 import time
 
+__all__ = ["time_one_rank", "one_rank_of_two", "main"]
+
 
 def time_one_rank(nbytes: int, trials: int) -> dict:
     """Seconds of each one-rank ``all_reduce`` (sum) and ``broadcast`` of ``nbytes``."""
     import jax
     import jax.numpy as jnp
 
-    from synkhronos._runtime import nccl
+    from .._runtime import nccl
 
     comm = nccl.Communicator(1, 0, nccl.unique_id())
     x = jnp.ones(nbytes // 4, dtype=jnp.float32) * 3
@@ -48,7 +54,7 @@ def one_rank_of_two(rank: int, uid: list[int]) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from synkhronos._runtime import nccl
+    from .._runtime import nccl
 
     comm = nccl.Communicator(2, rank, uid)
     try:
@@ -60,12 +66,13 @@ def one_rank_of_two(rank: int, uid: list[int]) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    """Run the probe ``argv`` names (``time``, ``rank`` or ``uid``); print its JSON line."""
     if argv[0] == "time":
         out = time_one_rank(int(argv[1]), int(argv[2]))
     elif argv[0] == "rank":
         out = one_rank_of_two(int(argv[1]), json.loads(argv[2]))
     elif argv[0] == "uid":
-        from synkhronos._runtime import nccl
+        from .._runtime import nccl
 
         out = {"uid": list(nccl.unique_id())}
     else:

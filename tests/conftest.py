@@ -109,7 +109,7 @@ TIERS: list[tuple[str, set[str]]] = [
         "test_run_lasagne_demos", "test_cpu_data_demo_with_dropout_on_an_mnist_file",
         "test_resnet_demo_and_serial_twin",
         "test_deep_learning_tutorials_print_the_serial_numbers",
-        "test_logistic_sgd_on_an_mnist_file")),
+        "test_logistic_sgd_on_an_mnist_file", "test_lenet_port_prints_the_serial_numbers")),
     # left out of the default tier for time, which checks the same failures once in the
     # crash table: the soak, a fault at every phase, isolation between programs, misuse
     # from threads and children, Ctrl-C inside compiled kernels, every way the master

@@ -85,16 +85,22 @@ def test_ctrl_c_keeps_the_session(tmp_path, target):
         assert poll(lambda: not any(leader_alive(pid) for pid in info["workers"]), 10)
         assert shm_entries(info["prefix"]) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        if info is not None:
-            for pid in info["workers"]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            sweep(info["prefix"])
+        _end(proc, info)
+
+
+def _end(proc: subprocess.Popen, info: dict | None) -> None:
+    """Whatever the test's outcome: the script's process, its workers (``info``, once
+    the script printed it) and its segments gone."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+    if info is not None:
+        for pid in info["workers"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sweep(info["prefix"])
 
 
 def _backend(name: str):
@@ -157,13 +163,4 @@ def test_ctrl_c_inside_a_compiled_kernel_of_the_masters_share(tmp_path, backend,
         assert poll(lambda: not any(leader_alive(pid) for pid in info["workers"]), 10)
         assert shm_entries(info["prefix"]) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        if info is not None:
-            for pid in info["workers"]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            sweep(info["prefix"])
+        _end(proc, info)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -726,20 +727,7 @@ def all_reduce_lane(ctx: RankContext, message: AllReduce
             return True
 
         return run
-    reduce = backend.all_reduce
-
-    def run_all(seq: int, rank: int) -> bool:
-        if epoch.current != kept_under:
-            return False
-        if faults.ARMED:
-            faults.hit("collective")
-        reply = None if reduce(ctx, group, op) else _own_shapes(group.variables)
-        if faults.ARMED:
-            faults.hit("exchange")
-        replies.finish(rank, seq, reply, False, master_rank, arena)
-        return True
-
-    return run_all
+    return _reduce_lane(ctx, group, partial(backend.all_reduce, ctx, group, op))
 
 
 def low_precision_lane(ctx: RankContext, message: LowPrecisionReduce
@@ -753,15 +741,25 @@ def low_precision_lane(ctx: RankContext, message: LowPrecisionReduce
             or message.spec is not None or message.wire is not None):
         return None
     group, primitive = _low_precision_primitive(ctx, message)
-    op, exchange, master_rank, arena = message.op, message.exchange, ctx.master_rank, ctx.arena
+    return _reduce_lane(ctx, group, partial(primitive, ctx, group, message.op,
+                                            message.exchange))
+
+
+def _reduce_lane(ctx: RankContext, group: Any, reduce: Callable[[], bool],
+                 ) -> Callable[[int, int], bool]:
+    """The lane of a reduction over ``group`` that every rank folds (``reduce()``:
+    False when a rank's shapes differ): the reply written, the fault points of the
+    usual way passed, while the epoch it was made under stands."""
+    replies, master_rank, arena = ctx.replies, ctx.master_rank, ctx.arena
+    assert replies is not None
     kept_under = epoch.current
 
     def run(seq: int, rank: int) -> bool:
         if epoch.current != kept_under:
             return False
-        if faults.ARMED:
+        if faults.ARMED:  # a test's: the points of the usual way (``_with_points``)
             faults.hit("collective")
-        reply = None if primitive(ctx, group, op, exchange) else _own_shapes(group.variables)
+        reply = None if reduce() else _own_shapes(group.variables)
         if faults.ARMED:
             faults.hit("exchange")
         replies.finish(rank, seq, reply, False, master_rank, arena)

@@ -253,7 +253,9 @@ class ReplySlots:
         fields are read in one pass each (``_Workers``): at 16 processes a loop over the
         ranks cost more than the rest of an empty command."""
         workers = self._workers
-        if workers is not None and ranks == workers.ranks:
+        if workers is not None and ranks != workers.ranks:
+            workers = None  # (fields of every worker at once: not for another list)
+        if workers is not None:
             fast = workers.replies_again(seq, views)
             if fast is not None:
                 return fast or None  # ([]: a worker not done yet, or one failed)
@@ -263,19 +265,17 @@ class ReplySlots:
         kept = self._replies_read
         # (A reply other than described arrays sets its number to 0, for which no views
         # are ever kept: ``finish``.)
-        numbers = []
         for rank in ranks:
             done, status, length, number = fields[rank]
             if header[done] != seq or header[status] != STATUS_OK:
                 return None
             read = kept[rank]
-            numbers.append(read[0])
             if views and read[0] == header[number]:
                 replies[rank] = read[1]
             elif header[length] != _NONE:
                 return None
-        if workers is not None and views and ranks == workers.ranks:
-            workers.keep(numbers, replies)
+        if workers is not None and views:
+            workers.keep([kept[rank][0] for rank in ranks], replies)
         return replies
 
 

@@ -136,11 +136,10 @@ class Profile:
     def _call_record(self, call: Call, replies: list, total: float = 0.0,
                      straggler: float = 0.0) -> CallRecord:
         """A call's record, with each rank's (gather, function) seconds from its reply."""
-        timings = [reply[2] for reply in replies
-                   if isinstance(reply, (tuple, list)) and len(reply) > 2]
+        timings = [t for t in map(_call_timings, replies) if t is not None]
         record = CallRecord("call", self.names(call.prepared_id), total=total,
-                            straggler=straggler, gather=[float(t[0]) for t in timings],
-                            function=[float(t[1]) for t in timings])
+                            straggler=straggler, gather=[t[0] for t in timings],
+                            function=[t[1] for t in timings])
         self.records.append(record)
         return record
 
@@ -168,9 +167,7 @@ class Profile:
                     times["exchange"] += seconds - waited
                     times["cpu_exchange"] += cpu
                     continue
-                gather = function = 0.0
-                if isinstance(step_reply, (tuple, list)) and len(step_reply) > 2:
-                    gather, function = (float(t) for t in step_reply[2][:2])
+                gather, function = _call_timings(step_reply) or (0.0, 0.0)
                 times["gather"] += gather
                 times[kind] += function
                 times["other"] += seconds - waited - gather - function
@@ -236,6 +233,14 @@ class Profile:
             "reduce": sum(r.reduce for r in calls),
             "collective": sum(r.total for r in collectives),
         }
+
+
+def _call_timings(reply: Any) -> tuple[float, float] | None:
+    """A rank's (gather, function) seconds from its reply to a timed call, or None (a
+    rank that ran nothing, or failed)."""
+    if isinstance(reply, (tuple, list)) and len(reply) > 2:
+        return float(reply[2][0]), float(reply[2][1])
+    return None
 
 
 @contextlib.contextmanager

@@ -63,10 +63,10 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
         As :func:`logp_dlogp_function`; PyMC 6: an old and a new name of one keyword.
     """
     pm = compat.import_pymc()
-    if any(isinstance(arg, pm.Model) for arg in args):
+    given = compat.bind_arguments(pm.find_MAP, _CALLED, args, kwargs)
+    if any(isinstance(value, pm.Model) for name, value in given.items() if name != "model"):
         raise TypeError(f"{_CALLED}() takes pm.find_MAP's positional arguments; pass the "
                         "model as model=...")
-    given = compat.bind_arguments(pm.find_MAP, _CALLED, args, kwargs)
     if isinstance(given.get("method"), dict):  # PyMC 6 takes a start point there
         given["start"] = given.pop("method")
     for old, new in _RENAMED.items():

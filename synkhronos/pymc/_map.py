@@ -114,7 +114,7 @@ def _find_map(pm, model, split, grainsize, given: dict):
     method, use_grad = compat.map_method(given.pop("method", "L-BFGS-B"),
                                          given.pop("use_grad", None), given)
     args = tuple(given.pop("args", ()))
-    rng = np.random.default_rng(seed) if jitter else None
+    rng = np.random.default_rng(seed)  # (PyMC 6: the jitter's seeds and basinhopping's)
     vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=False,
                                caller="find_MAP", compile_kwargs=compile_kwargs)
     try:

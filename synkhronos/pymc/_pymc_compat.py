@@ -481,7 +481,7 @@ def map_minimize(fused: Callable, x0: np.ndarray, method: Any, use_grad: bool,
                                lambda x: both(x)[0], (lambda x: both(x)[1]) if use_grad else None)
         with cost.progress:
             try:
-                result = minimize(cost, x0, method=method, jac=use_grad, *args, **options)
+                result = minimize(cost, x0, *args, method=method, jac=use_grad, **options)
                 x = result["x"]
             except (KeyboardInterrupt, StopIteration):
                 x, result = cost.previous_x, None

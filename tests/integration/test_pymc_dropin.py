@@ -108,7 +108,8 @@ def test_every_pymc_parameter_is_taken(name, build, after, message):
     ours_positional = [p for p in mine.values()
                        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
     for i, parameter in enumerate(positional):
-        if i < len(ours_positional) and ours_positional[i].kind is not inspect.Parameter.VAR_POSITIONAL:
+        if (i < len(ours_positional)
+                and ours_positional[i].kind is not inspect.Parameter.VAR_POSITIONAL):
             assert ours_positional[i].name == parameter.name, (name, i)
         else:
             assert any(p.kind is p.VAR_POSITIONAL for p in ours_positional[:i + 1]), (name, i)

@@ -47,7 +47,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     runs the chain. PyMC initialises NUTS as usual (``pm.init_nuts``: jitter,
     mass-matrix adaptation) and samples with its own sampler. With the same
     ``random_seed`` the draws equal ``pm.sample(nuts_sampler="pymc")``'s, up to
-    floating-point rounding.
+    floating-point rounding where the rows are divided, bit for bit at one process a
+    chain in one block of rows (nothing divided: PyMC's own function, and a chain's
+    process forks no session).
 
     Parameters
     ----------
@@ -74,14 +76,16 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         the logical CPUs, at most 4, at most the usable cores; with
         ``processes_per_chain`` given, no more than fit in the usable cores), and so is
         the default of ``chains``. With a session already forked the chains run one
-        after another in this process.
+        after another in this process. ``nuts_sampler=None`` (PyMC 6's default) is
+        PyMC's NUTS here; PyMC 6's ``backend`` and ``compile_kwargs`` give the mode
+        of the likelihood's functions too.
         ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
         chains one after another in this process: then only the keywords nutpie has
         an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
         ``random_seed``, ``initvals`` (one dict), ``progressbar``, ``quiet``,
         ``discard_tuned_samples``, ``target_accept``, ``max_treedepth``, ``nuts``,
         ``nuts_sampler_kwargs``, ``var_names``, ``compute_convergence_checks``,
-        ``idata_kwargs``, ``return_inferencedata``).
+        ``idata_kwargs``, ``return_inferencedata``, ``backend``, ``compile_kwargs``).
 
     Returns
     -------

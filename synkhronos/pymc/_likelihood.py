@@ -237,7 +237,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, entries: np.
 
 # -- 3-5. the parts and the Op, in PyMC's function -------------------------------------------
 def _build_part(model, group: _Group, loglik, rows: dict, values: Values, size: int,
-                grainsize: int | None) -> Part:
+                grainsize: int | None, mode: Any = None) -> Part:
     """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
     and check.
 
@@ -267,7 +267,7 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: Values, size: 
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
     fn = function(inputs=list(rows.values()), bcast_inputs=[theta], outputs=(both, "sum"),
-                  mode=compat.pymc_mode(model), name="pymc_loglik")
+                  mode=compat.pymc_mode(model, mode), name="pymc_loglik")
     distribute()
     row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
     slices = _num_slices(row_data, group.rows, size, grainsize)
@@ -287,21 +287,26 @@ def _read_by(model, group: _Group, loglik, rows: dict) -> list:
 
 
 def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
-                     open_session: Callable[[], int] | None = None):
+                     open_session: Callable[[], int] | None = None,
+                     processes: int | None = None, caller: str = "logp_dlogp_function",
+                     compile_kwargs: dict | None = None):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
     Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
     1 with one block of rows, PyMC's own function and no Op (None).
 
-    With ``open_session`` (a function that forks this process's session and returns
-    its size) no session is needed now: steps 3-4 wait for the first evaluation, in
-    the process that makes it (a chain process forked from this one, which then has a
-    session of its own), and the check's errors are raised there.
+    With ``open_session`` (a function that forks this process's session of
+    ``processes`` processes and returns its size) no session is needed now: steps 3-4
+    wait for the first evaluation, in the process that makes it (a chain process
+    forked from this one, which then has a session of its own), and the check's errors
+    are raised there; at one process in one block no session is forked at all.
+    ``caller``: the public function named in errors; ``compile_kwargs``: PyMC's
+    (``pytensor.function``'s), for the master's function and the rows' mode.
     """
     size = session_size()
     if size is None and open_session is None:
-        raise RuntimeError("synk.fork() must be called before "
-                           "synkhronos.pymc.logp_dlogp_function()")
+        raise RuntimeError(f"synk.fork() must be called before synkhronos.pymc.{caller}()")
+    compile_kwargs = dict(compile_kwargs or {})
     discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
     if discrete:
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
@@ -314,13 +319,15 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         if not values:
             raise ValueError("the observed log-likelihood depends on no free variable")
         point = model.initial_point()
-        if size == 1 and open_session is None and _one_block(plan, grainsize):
+        one_process = size == 1 if open_session is None else processes == 1
+        if one_process and _one_block(plan, grainsize):
             # One process, one block: nothing to divide or slice, so PyMC's own graph
             # in PyMC's own function. The Op's boundary alone (a second compiled
             # function, a Python Op, on Numba its object mode) costs about 10 us an
-            # evaluation, 5-12% of PyMC's at 10^4 rows.
+            # evaluation, 5-12% of PyMC's at 10^4 rows. Its sums are PyMC's, in
+            # PyMC's order: the draws are pm.sample's bit for bit.
             return compat.value_grad_function(model.logp(jacobian=jacobian), model,
-                                              point), None
+                                              point, compile_kwargs), None
         flat = Values.of(values, point)
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
@@ -332,7 +339,7 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
                 with model:
                     for group, (loglik, rows) in zip(plan.groups, built, strict=True):
                         parts.append(_build_part(model, group, loglik, rows, flat, size,
-                                                 grainsize))
+                                                 grainsize, compile_kwargs.get("mode")))
             except BaseException:
                 for part in parts:
                     part.release()
@@ -349,7 +356,7 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         divided: Any = op(flat.joined())  # (log-likelihood, flat gradient)
         cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
         compat.numba_object_call(RowSum, RowSum.evaluate)
-        vgf = compat.value_grad_function(cost, model, point)
+        vgf = compat.value_grad_function(cost, model, point, compile_kwargs)
     return vgf, op
 
 

@@ -51,13 +51,13 @@ class _PointFunction:
                 item.free_memory()
 
 
-def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
-                           extend_inferencedata=True, progressbar=False):
+def compute_log_likelihood(idata, model=None, *, split=None, **kwargs):
     """``pm.compute_log_likelihood`` with the rows divided among the processes.
 
     Each process evaluates the elementwise log-likelihood of its rows at every draw of
     ``idata``'s posterior; the rows are gathered in order. Observed variables that are
-    not divided (see ``split``) are evaluated in the master.
+    not divided (see ``split``) are evaluated in the master. Takes every keyword of the
+    installed ``pm.compute_log_likelihood``, with its defaults.
 
     Parameters
     ----------
@@ -65,15 +65,15 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
         Holds the posterior (``sample``'s or ``pm.sample``'s).
     model : pymc.Model, optional
         The model (default: the one of the current ``with`` context).
-    var_names : list of str, optional
-        Observed variables to evaluate (default: every observed variable).
     split : str or list of str, optional
         What is divided by rows; see :func:`logp_dlogp_function`.
-    extend_inferencedata : bool, default True
-        Add the ``log_likelihood`` group to ``idata`` and return it; otherwise return the
-        group alone.
-    progressbar : bool, default False
-        PyMC's progress bar over the draws.
+    **kwargs
+        ``pm.compute_log_likelihood``'s: ``var_names`` (observed variables to
+        evaluate, default every one), ``extend_inferencedata`` (default True: add the
+        ``log_likelihood`` group to ``idata`` and return it; else return the group
+        alone), ``sample_dims``, ``progressbar`` (PyMC's progress bar over the draws,
+        default True), ``compile_kwargs`` and, in PyMC 6, ``backend`` (the mode of
+        the master's function and of the rows' function).
 
     Returns
     -------
@@ -85,7 +85,9 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
     RuntimeError
         Before ``synk.fork()``.
     TypeError
-        ``var_names`` is not a list of names; ``split`` as in :func:`logp_dlogp_function`.
+        A keyword the installed ``pm.compute_log_likelihood`` does not take (before
+        anything else); ``var_names`` is not a list of names; ``split`` as in
+        :func:`logp_dlogp_function`.
     ValueError
         ``var_names`` names something that is not an observed variable; ``split`` as in
         :func:`logp_dlogp_function`.
@@ -95,6 +97,15 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
     Collective: one parallel call per draw and group of rows.
     """
     pm = compat.import_pymc()
+    given = compat.bind_arguments(pm.compute_log_likelihood,
+                                  "synkhronos.pymc.compute_log_likelihood", (idata,),
+                                  dict(kwargs, model=model))
+    defaults = compat.log_likelihood_defaults()
+    var_names = given.get("var_names")
+    progressbar = given.get("progressbar", defaults["progressbar"])
+    sample_dims = tuple(given.get("sample_dims", defaults["sample_dims"]))
+    compile_kwargs = compat.resolved_compile_kwargs(given.get("backend"),
+                                                    given.get("compile_kwargs"))
     model = pm.modelcontext(model)
     if session_size() is None:
         raise RuntimeError("synk.fork() must be called before "
@@ -129,7 +140,8 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
                         if any(stand_ins[rv] in _inputs(term) for term, _ in outputs)]
                 fn = function(inputs=list(rows.values()),
                               bcast_inputs=[stand_ins[rv] for rv in free], outputs=outputs,
-                              mode=compat.pymc_mode(model), name="pymc_log_likelihood")
+                              mode=compat.pymc_mode(model, compile_kwargs.get("mode")),
+                              name="pymc_log_likelihood")
                 distribute()
                 row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
                 point_fn.parts.append((fn, row_data, [rv.name for rv in free],
@@ -140,12 +152,13 @@ def compute_log_likelihood(idata, model=None, *, var_names=None, split=None,
             umodel = compat.untransformed(model)
             fn = umodel.compile_fn(inputs=umodel.value_vars,
                                    outs=umodel.logp(vars=[umodel[n] for n in rest], sum=False),
-                                   on_unused_input="ignore")
+                                   on_unused_input="ignore", **compile_kwargs)
             point_fn.master = (fn, rest)
-        dataset = compat.log_likelihood_dataset(point_fn, idata, model, names, progressbar)
+        dataset = compat.log_likelihood_dataset(point_fn, idata, model, names, progressbar,
+                                                sample_dims)
     finally:
         point_fn.release()
-    if extend_inferencedata:
+    if given.get("extend_inferencedata", True):
         return compat.add_group(idata, "log_likelihood", dataset)
     return dataset
 

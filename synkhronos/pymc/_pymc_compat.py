@@ -37,6 +37,14 @@ __all__ = [
     "minibatch_variables",
     "nutpie_from_pyfunc",
     "nutpie_sample_parameters",
+    "bind_arguments",
+    "resolved_compile_kwargs",
+    "map_start_fn",
+    "map_parameters",
+    "log_likelihood_defaults",
+    "map_method",
+    "map_minimize",
+    "map_value_vars",
 ]
 
 
@@ -59,12 +67,15 @@ def change_dist_size(rv: Any, size: Any) -> Any:
     return change(rv, size)
 
 
-def value_grad_function(cost: Any, model: Any, point: dict) -> Any:
+def value_grad_function(cost: Any, model: Any, point: dict,
+                        compile_kwargs: dict | None = None) -> Any:
     """PyMC's ``ValueGradFunction`` of ``cost`` over the model's continuous values,
-    called with a raveled point (what ``pm.NUTS(logp_dlogp_func=...)`` takes)."""
+    called with a raveled point (what ``pm.NUTS(logp_dlogp_func=...)`` takes), compiled
+    with ``compile_kwargs`` (``pytensor.function``'s, as PyMC passes them)."""
     pm = import_pymc()
     return pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
-                                      initial_point=point, ravel_inputs=True)
+                                      initial_point=point, ravel_inputs=True,
+                                      **(compile_kwargs or {}))
 
 
 def default_cores() -> int:
@@ -105,17 +116,19 @@ def parameter_check_rewrite(model: Any) -> str:
             else "local_remove_check_parameter")
 
 
-def pymc_mode(model: Any) -> Any:
+def pymc_mode(model: Any, mode: Any = None) -> Any:
     """PyTensor's default mode with PyMC's parameter-check rewrite included, and without
     PyTensor's BLAS rewrites (``BlasOpt``) where PyTensor has no BLAS library to link
     (``blas__ldflags`` empty, as after ``pip install``): their ``Gemv`` then runs as a
     Python ``perform`` through scipy, where the plain ``dot`` they replace is numpy's
     own call. The row likelihood of the hierarchical model at 10^4 rows, two processes,
-    went from 1.29x to 1.48x PyMC's evaluation with them left out (paired rounds)."""
+    went from 1.29x to 1.48x PyMC's evaluation with them left out (paired rounds).
+    ``mode``: the mode to start from instead of the default (a name or a ``Mode``, as
+    ``compile_kwargs["mode"]`` gives it)."""
     import pytensor
     from pytensor.compile.mode import Mode, get_mode
 
-    base = get_mode(None)
+    base = get_mode(mode)
     optimizer = base.provided_optimizer.including(parameter_check_rewrite(model))
     if not getattr(pytensor.config, "blas__ldflags", ""):
         optimizer = optimizer.excluding("BlasOpt")
@@ -236,8 +249,14 @@ def untransformed(model: Any) -> Any:
     return remove_value_transforms(model)
 
 
+def log_likelihood_defaults() -> dict[str, Any]:
+    """``pm.compute_log_likelihood``'s defaults by name."""
+    return {name: p.default for name, p in
+            inspect.signature(import_pymc().compute_log_likelihood).parameters.items()}
+
+
 def log_likelihood_dataset(fn: Any, idata: Any, model: Any, var_names: list[str],
-                           progressbar: bool) -> Any:
+                           progressbar: bool, sample_dims: tuple = ("chain", "draw")) -> Any:
     """``fn`` (a posterior point -> one array each of ``var_names``) applied to every
     draw of ``idata``'s posterior, as the dataset ``pm.compute_log_likelihood`` makes
     (its dims, coords and sample dims). ``fn`` needs an attribute ``f`` that PyMC sets
@@ -252,7 +271,7 @@ def log_likelihood_dataset(fn: Any, idata: Any, model: Any, var_names: list[str]
     dataset = posterior.to_dataset() if hasattr(posterior, "to_dataset") else posterior
     dataset = dataset[[rv.name for rv in model.free_RVs]]
     return apply_function_over_dataset(fn, dataset, output_var_names=var_names,
-                                       sample_dims=("chain", "draw"), dims=dims,
+                                       sample_dims=sample_dims, dims=dims,
                                        coords=coords, progressbar=progressbar)
 
 
@@ -339,3 +358,151 @@ def nutpie_coords(model: Any) -> dict:
             labels = pd.RangeIndex(int(model.dim_lengths[name].eval()))
         coords[name] = pd.Index(labels)
     return coords
+
+
+def bind_arguments(pymc_function: Callable, called: str, args: tuple, kwargs: dict) -> dict:
+    """``args`` and ``kwargs`` bound to ``pymc_function``'s parameters as Python binds
+    them for a call of it: ``{name: value}`` of those given, the entries of its
+    ``**kwargs`` by their own names, its ``*args`` (a tuple) by that parameter's name.
+    Where the installed PyMC would refuse the call (a name it does not take, a value
+    given twice, too many positional arguments) a TypeError that names ``called``."""
+    signature = inspect.signature(pymc_function)
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{called}() {exc}") from None
+    given: dict = {}
+    for name, value in bound.arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(value)
+        else:
+            given[name] = value
+    return given
+
+
+def resolved_compile_kwargs(backend: Any, compile_kwargs: dict | None) -> dict:
+    """``compile_kwargs`` with PyMC 6's ``backend`` shortcut made its ``mode`` (a new
+    dict; PyMC's own resolution, which refuses both at once)."""
+    if backend is None:
+        return dict(compile_kwargs or {})
+    from pymc.pytensorf import resolve_backend_compile_kwargs
+
+    return resolve_backend_compile_kwargs(backend, compile_kwargs)
+
+
+def map_parameters() -> set[str]:
+    """``pm.find_MAP``'s parameter names (PyMC 6's include ``initvals``)."""
+    return set(inspect.signature(import_pymc().find_MAP).parameters)
+
+
+def map_start_fn(model: Any, overrides: Any, jittered: set) -> Any:
+    """A function of a seed giving ``pm.find_MAP``'s starting point in the transformed
+    space: the initial point with ``overrides``, the value variables ``jittered``
+    jittered (PyMC 6's ``find_MAP(jitter=True)`` jitters those it optimises)."""
+    from pymc.initial_point import make_initial_point_fns_per_chain
+
+    jitter_rvs = {model.values_to_rvs[v] for v in jittered}
+    return make_initial_point_fns_per_chain(model=model, overrides=overrides,
+                                            jitter_rvs=jitter_rvs, chains=1)[0]
+
+
+def map_value_vars(model: Any, user_vars: Any) -> list:
+    """The value variables ``pm.find_MAP(vars=...)`` optimises over (free variables, their
+    value variables, or the free variables a Deterministic or Potential reads)."""
+    import warnings
+
+    from pymc.util import get_value_vars_from_user_vars
+    from pytensor.graph.traversal import graph_inputs
+
+    try:
+        return get_value_vars_from_user_vars(user_vars, model)
+    except ValueError:
+        read = set(graph_inputs(model.replace_rvs_by_values(user_vars)))
+        found = [v for v in model.value_vars if v in read]
+        if not found:
+            raise
+        warnings.warn("Intermediate variables (such as Deterministic or Potential) were "
+                      "passed. find_MAP will optimize the underlying free_RVs instead.",
+                      UserWarning, stacklevel=4)
+        return found
+
+
+def map_method(method: Any, use_grad: bool | None, options: dict) -> tuple[Any, bool]:
+    """``(method, whether the gradient is used)`` as the installed ``pm.find_MAP`` decides
+    them: PyMC 5 uses it for every method but Powell; PyMC 6 names the method by its
+    canonical spelling and uses the gradient where the method (``basinhopping``'s inner
+    one, from ``options["minimizer_kwargs"]``) takes one, unless ``use_grad=False``."""
+    try:
+        from pymc.tuning.scipy_interface import set_optimizer_function_defaults
+        from pymc.tuning.starting import _canonical_method
+    except ImportError:  # PyMC 5
+        return method, method != "Powell"
+    method = _canonical_method(method)
+    inner = method
+    if method == "basinhopping":
+        minimizer = dict(options.get("minimizer_kwargs") or {})
+        inner = minimizer["method"] = _canonical_method(minimizer.get("method", "L-BFGS-B"))
+        options["minimizer_kwargs"] = minimizer
+    use_grad, _, _ = set_optimizer_function_defaults(inner, use_grad, False, False)
+    return method, use_grad
+
+
+def map_minimize(fused: Callable, x0: np.ndarray, method: Any, use_grad: bool,
+                 progressbar: Any, progressbar_theme: Any, maxeval: int | None,
+                 args: tuple, options: dict, rng: Any) -> tuple[np.ndarray, Any]:
+    """The optimisation of ``pm.find_MAP`` over ``fused`` (a raveled point -> (logp,
+    dlogp), to be maximised), as the installed PyMC runs it: ``(x at the optimum,
+    the optimizer's result)``.
+
+    PyMC 5: scipy's ``minimize`` through PyMC's cost wrapper, whose progress bar it
+    shows and which stops after ``maxeval`` evaluations (the result is then None and x
+    the last point with a finite gradient, as there); ``args`` are scipy's. PyMC 6:
+    ``better_optimize``'s ``minimize`` or ``basinhopping`` (``method="basinhopping"``),
+    as ``pm.find_MAP`` calls them, with a warning where the optimizer did not converge.
+    """
+    import warnings
+
+    try:
+        from pymc.tuning.starting import CostFuncWrapper
+    except ImportError:  # PyMC 6
+        CostFuncWrapper = None
+    if CostFuncWrapper is not None:
+        from scipy.optimize import minimize
+
+        last: dict = {}
+
+        def both(x):
+            if "x" not in last or not np.array_equal(last["x"], x):
+                last["x"] = np.array(x, copy=True)
+                last["value"], last["grad"] = fused(x)
+            return last["value"], last["grad"]
+
+        cost = CostFuncWrapper(maxeval, progressbar, progressbar_theme,
+                               lambda x: both(x)[0], (lambda x: both(x)[1]) if use_grad else None)
+        with cost.progress:
+            try:
+                result = minimize(cost, x0, *args, method=method, jac=use_grad, **options)
+                x = result["x"]
+            except (KeyboardInterrupt, StopIteration):
+                x, result = cost.previous_x, None
+            finally:
+                cost.progress.update(cost.task, completed=cost.n_eval, refresh=True)
+        return x, result
+    from better_optimize import basinhopping, minimize
+
+    def loss(x):
+        value, grad = fused(x)
+        return (-float(value), -np.asarray(grad, dtype="float64")) if use_grad else -float(value)
+
+    if method == "basinhopping":
+        minimizer = dict(options.pop("minimizer_kwargs", None) or {})
+        options.setdefault("rng", rng)
+        result = basinhopping(func=loss, x0=x0, progressbar=bool(progressbar),
+                              minimizer_kwargs=minimizer, **options)
+    else:
+        result = minimize(f=loss, x0=x0, method=method, progressbar=bool(progressbar),
+                          **options)
+    if not result.get("success", True):
+        warnings.warn(f"The optimizer did not converge: {result.get('message', '')}",
+                      UserWarning, stacklevel=4)
+    return np.asarray(result.x), result

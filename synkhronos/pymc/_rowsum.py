@@ -262,8 +262,9 @@ class RowSum(Op):
         for name, cell, value in self.sources:
             if cell[0] is not value:
                 raise RuntimeError(
-                    f"the model's data {name!r} changed (pm.set_data) after "
-                    "synkhronos.pymc.logp_dlogp_function() copied it; build a new one"
+                    f"the model's data {name!r} changed (pm.set_data) after synkhronos.pymc "
+                    "copied its rows (for logp_dlogp_function, sample or find_MAP); build a "
+                    "new one"
                 )
         if self.session is not None:
             return self._evaluate_lean(self.session, theta)

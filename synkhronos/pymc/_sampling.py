@@ -47,7 +47,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     runs the chain. PyMC initialises NUTS as usual (``pm.init_nuts``: jitter,
     mass-matrix adaptation) and samples with its own sampler. With the same
     ``random_seed`` the draws equal ``pm.sample(nuts_sampler="pymc")``'s, up to
-    floating-point rounding.
+    floating-point rounding where the rows are divided, bit for bit at one process a
+    chain in one block of rows (nothing divided: PyMC's own function, and a chain's
+    process forks no session).
 
     Parameters
     ----------
@@ -74,14 +76,16 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         the logical CPUs, at most 4, at most the usable cores; with
         ``processes_per_chain`` given, no more than fit in the usable cores), and so is
         the default of ``chains``. With a session already forked the chains run one
-        after another in this process.
+        after another in this process. ``nuts_sampler=None`` (PyMC 6's default) is
+        PyMC's NUTS here; PyMC 6's ``backend`` and ``compile_kwargs`` give the mode
+        of the likelihood's functions too.
         ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
         chains one after another in this process: then only the keywords nutpie has
         an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
         ``random_seed``, ``initvals`` (one dict), ``progressbar``, ``quiet``,
         ``discard_tuned_samples``, ``target_accept``, ``max_treedepth``, ``nuts``,
         ``nuts_sampler_kwargs``, ``var_names``, ``compute_convergence_checks``,
-        ``idata_kwargs``, ``return_inferencedata``).
+        ``idata_kwargs``, ``return_inferencedata``, ``backend``, ``compile_kwargs``).
 
     Returns
     -------
@@ -143,13 +147,21 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                          "sampling needs every row, which synkhronos.pymc divides among "
                          "the processes; sample the full data (pm.Data), or fit "
                          "minibatches with ADVI (pm.fit)")
+    # PyMC 6's backend is the mode of compile_kwargs, for the likelihood's functions
+    # as for PyMC's own (the master's, and the rows' on every process).
+    compile_kwargs = compat.resolved_compile_kwargs(
+        kwargs.pop("backend", None) if "backend" in compat.sample_parameters() else None,
+        kwargs.get("compile_kwargs"))
+    if compile_kwargs:
+        kwargs["compile_kwargs"] = compile_kwargs
     cores = _check_count("cores", kwargs.pop("cores", None))
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
     if sampler == "nutpie":
         return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs))
+                          lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
+                          compile_kwargs=compile_kwargs)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
         random_seed = int(np.random.default_rng().integers(2**30))
@@ -166,7 +178,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     else:
         running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
-    sampling = _Sampling(chains, seeds, random_seed, kwargs)
+    sampling = _Sampling(chains, seeds, random_seed, kwargs, compile_kwargs)
     if running == 1:
         # A session of its own on every usable core, with nothing else running in this
         # process while it samples: each process on its core (benchmarks/pymc_parts.py
@@ -175,18 +187,21 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         # (nutpie's route is not pinned: its chains are threads of this process.)
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1),
-                          pin=processes == usable)
+                          pin=processes == usable, compile_kwargs=compile_kwargs)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
         raise ValueError(f"mp_ctx={mp_ctx!r}: synkhronos.pymc.sample runs chains at once "
                          "in processes forked from this one (mp_ctx='fork', the default "
                          "here); pass cores=1 to run them one after another instead")
-    # Each chain's process forks its own session at its first evaluation. Oversubscribed
-    # cores (more processes than cores) must not spin while they wait.
+    # Each chain's process forks its own session at its first evaluation (none at one
+    # process in one block: PyMC's own function). Oversubscribed cores (more processes
+    # than cores) must not spin while they wait.
     spin = 0.0 if running * processes > usable else None
     vgf, op = build_logp_dlogp(pm, model, split, grainsize,
-                               open_session=_chain_session(processes, spin))
+                               open_session=_chain_session(processes, spin),
+                               processes=processes, caller="sample",
+                               compile_kwargs=sampling.compile_kwargs)
     try:
         return _sample_nuts(pm, model, vgf, sampling, running)
     except Exception as exc:
@@ -196,17 +211,20 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
             raise cause.with_traceback(None) from exc
         raise
     finally:
-        op.release()
+        if op is not None:
+            op.release()
 
 
-def _in_master(pm, model, split, grainsize, processes, size, run, pin: bool = False):
+def _in_master(pm, model, split, grainsize, processes, size, run, pin: bool = False,
+               compile_kwargs: dict | None = None):
     """``run(vgf)`` with the chains in this process: over the open session, or over one
     forked here (``processes``, each on its core with ``pin``) and closed at the end."""
     own_session = size is None
     if own_session:
         fork(processes, pin=pin)
     try:
-        vgf, op = build_logp_dlogp(pm, model, split, grainsize)
+        vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
+                                   compile_kwargs=compile_kwargs)
         try:
             return run(vgf)
         finally:
@@ -259,6 +277,7 @@ _NUTPIE_KEYWORDS = {
     "draws", "tune", "chains", "cores", "random_seed", "initvals", "progressbar", "quiet",
     "discard_tuned_samples", "target_accept", "max_treedepth", "nuts", "nuts_sampler_kwargs",
     "var_names", "compute_convergence_checks", "idata_kwargs", "return_inferencedata",
+    "backend", "compile_kwargs",
 }
 
 
@@ -313,6 +332,7 @@ class _Sampling:
     seeds: list[int]
     random_seed: Any
     kwargs: dict
+    compile_kwargs: dict
 
 
 def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int):
@@ -335,7 +355,7 @@ def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int):
         random_seed=seeds, progressbar=bool(kwargs.get("progressbar", True)) and not quiet,
         quiet=quiet, jitter_max_retries=default("jitter_max_retries"),
         tune=kwargs.get("tune", params["tune"].default), initvals=kwargs.pop("initvals", None),
-        compile_kwargs=kwargs.get("compile_kwargs"), **step_kwargs,
+        compile_kwargs=sampling.compile_kwargs, **step_kwargs,
     )
     # The same step init_nuts made (its adapted potential, seed and options), over vgf.
     step = pm.NUTS(potential=initialised.potential, model=model, rng=seeds[0],

@@ -194,6 +194,12 @@ def _choose_split(model, split) -> _Split:
     """Step 1: the observed variables, potentials and data variables divided by rows."""
     observed = list(model.observed_RVs)
     if not observed and split is None:
+        if model.potentials:
+            names = [p.name for p in model.potentials]
+            raise ValueError(
+                f"the model has no observed variables, and its potentials {names} are "
+                "divided only when named: pass split=[the potential's name, the pm.Data "
+                f"containers whose rows it sums over], e.g. split=[{names[0]!r}, 'x']")
         raise ValueError("the model has no observed variables: there is no likelihood to "
                          "divide by rows")
     lengths: dict[Any, Any] = {rv: _observed_rows(model, rv) for rv in observed}

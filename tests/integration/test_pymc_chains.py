@@ -8,8 +8,8 @@ process that forks its own session of ``processes_per_chain`` processes:
   ``pm.sample`` for the same seed (up to rounding) and the same sample stats; no chain
   process, worker or segment is left, and this process never held a session;
 - 3 chains, 2 at once, 1 process each, on a model with coords and dims: the third
-  chain's process forks its session when its turn comes; one InferenceData with the
-  model's dims;
+  chain's process runs when its turn comes (at one process a chain no session is
+  forked: PyMC's own function); one InferenceData with the model's dims;
 - a likelihood that mixes rows is refused with the check's ValueError, raised in the
   chain's process; ``mp_ctx`` other than fork, and bad ``cores``, are refused before
   anything is forked;

@@ -46,7 +46,7 @@ from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "session_size",
-           "row_terms"]
+           "row_terms", "sliced"]
 
 log = logging.getLogger("synkhronos")
 
@@ -168,13 +168,20 @@ def _slices_of(row_bytes: int, rows: int, n: int, grainsize: int | None) -> int:
     return max(1, -(-per_process // grainsize))
 
 
-def _one_block(plan, grainsize: int | None) -> bool:
-    """Whether one process runs every group's rows in one block (nothing to slice)."""
+def _one_block(plan, grainsize: int | None, n: int = 1) -> bool:
+    """Whether each of ``n`` processes runs every group's rows in one block (nothing
+    to slice)."""
     for group in plan.groups:
         row_bytes = sum(np.asarray(_data_value(var))[:1].nbytes for var in group.roots)
-        if _slices_of(row_bytes, group.rows, 1, grainsize) != 1:
+        if _slices_of(row_bytes, group.rows, n, grainsize) != 1:
             return False
     return True
+
+
+def sliced(model, split, grainsize: int | None, n: int) -> bool:
+    """Whether ``n`` processes would run their rows of ``model`` in slices (rows
+    outgrowing the cache, or ``grainsize``), before anything is built."""
+    return not _one_block(_choose_split(model, split), grainsize, n)
 
 
 # -- 4. the one-time check -----------------------------------------------------------------

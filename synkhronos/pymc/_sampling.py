@@ -32,14 +32,15 @@ from typing import Any
 import numpy as np
 
 from .. import close, fork, n_parallel
+from . import _choice
 from . import _pymc_compat as compat
-from ._likelihood import build_logp_dlogp, check_grainsize, session_size
+from ._likelihood import build_logp_dlogp, check_grainsize, session_size, sliced
 
 __all__ = ["sample"]
 
 
 def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_chain=None,
-           **kwargs):
+           divide=None, **kwargs):
     """``pm.sample`` with the observed log-likelihood evaluated on every process.
 
     The rows of the observed data are divided among a session's processes and the
@@ -67,6 +68,15 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         size). Default, without a session: the usable cores divided among the chains
         running at once (at least one each). With a session already forked it must be None or
         that session's size.
+    divide : bool, optional
+        Whether the likelihood is divided at all. None (default): chosen by
+        measurement (``synkhronos.pymc._choice``): PyMC's own function is timed at the
+        initial point before anything is forked, and a session is forked only where
+        dividing is predicted to save more than building it costs over the run; once
+        built, the divided function is timed against PyMC's and kept only if faster.
+        Where it is not kept, this is ``pm.sample`` itself (same draws, same speed).
+        True: always divided (the earlier behaviour); False: ``pm.sample`` itself.
+        The choice and its figures are logged (logger ``"synkhronos"``, INFO).
     **kwargs
         Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
         ``random_seed``, ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``,
@@ -124,6 +134,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         raise TypeError(f"draws must be a whole number of draws; got {draws!r}")
     model = pm.modelcontext(model)
     kwargs = dict(kwargs, draws=int(draws))
+    asked = dict(kwargs, nuts_sampler=kwargs.get("nuts_sampler") or "pymc")  # for pm.sample
+    divide = _check_divide(divide)
     if "step" in kwargs:
         raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for another "
                         "step, fork a session (synk.fork()), build the step over "
@@ -158,9 +170,19 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
+    usable = len(os.sched_getaffinity(0))
+    if divide is False:
+        return pm.sample(model=model, **asked)
     if sampler == "nutpie":
+        chains = _check_count("chains", kwargs.get("chains")) or compat.default_chains(cores)
+        own = _before_forking(model, split, grainsize, divide, size, processes or usable,
+                              _choice.expected_evaluations(kwargs, chains, 1),
+                              compile_kwargs)
+        if own is False:
+            return pm.sample(model=model, **asked)
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
+                          lambda: pm.sample(model=model, **asked), own, divide is None,
                           compile_kwargs=compile_kwargs)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
@@ -168,7 +190,6 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     chains, seeds = _chains_and_seeds(random_seed, _check_count("chains",
                                                                 kwargs.pop("chains", None)),
                                       cores)
-    usable = len(os.sched_getaffinity(0))
     if size is not None:
         if cores is not None and cores > 1:
             warnings.warn(f"cores={cores}: with a session already forked the chains run "
@@ -178,6 +199,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     else:
         running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
+    own = _before_forking(model, split, grainsize, divide, size, processes or size,
+                          _choice.expected_evaluations(kwargs, chains, running),
+                          compile_kwargs)
+    if own is False:
+        return pm.sample(model=model, **asked)
     sampling = _Sampling(chains, seeds, random_seed, kwargs, compile_kwargs)
     if running == 1:
         # A session of its own on every usable core, with nothing else running in this
@@ -187,6 +213,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         # (nutpie's route is not pinned: its chains are threads of this process.)
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1),
+                          lambda: pm.sample(model=model, **asked), own, divide is None,
                           pin=processes == usable, compile_kwargs=compile_kwargs)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
@@ -215,24 +242,53 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
             op.release()
 
 
-def _in_master(pm, model, split, grainsize, processes, size, run, pin: bool = False,
-               compile_kwargs: dict | None = None):
+def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
+                    compile_kwargs=None):
+    """Step 1 of ``_choice`` where a measured choice is asked and nothing is forked yet:
+    False (do not divide: ``pm.sample`` itself), or PyMC's own function measured (for
+    step 2, after building). None where there is nothing to measure now: ``divide``
+    True, or a session open (step 2 measures in it)."""
+    if divide or size is not None:
+        return None
+    in_slices = sliced(model, split, grainsize, processes)
+    if processes == 1 and not in_slices:
+        return False  # nothing to divide or slice: nothing to measure
+    own = _choice.Own.measure(model, compile_kwargs=compile_kwargs)
+    if not _choice.worth_forking(own, processes, evaluations, in_slices).divided:
+        return False
+    return own
+
+
+def _in_master(pm, model, split, grainsize, processes, size, run, pymc_sample, own,
+               measure: bool, pin: bool = False, compile_kwargs: dict | None = None):
     """``run(vgf)`` with the chains in this process: over the open session, or over one
-    forked here (``processes``, each on its core with ``pin``) and closed at the end."""
+    forked here (``processes``, each on its core with ``pin``) and closed at the end.
+    With ``measure`` the divided function is kept only if it is measured faster than
+    PyMC's own (``own``, measured before forking; None: measured now), otherwise the
+    session is closed and ``pymc_sample()`` runs instead."""
     own_session = size is None
     if own_session:
         fork(processes, pin=pin)
     try:
-        vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
-                                   compile_kwargs=compile_kwargs)
-        try:
-            return run(vgf)
-        finally:
-            if op is not None:
-                op.release()
+        if not measure:
+            vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
+                                       compile_kwargs=compile_kwargs)
+            divided = True
+        else:
+            vgf, op, choice = _choice.build_chosen(pm, model, split, grainsize, own,
+                                                   caller="sample",
+                                                   compile_kwargs=compile_kwargs)
+            divided = choice.divided
+        if divided:
+            try:
+                return run(vgf)
+            finally:
+                if op is not None:
+                    op.release()
     finally:
         if own_session:
             close()
+    return pymc_sample()
 
 
 def _layout(chains: int, cores: int | None, processes: int | None, usable: int,
@@ -279,6 +335,13 @@ _NUTPIE_KEYWORDS = {
     "var_names", "compute_convergence_checks", "idata_kwargs", "return_inferencedata",
     "backend", "compile_kwargs",
 }
+
+
+def _check_divide(divide) -> bool | None:
+    if divide is not None and not isinstance(divide, bool):
+        raise TypeError(f"divide must be True, False or None (chosen by measurement); "
+                        f"got {divide!r}")
+    return divide
 
 
 def _check_count(name: str, value) -> int | None:

@@ -136,7 +136,7 @@ def assert_within_mcse(got, want, names, limit=3.0):
 def test_sample_matches_pm_sample(two, build):
     model = build()
     names = [rv.name for rv in model.free_RVs]
-    got = synk_pymc.sample(model=model, random_seed=5, **SAMPLE)
+    got = synk_pymc.sample(divide=True, model=model, random_seed=5, **SAMPLE)
     want = pm.sample(model=model, random_seed=5, nuts_sampler="pymc", cores=1, **SAMPLE)
     assert_within_mcse(got, want, names)
     # Another seed: independent chains. With ten components (the hierarchical model) a
@@ -163,7 +163,7 @@ def test_sample_forks_and_closes_its_own_session():
         during.add(tuple(sorted(os.sched_getaffinity(0))))
 
     model = logistic_model(rows=301)
-    result = synk_pymc.sample(model=model, random_seed=1, draws=50, tune=50, chains=1,
+    result = synk_pymc.sample(divide=True, model=model, random_seed=1, draws=50, tune=50, chains=1,
                               progressbar=False, compute_convergence_checks=False,
                               callback=affinity)
     assert result.posterior["b"].shape == (1, 50, 3)
@@ -210,7 +210,7 @@ def test_sample_refuses_misuse_before_forking():
 def test_sample_takes_draws_positionally_and_keeps_coords():
     # its own session of processes_per_chain processes; pm.sample's keywords pass through
     model = hierarchical_model(rows=101)
-    idata = synk_pymc.sample(40, model=model, tune=40, chains=1, random_seed=2,
+    idata = synk_pymc.sample(40, divide=True, model=model, tune=40, chains=1, random_seed=2,
                              processes_per_chain=2, progressbar=False,
                              compute_convergence_checks=False, var_names=["a", "b"],
                              idata_kwargs={"log_likelihood": False})
@@ -416,13 +416,13 @@ def test_nutpie_posterior_matches_pm_sample(two):
     pytest.importorskip("nutpie", reason="nutpie is not installed here (optional; CI's "
                         "Python 3.12 environment has it)")
     model = logistic_model()
-    got = synk_pymc.sample(model=model, nuts_sampler="nutpie", random_seed=5, draws=300, tune=300,
-                           chains=2, progressbar=False)
+    got = synk_pymc.sample(divide=True, model=model, nuts_sampler="nutpie", random_seed=5,
+                           draws=300, tune=300, chains=2, progressbar=False)
     want = pm.sample(model=model, random_seed=6, nuts_sampler="pymc", cores=1, **SAMPLE)
     assert_within_mcse(got, want, [rv.name for rv in model.free_RVs], limit=4.0)
     # pm.sample's keywords with a nutpie equivalent, and the model's coords and dims
     model = hierarchical_model(rows=101)
-    idata = synk_pymc.sample(30, model=model, nuts_sampler="nutpie", tune=30, chains=1,
+    idata = synk_pymc.sample(30, divide=True, model=model, nuts_sampler="nutpie", tune=30, chains=1,
                              random_seed=1, progressbar=False, target_accept=0.9,
                              max_treedepth=8, compute_convergence_checks=False,
                              nuts_sampler_kwargs={"store_unconstrained": False})

@@ -90,7 +90,7 @@ def test_chains_at_once_draw_as_pm_sample():
     model = logistic_model(rows=601)
     watch = ChainWatch(running=2)
     options = dict(draws=60, tune=60, chains=2, random_seed=4, **QUIET)
-    got = synk_pymc.sample(model=model, cores=2, processes_per_chain=2, callback=watch,
+    got = synk_pymc.sample(divide=True, model=model, cores=2, processes_per_chain=2, callback=watch,
                            **options)
     assert not session_open()  # the sessions were the chain processes'
     watch.assert_gone()
@@ -108,7 +108,7 @@ def test_chains_at_once_draw_as_pm_sample():
 def test_more_chains_than_run_at_once_keep_dims():
     model = grouped_model()
     watch = ChainWatch(running=2)
-    idata = synk_pymc.sample(40, model=model, tune=40, chains=3, cores=2,
+    idata = synk_pymc.sample(40, divide=True, model=model, tune=40, chains=3, cores=2,
                              processes_per_chain=1, random_seed=3, callback=watch, **QUIET)
     assert idata.posterior["a"].dims == ("chain", "draw", "group")
     assert list(idata.posterior["a"].coords["group"].values) == ["u", "v", "w"]
@@ -123,12 +123,13 @@ def test_chains_at_once_refuse_what_they_cannot_run():
     mixing = rows_mixing_model()
     # the check runs in each chain's process, at its first evaluation
     with pytest.raises(ValueError, match="not a sum over the divided rows"):
-        synk_pymc.sample(10, model=mixing, tune=10, chains=2, cores=2, processes_per_chain=2,
-                         **QUIET)
+        synk_pymc.sample(10, divide=True, model=mixing, tune=10, chains=2, cores=2,
+                         processes_per_chain=2, **QUIET)
     assert not session_open()
     model = logistic_model(rows=11)
     with pytest.raises(ValueError, match="mp_ctx='spawn'.*cores=1"):
-        synk_pymc.sample(10, model=model, chains=2, cores=2, mp_ctx="spawn")
+        # (only where it divides: PyMC's own function samples with any mp_ctx)
+        synk_pymc.sample(10, divide=True, model=model, chains=2, cores=2, mp_ctx="spawn")
     for bad, error in ((0, ValueError), (1.5, TypeError)):
         with pytest.raises(error, match="cores must be"):
             synk_pymc.sample(10, model=model, cores=bad)

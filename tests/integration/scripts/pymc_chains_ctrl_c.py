@@ -44,7 +44,7 @@ for round_ in range(2):
                 pids = sorted(p.pid for p in multiprocessing.active_children())
                 print(json.dumps({"round": round_, "chains": pids}), flush=True)
 
-    idata = synk_pymc.sample(100_000, model=model, tune=20, chains=2, cores=2,
+    idata = synk_pymc.sample(100_000, divide=True, model=model, tune=20, chains=2, cores=2,
                              processes_per_chain=2, random_seed=round_, callback=callback,
                              progressbar=False, compute_convergence_checks=False)
     kept = [int(n) for n in np.isfinite(idata.posterior["b"].values[..., 0]).sum(axis=1)]

@@ -1,0 +1,140 @@
+"""synkhronos.pymc.sample chooses by measurement whether to divide at all (``divide=None``;
+``synkhronos.pymc._choice``, whose timing the last test forces).
+
+- the prediction made before forking (``worth_forking``): PyMC's evaluation too short
+  for the saving to pay for building, no; long enough, yes; rows in slices, yes at
+  one process; and the measured check after building (``keep_divided``) keeps the
+  faster of two functions;
+- a small model, no session: nothing is forked and the draws are ``pm.sample``'s bit
+  for bit (it is ``pm.sample``); ``divide=False`` the same in a session;
+- in a session, both outcomes of the measured check (forced by the timing): PyMC's own
+  function kept (draws ``pm.sample``'s bit for bit), or the divided one kept (draws
+  equal ``pm.sample``'s up to rounding, its likelihood evaluated by every process).
+
+PyMC is not in the ``test`` extra: CI runs this module in its environments with the
+``pymc`` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip(
+    "pymc", reason="PyMC is not installed here; .ci/run runs this module in its environments "
+    "with the pymc extra"
+)
+
+import synkhronos as synk  # noqa: E402
+import synkhronos.pymc as synk_pymc  # noqa: E402
+from synkhronos.pymc import _choice  # noqa: E402
+from synkhronos.testing import session_open  # noqa: E402
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, **QUIET)
+
+
+def regression(rows=150, seed=3):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 2))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", x @ b, sigma, observed=x @ [0.5, -1.0] + rng.normal(size=rows))
+    return model
+
+
+def assert_same_draws(got, want):
+    for name in ("b", "sigma"):
+        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values,
+                                      err_msg=name)
+
+
+def said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "synkhronos.pymc:" in r.getMessage()]
+
+
+def test_the_prediction_before_forking():
+    def own(seconds, compile_s=0.5):
+        return _choice.Own(vgf=None, compile_s=compile_s, seconds=seconds, x=np.zeros(1))
+
+    # 40 us an evaluation (10^3 rows here): the call's fixed cost eats the saving
+    assert not _choice.worth_forking(own(40e-6), 2, 16_000, sliced=False).divided
+    # 4 ms (10^5 rows): seconds saved over 16 000 evaluations, for one second of building
+    choice = _choice.worth_forking(own(4e-3), 2, 16_000, sliced=False)
+    assert choice.divided and choice.predicted_saving_s > choice.predicted_cost_s
+    # long evaluations, but too few of them to pay for the building
+    assert not _choice.worth_forking(own(4e-3), 2, 100, sliced=False).divided
+    # one process: nothing to divide, unless its rows run in slices
+    assert not _choice.worth_forking(own(4e-3), 1, 16_000, sliced=False).divided
+    assert _choice.worth_forking(own(4e-3), 1, 16_000, sliced=True).divided
+    # the evaluations one running chain makes: its share of the chains
+    assert _choice.expected_evaluations({"draws": 100, "tune": 50}, 4, 2) == 2 * 150 * 8
+
+
+def test_the_check_after_building_keeps_the_faster():
+    slow = lambda x: time.sleep(0.002)  # noqa: E731
+    fast = lambda x: x  # noqa: E731
+    own = _choice.Own(vgf=slow, compile_s=0.1, seconds=0.002, x=np.zeros(1))
+    assert _choice.keep_divided(own, fast, 2).divided
+    own = _choice.Own(vgf=fast, compile_s=0.1, seconds=0.0, x=np.zeros(1))
+    choice = _choice.keep_divided(own, slow, 2)
+    assert not choice.divided and choice.divided_s >= 0.002 > choice.pymc_s
+    assert "PyMC's own function" in str(choice)
+
+
+@pytest.mark.timeout(600)
+def test_a_small_model_is_pm_sample(caplog):
+    model = regression()
+    with caplog.at_level(logging.INFO, logger="synkhronos"):
+        got = synk_pymc.sample(model=model, **DRAWS)
+    assert not session_open()
+    assert any("before forking, PyMC's own function" in line for line in said(caplog))
+    assert not any("divided over" in line for line in said(caplog))
+    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+
+
+@pytest.mark.timeout(600)
+def test_divide_false_is_pm_sample_in_a_session():
+    model = regression()
+    synk.fork(3)
+    try:
+        got = synk_pymc.sample(model=model, divide=False, **DRAWS)
+        assert synk.n_parallel() == 3  # the user's session is left as it was
+    finally:
+        synk.close()
+    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+    with pytest.raises(TypeError, match="divide must be True, False or None"):
+        synk_pymc.sample(model=model, divide="yes", **DRAWS)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("divided_faster", [False, True])
+def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
+    model = regression()
+    # the timing forced: [PyMC's own, divided] seconds per evaluation
+    figures = [1e-3, 5e-4] if divided_faster else [1e-3, 2e-3]
+    monkeypatch.setattr(_choice, "seconds_per_evaluation", lambda fns, x: figures[-len(fns):])
+    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
+    synk.fork(3)
+    try:
+        with caplog.at_level(logging.INFO, logger="synkhronos"), synk.profile() as prof:
+            got = synk_pymc.sample(model=model, **DRAWS)
+    finally:
+        synk.close()
+    measured = [line for line in said(caplog) if "measured," in line]
+    assert len(measured) == 1
+    calls = [r for r in prof.records if r.kind == "call" and r.name == "pymc_loglik"]
+    if divided_faster:
+        assert "divided over 3 processes" in measured[0]
+        assert len(calls) > 2 * (20 + 20)  # every evaluation, on every process
+        for name in ("b", "sigma"):  # the same chains, to rounding
+            np.testing.assert_allclose(got.posterior[name].values, want.posterior[name].values,
+                                       rtol=1e-6, atol=1e-8, err_msg=name)
+    else:
+        assert "PyMC's own function" in measured[0]
+        assert len(calls) <= 3  # the build's check alone
+        assert_same_draws(got, want)

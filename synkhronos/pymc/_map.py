@@ -39,7 +39,8 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
         others stay at their starting values), the method (scipy's ``minimize``; PyMC 6
         also ``"basinhopping"``), the progress bar, the evaluation limit (PyMC 5's
         ``maxeval``) and what goes on to the optimizer, ``model`` (default: the one of
-        the current ``with`` context) included.
+        the current ``with`` context) included; a model passed first is the model
+        (``find_MAP(model)``), as no first argument of ``pm.find_MAP`` is one.
     split, grainsize
         What is divided by rows, and in what slices; see :func:`logp_dlogp_function`.
 
@@ -55,7 +56,8 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
         Before ``synk.fork()``.
     TypeError
         An argument the installed ``pm.find_MAP`` does not take, or a model passed
-        positionally (pass ``model=``); one that needs second derivatives
+        positionally after the first argument (pass ``model=``; as the first one it is
+        taken as the model); one that needs second derivatives
         (``use_hess``, ``use_hessp``, ``compute_hessian``: the divided log-density
         has a gradient only) or another return type (``return_inferencedata=True``).
         All before anything is computed.
@@ -63,6 +65,10 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
         As :func:`logp_dlogp_function`; PyMC 6: an old and a new name of one keyword.
     """
     pm = compat.import_pymc()
+    if args and isinstance(args[0], pm.Model) and "model" not in kwargs:
+        # find_MAP(model): no first argument of pm.find_MAP is a model, so this one
+        # means what synkhronos's own signature said it means
+        kwargs["model"], args = args[0], args[1:]
     given = compat.bind_arguments(pm.find_MAP, _CALLED, args, kwargs)
     if any(isinstance(value, pm.Model) for name, value in given.items() if name != "model"):
         raise TypeError(f"{_CALLED}() takes pm.find_MAP's positional arguments; pass the "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import multiprocessing.util
 import os
 import warnings
@@ -37,6 +38,8 @@ from . import _pymc_compat as compat
 from ._likelihood import build_logp_dlogp, check_grainsize, session_size, sliced
 
 __all__ = ["sample"]
+
+log = logging.getLogger("synkhronos")
 
 
 def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_chain=None,
@@ -76,6 +79,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         built, the divided function is timed against PyMC's and kept only if faster.
         Where it is not kept, this is ``pm.sample`` itself (same draws, same speed).
         True: always divided (the earlier behaviour); False: ``pm.sample`` itself.
+        A model with discrete free variables is sampled by ``pm.sample`` itself
+        (PyMC's compound step, nothing divided) unless ``divide=True``, which refuses
+        it.
         The choice and its figures are logged (logger ``"synkhronos"``, INFO).
     **kwargs
         Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
@@ -171,6 +177,16 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
     usable = len(os.sched_getaffinity(0))
+    discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
+    if discrete and divide:
+        raise ValueError(f"divide=True: the divided likelihood is sampled by NUTS alone, "
+                         f"whose free variables are all continuous; {discrete[0]!r} is "
+                         "discrete (divide=None samples it with pm.sample's compound step)")
+    if discrete:
+        # PyMC's compound step (NUTS and a discrete step), over PyMC's own functions
+        log.info("synkhronos.pymc: %r is discrete: pm.sample's compound step, not divided",
+                 discrete[0])
+        return pm.sample(model=model, **asked)
     if divide is False:
         return pm.sample(model=model, **asked)
     if sampler == "nutpie":

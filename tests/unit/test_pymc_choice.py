@@ -7,6 +7,8 @@
   faster of two functions;
 - a small model, no session: nothing is forked and the draws are ``pm.sample``'s bit
   for bit (it is ``pm.sample``); ``divide=False`` the same in a session;
+- a model with a discrete free variable: ``pm.sample``'s compound step, bit for bit
+  (``divide=True`` refuses it);
 - in a session, both outcomes of the measured check (forced by the timing): PyMC's own
   function kept (draws ``pm.sample``'s bit for bit), or the divided one kept (draws
   equal ``pm.sample``'s up to rounding, its likelihood evaluated by every process).
@@ -138,3 +140,19 @@ def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
         assert "PyMC's own function" in measured[0]
         assert len(calls) <= 3  # the build's check alone
         assert_same_draws(got, want)
+
+
+@pytest.mark.timeout(600)
+def test_a_discrete_variable_is_pm_sample():
+    rng = np.random.default_rng(4)
+    with pm.Model() as model:
+        switch = pm.Bernoulli("switch", 0.5)
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu + switch, 1, observed=rng.normal(1.0, 1.0, size=200))
+    got = synk_pymc.sample(model=model, **DRAWS)
+    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
+    for name in ("switch", "mu"):
+        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values)
+    with pytest.raises(ValueError, match="'switch' is discrete"):
+        synk_pymc.sample(model=model, divide=True, **DRAWS)
+    assert not session_open()

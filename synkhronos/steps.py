@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ._balance import Balancer
 from ._core.session import Session, require
 from ._pytensor import value
 from .collectives import fused
@@ -32,7 +33,7 @@ from .collectives._checks import FRONT, begin, low_precision, reduce_op
 from .collectives.backend import FusedLayout, even_piece_length
 from .function import Function
 
-__all__ = ["Step", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "views",
+__all__ = ["Step", "Balancer", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "views",
            "pieces", "piece_length", "run"]
 
 
@@ -56,7 +57,9 @@ def call(function: Function, *args: Any, output_subset: Any = None, batch: Any =
     ``timings``: called once the step has run, with each process's ``(rows,
     seconds)`` in rank order (the seconds it took to gather its rows and run the
     function; None for a process that ran nothing): what balancing rows by measured
-    speed (``shares``) needs. It costs two clock readings per process.
+    speed (``shares``) needs. It costs two clock readings per process. A
+    :class:`Balancer` closes the loop: ``call(f, ..., shares=b.shares(),
+    timings=b.record)``.
     """
     if not isinstance(function, Function):
         raise TypeError(f"steps.call takes a synk.Function; got {type(function).__name__}")

@@ -28,7 +28,7 @@ exchange to the update without a round trip to the master.
 Either way every process ends with the same parameters, equal (to round-off) to the
 rule run in one plain PyTensor process on the same minibatches however the rows
 split, provided ``loss`` is a mean over rows. That is what lets ``balance=True``
-split a step's rows by measured speed (``_balance``: each step's gradient call is
+split a step's rows by measured speed (``steps.Balancer``: each step's gradient call is
 timed per process, and the next steps' rows follow the processes' rows per second).
 A process given no rows (a minibatch shorter than ``n_parallel``) does not run step
 1, so a step that zeroes ``grad_shared`` in every process comes first then.
@@ -53,7 +53,6 @@ from pytensor.graph.basic import Variable
 
 from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
-from ._balance import Balancer
 from ._checkpoint import Checkpoint
 from ._sharded import ShardedUpdate, in_place, obstacles, rule_name, sharded_update
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
@@ -180,8 +179,8 @@ class TrainFunction:
                              "with sliceable_shareds batch_s chooses each process's rows: "
                              "leave balance off, or give the rows as inputs")
         # Measured every step (two clock readings per process), balanced from the
-        # middle of the last steps' timings: ``_balance``.
-        self.balancer = Balancer(n_parallel()) if balance and n_parallel() > 1 else None
+        # middle of the last steps' timings: ``steps.Balancer``.
+        self.balancer = synk_steps.Balancer(n_parallel()) if balance and n_parallel() > 1 else None
         rows, self._total = self._row_counts(dtype)
         # The rule differentiates the loss weighted by this process's share of the
         # minibatch: the weight scales the gradient's seed, with no pass over the

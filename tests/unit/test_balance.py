@@ -1,4 +1,4 @@
-"""Unit tests for synkhronos.extensions._balance: shares of the rows from measured seconds."""
+"""Unit tests for synkhronos.steps.Balancer (synkhronos/_balance.py): shares of the rows from measured seconds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from synkhronos._scatter import weighted_counts
-from synkhronos.extensions._balance import Balancer
+from synkhronos.steps import Balancer
 
 
 def simulate(balancer: Balancer, per_row: list[float], steps: int, rows: int = 512,

@@ -1,5 +1,9 @@
 """Rows in proportion to measured speed: each process's share of a repeated call.
 
+Public as ``synkhronos.steps.Balancer`` (its ``record`` is a step's ``timings``, its
+``shares()`` the next call's ``shares``); the training step's ``balance=True`` and
+``synkhronos.pymc``'s divided likelihood use it.
+
 A synchronous step waits for its slowest process, and on a shared machine which
 process is slower follows the core it sits on, not its role (the master's gradient
 took 8% longer than the worker's in one run, the worker's 9% longer in the next). A

@@ -1,4 +1,5 @@
-"""Unit tests for synkhronos.steps.Balancer (synkhronos/_balance.py): shares of the rows from measured seconds."""
+"""Unit tests for synkhronos.steps.Balancer (synkhronos/_balance.py): shares of the
+rows from measured seconds."""
 
 from __future__ import annotations
 

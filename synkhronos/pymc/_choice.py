@@ -96,6 +96,14 @@ class Own:
     x: np.ndarray
 
     @classmethod
+    def of(cls, vgf: Any, compile_s: float, model: Any) -> Own:
+        """``vgf`` (PyMC's own function, compiled in ``compile_s``) timed at the
+        model's initial point."""
+        x = initial_vector(model)
+        (seconds,) = seconds_per_evaluation([vgf], x)
+        return cls(vgf, compile_s, seconds, x)
+
+    @classmethod
     def measure(cls, model: Any, jacobian: bool = True,
                 compile_kwargs: dict | None = None) -> Own:
         start = time.perf_counter()

@@ -281,7 +281,10 @@ def _build_part(model, group: _Group, loglik, rows: dict, values: Values, size: 
     _check_rows(fn, row_data, values, entries, model, group, size, slices)
     log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
              group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    return Part.of(fn, row_data, slices, entries, both.dtype, in_place=size == 1)
+    part = Part.of(fn, row_data, slices, entries, both.dtype, in_place=size == 1)
+    if size > 1:
+        part.balance(values.flat(model.initial_point())[entries], size)
+    return part
 
 
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:

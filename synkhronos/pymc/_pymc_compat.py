@@ -25,6 +25,7 @@ __all__ = [
     "import_pymc",
     "change_dist_size",
     "value_grad_function",
+    "step_function",
     "default_cores",
     "default_chains",
     "chain_failure",
@@ -76,6 +77,12 @@ def value_grad_function(cost: Any, model: Any, point: dict,
     return pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
                                       initial_point=point, ravel_inputs=True,
                                       **(compile_kwargs or {}))
+
+
+def step_function(step: Any) -> Any:
+    """The ``ValueGradFunction`` a NUTS step evaluates (PyMC's own, where the step
+    compiled it)."""
+    return step._logp_dlogp_func
 
 
 def default_cores() -> int:

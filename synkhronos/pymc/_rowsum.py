@@ -6,8 +6,10 @@ One evaluation, as PyMC's graph asks for it::
 
     RowSum.evaluate(theta)        theta: the value variables end to end (``Values``)
       for each group of rows (a ``Part``): theta[part.entries] ->
-        part.bound(...)           the session's command path: every process runs its
-                                  rows in its slices, reduced with op "sum"
+        part.evaluate(...)        the session's command path: every process runs its
+                                  rows in its slices, reduced with op "sum"; the call
+                                  replayed (``bound``), or, where an evaluation is long,
+                                  its rows balanced by measured speed (``balancer``)
         or part.lean(...)         no workers (n_parallel 1): the master's compiled
                                   function on the rows in place, slice by slice
         -> unpack: (log-likelihood, flat gradient), summed into the Op's outputs
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -36,10 +39,17 @@ from pytensor.gradient import DisconnectedType, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from .. import Data, Function
+from .. import Data, Function, steps
 from . import _pymc_compat as compat
 
 __all__ = ["Values", "Part", "unpack", "RowSum"]
+
+# Rows balanced by measured speed where one evaluation takes at least this long: a
+# balanced call takes the general path (its shares vary), about 30-60 us more than a
+# replayed one, under 5% from here. While the shares are even, one evaluation in
+# _MEASURE_EVERY is timed and the others replay.
+_BALANCE_FROM_S = 1e-3
+_MEASURE_EVERY = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +99,10 @@ class Part:
     # Without workers (n_parallel 1): the compiled function itself, called in place
     # (``_Lean``); None where the session's command path runs it.
     lean: _Lean | None = None
+    # With workers, where an evaluation is long enough (``balance``): the processes'
+    # shares of the rows, from their measured seconds (``steps.Balancer``).
+    balancer: steps.Balancer | None = None
+    _calls: int = 0
 
     @classmethod
     def of(cls, fn: Function, row_data: list[Data], slices: int, entries: np.ndarray,
@@ -99,6 +113,31 @@ class Part:
         lean = _Lean.of(fn, row_data, slices) if in_place else None
         return cls(fn, row_data, slices, entries, dtype, fn.bind(tuple(row_data), slices),
                    lean)
+
+    def balance(self, theta: np.ndarray, size: int) -> None:
+        """Balance its rows by measured speed where an evaluation at ``theta`` takes
+        at least ``_BALANCE_FROM_S`` on ``size`` processes (``size`` > 1)."""
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            self.bound(theta)
+            seconds.append(time.perf_counter() - start)
+        if size > 1 and sorted(seconds)[1] >= _BALANCE_FROM_S:
+            self.balancer = steps.Balancer(size)
+
+    def evaluate(self, theta: np.ndarray) -> np.ndarray:
+        """One parallel call at ``theta`` (its entries): the log-likelihood and flat
+        gradient of every process's rows, summed (``unpack``)."""
+        balancer = self.balancer
+        if balancer is None:
+            return self.bound(theta)
+        shares = balancer.shares()
+        self._calls += 1
+        if shares is None and self._calls % _MEASURE_EVERY:
+            return self.bound(theta)  # the even split, replayed, between measurements
+        step = steps.call(self.fn, *self.row_data, theta, num_slices=self.slices,
+                          shares=shares, timings=balancer.record)
+        return steps.run([step])[0]
 
     def release(self) -> None:
         """Free its rows' shared memory now (otherwise when they are collected)."""
@@ -275,8 +314,8 @@ class RowSum(Op):
         parts = self.parts
         assert parts is not None
         if self.direct:  # (the call's reduced output is a new array: its views are kept)
-            return unpack(parts[0].bound(theta))
-        return self._summed(theta, [part.bound for part in parts])
+            return unpack(parts[0].evaluate(theta))
+        return self._summed(theta, [part.evaluate for part in parts])
 
     def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
         """``evaluate`` without workers: each part's compiled function in place

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import multiprocessing.util
 import os
+import time
 import warnings
 from typing import Any
 
@@ -126,8 +128,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     Notes
     -----
     Without a session and with one running chain it forks one
-    (``synk.fork(processes_per_chain)``, each process pinned to its core when they
-    take every usable core, PyMC's NUTS route) and closes it when sampling ends; with
+    (``synk.fork(processes_per_chain)``, unpinned: a process whose core another program
+    takes moves, and the rows follow the processes' measured speed) and closes it when
+    sampling ends; with
     several, each chain's process forks and closes its own. With a session, it uses
     that one. Ctrl-C behaves as in ``pm.sample`` (the draws so far come back); every
     chain process and its session end with it.
@@ -191,14 +194,15 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return pm.sample(model=model, **asked)
     if sampler == "nutpie":
         chains = _check_count("chains", kwargs.get("chains")) or compat.default_chains(cores)
-        own = _before_forking(model, split, grainsize, divide, size, processes or usable,
-                              _choice.expected_evaluations(kwargs, chains, 1),
-                              compile_kwargs)
-        if own is False:
+        own, worth = _before_forking(model, split, grainsize, divide, size,
+                                     processes or usable,
+                                     _choice.expected_evaluations(kwargs, chains, 1),
+                                     compile_kwargs)
+        if not worth:  # (nutpie compiles its own model from PyMC's: nothing to reuse)
             return pm.sample(model=model, **asked)
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
-                          lambda: pm.sample(model=model, **asked), own, divide is None,
+                          lambda vgf: pm.sample(model=model, **asked), own, divide is None,
                           compile_kwargs=compile_kwargs)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
@@ -215,22 +219,35 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     else:
         running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
-    own = _before_forking(model, split, grainsize, divide, size, processes or size,
-                          _choice.expected_evaluations(kwargs, chains, running),
-                          compile_kwargs)
-    if own is False:
-        return pm.sample(model=model, **asked)
     sampling = _Sampling(chains, seeds, random_seed, kwargs, compile_kwargs)
+    measure = divide is None
+    # pm.init_nuts first, as pm.sample runs it: its step's function is PyMC's own, the
+    # one the choice measures (no compile of its own) and samples with if not dividing
+    init = _initialise(pm, model, sampling) if measure else None
+    own, worth = None, True
+    if init is not None and size is None:  # before forking: predicted
+        processes = processes or 1
+        in_slices = sliced(model, split, grainsize, processes)
+        worth = in_slices or processes > 1
+        if worth:
+            own = _own_measured(model, init)
+            worth = _choice.worth_forking(
+                own, processes, _choice.expected_evaluations(kwargs, chains, running),
+                in_slices).divided
+    if not worth:  # pm.sample itself: its init, its step
+        return _sample_nuts(pm, model, None, sampling, running, init)
     if running == 1:
-        # A session of its own on every usable core, with nothing else running in this
-        # process while it samples: each process on its core (benchmarks/pymc_parts.py
-        # and paired sessions at n=2, 10^4-10^5 rows: evaluations faster in 11 of 16
-        # comparisons, by 9% at the median); close() unpins this process again.
-        # (nutpie's route is not pinned: its chains are threads of this process.)
+        # A session of its own on every usable core, unpinned: pinned, a process
+        # whose core another program shares cannot move (on a quiet machine pinning
+        # measured within 2% either way, benchmarks/pymc_parts.py at n=2), and the
+        # rows balance by measured speed (``_rowsum``).
+        if init is not None and own is None:  # (measured in the open session)
+            own = _own_measured(model, init)
         return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: _sample_nuts(pm, model, vgf, sampling, 1),
-                          lambda: pm.sample(model=model, **asked), own, divide is None,
-                          pin=processes == usable, compile_kwargs=compile_kwargs)
+                          functools.partial(_sample_nuts, pm, model, sampling=sampling,
+                                            running=1, init=init),
+                          lambda vgf: _sample_nuts(pm, model, None, sampling, 1, init),
+                          own, measure, compile_kwargs=compile_kwargs)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
@@ -246,7 +263,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                                processes=processes, caller="sample",
                                compile_kwargs=sampling.compile_kwargs)
     try:
-        return _sample_nuts(pm, model, vgf, sampling, running)
+        return _sample_nuts(pm, model, vgf, sampling, running, init)
     except Exception as exc:
         cause = compat.chain_failure(exc)
         if isinstance(cause, ValueError):
@@ -259,32 +276,31 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
-                    compile_kwargs=None):
-    """Step 1 of ``_choice`` where a measured choice is asked and nothing is forked yet:
-    False (do not divide: ``pm.sample`` itself), or PyMC's own function measured (for
-    step 2, after building). None where there is nothing to measure now: ``divide``
-    True, or a session open (step 2 measures in it)."""
+                    compile_kwargs=None) -> tuple[_choice.Own | None, bool]:
+    """Step 1 of ``_choice``, where a measured choice is asked and nothing is forked
+    yet: ``(own, worth)``, PyMC's own function measured (or None where nothing was
+    measured) and whether to go on to build the divided one. Nothing is measured with
+    ``divide`` True or a session open (step 2 measures in it), or at one process in
+    one block (nothing to divide: not worth it)."""
     if divide or size is not None:
-        return None
+        return None, True
     in_slices = sliced(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
-        return False  # nothing to divide or slice: nothing to measure
+        return None, False
     own = _choice.Own.measure(model, compile_kwargs=compile_kwargs)
-    if not _choice.worth_forking(own, processes, evaluations, in_slices).divided:
-        return False
-    return own
+    return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided
 
 
-def _in_master(pm, model, split, grainsize, processes, size, run, pymc_sample, own,
-               measure: bool, pin: bool = False, compile_kwargs: dict | None = None):
+def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own,
+               measure: bool, compile_kwargs: dict | None = None):
     """``run(vgf)`` with the chains in this process: over the open session, or over one
-    forked here (``processes``, each on its core with ``pin``) and closed at the end.
+    forked here (``processes``) and closed at the end.
     With ``measure`` the divided function is kept only if it is measured faster than
     PyMC's own (``own``, measured before forking; None: measured now), otherwise the
-    session is closed and ``pymc_sample()`` runs instead."""
+    session is closed and ``undivided(vgf)`` samples with PyMC's own function."""
     own_session = size is None
     if own_session:
-        fork(processes, pin=pin)
+        fork(processes)
     try:
         if not measure:
             vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
@@ -304,7 +320,7 @@ def _in_master(pm, model, split, grainsize, processes, size, run, pymc_sample, o
     finally:
         if own_session:
             close()
-    return pymc_sample()
+    return undivided(vgf)  # (PyMC's own function: build_chosen returned it)
 
 
 def _layout(chains: int, cores: int | None, processes: int | None, usable: int,
@@ -414,9 +430,22 @@ class _Sampling:
     compile_kwargs: dict
 
 
-def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int):
-    """PyMC's init_nuts and pm.sample, with a NUTS step over ``vgf`` and ``running``
-    chains at once (more than one: PyMC's own chain processes, forked)."""
+@dataclasses.dataclass
+class _Initialised:
+    """What ``pm.init_nuts`` made, as ``pm.sample`` makes it: the chains' starting
+    points and the NUTS step over PyMC's own function (its adapted potential, seed and
+    options), the step's keywords, ``pm.sample``'s keywords left, and its seconds
+    (compiling PyMC's function, mostly)."""
+
+    points: list
+    step: Any
+    step_kwargs: dict
+    kwargs: dict
+    seconds: float
+
+
+def _initialise(pm, model, sampling: _Sampling) -> _Initialised:
+    """``pm.init_nuts`` with ``pm.sample``'s arguments and seeds."""
     params = compat.sample_parameters()
     kwargs = dict(sampling.kwargs)
     # pm.sample hands its unnamed keywords (and the "nuts" dict) to the NUTS step.
@@ -428,20 +457,39 @@ def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int):
         return kwargs.pop(name, params[name].default)
 
     quiet = kwargs.get("quiet", False)
-    seeds = sampling.seeds
-    initial_points, initialised = pm.init_nuts(
+    start = time.perf_counter()
+    points, step = pm.init_nuts(
         init=default("init"), chains=sampling.chains, n_init=default("n_init"), model=model,
-        random_seed=seeds, progressbar=bool(kwargs.get("progressbar", True)) and not quiet,
+        random_seed=sampling.seeds,
+        progressbar=bool(kwargs.get("progressbar", True)) and not quiet,
         quiet=quiet, jitter_max_retries=default("jitter_max_retries"),
         tune=kwargs.get("tune", params["tune"].default), initvals=kwargs.pop("initvals", None),
         compile_kwargs=sampling.compile_kwargs, **step_kwargs,
     )
-    # The same step init_nuts made (its adapted potential, seed and options), over vgf.
-    step = pm.NUTS(potential=initialised.potential, model=model, rng=seeds[0],
-                   initial_point=initial_points[0], logp_dlogp_func=vgf, **step_kwargs)
-    if running > 1:
+    return _Initialised(points, step, step_kwargs, kwargs, time.perf_counter() - start)
+
+
+def _own_measured(model, init: _Initialised) -> _choice.Own:
+    """PyMC's own function, as init_nuts compiled it for its step, timed."""
+    return _choice.Own.of(compat.step_function(init.step), init.seconds, model)
+
+
+def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int,
+                 init: _Initialised | None = None):
+    """``pm.sample`` after ``pm.init_nuts`` (``init``; made here if None), with its
+    NUTS step over ``vgf`` (None: init_nuts's own step, PyMC's function: this is then
+    ``pm.sample`` itself) and ``running`` chains at once (more than one: PyMC's own
+    chain processes, forked)."""
+    init = init if init is not None else _initialise(pm, model, sampling)
+    step = init.step
+    if vgf is not None:  # the same step (its potential, seed and options), over vgf
+        step = pm.NUTS(potential=init.step.potential, model=model, rng=sampling.seeds[0],
+                       initial_point=init.points[0], logp_dlogp_func=vgf,
+                       **init.step_kwargs)
+    kwargs = dict(init.kwargs)
+    if running > 1 and vgf is not None:
         kwargs["mp_ctx"] = "fork"  # the chain processes inherit the step: no pickling
-    return pm.sample(model=model, step=step, initvals=initial_points, chains=sampling.chains,
+    return pm.sample(model=model, step=step, initvals=init.points, chains=sampling.chains,
                      cores=running, random_seed=sampling.random_seed, **kwargs)
 
 

@@ -138,7 +138,7 @@ def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
                                        rtol=1e-6, atol=1e-8, err_msg=name)
     else:
         assert "PyMC's own function" in measured[0]
-        assert len(calls) <= 3  # the build's check alone
+        assert len(calls) <= 10  # the build alone (its check, its timing), no evaluation
         assert_same_draws(got, want)
 
 

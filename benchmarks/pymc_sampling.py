@@ -726,7 +726,10 @@ def draw(report: dict, path: Path) -> None:
     panels = int(with_evaluations) + len(with_peers)
     if not panels:
         return
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.4), squeeze=False)
+    # the ESS panels keep their legend on their right: 5 samplers x chains x busy lines
+    widths = [5.5] * int(with_evaluations) + [8.0] * len(with_peers)
+    fig, axes = plt.subplots(1, panels, figsize=(sum(widths), 4.6), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
     axes = list(axes[0])
     if with_evaluations:
         left = axes.pop(0)
@@ -777,7 +780,7 @@ def draw(report: dict, path: Path) -> None:
         axis.set_xlabel("rows")
         axis.set_ylabel("minimum bulk ESS per second of wall time")
         axis.set_title(f"{name}: whole sampling, compiling included", fontsize=9)
-        axis.legend(fontsize=7)
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     m = report["machine"]
     fig.suptitle(f"synkhronos.pymc vs PyMC {m['pymc']} (PyTensor {m['pytensor']}), "
                  f"{m['cores']} cores, load {report['load_at_start']} at start", fontsize=10)

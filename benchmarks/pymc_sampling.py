@@ -28,8 +28,10 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). In one run:
   round (in MCSE) and, for synkhronos, its ``"synkhronos.pymc:"`` INFO log lines
   (logger ``"synkhronos"``: what it measured and chose) and the choice they say.
   Draws and tuning: ``--draws`` / ``--tune`` (default 1000 each) below 10^6 rows,
-  ``--large-draws`` / ``--large-tune`` (default 250 each) from 10^6 rows, so that a run
-  fits in hours. The JSON's ``headline`` has one entry per model x rows x chains x
+  ``--large-draws`` / ``--large-tune`` (default 200 each) from 10^6 rows, so that a run
+  fits in hours: on 2 cores one round of the defaults (both models, 10^3 .. 10^6 rows,
+  2 chains and 1, five samplers) takes about 1.5-2 hours, most of it at 10^5 and 10^6
+  rows; ``--busy`` doubles it. The JSON's ``headline`` has one entry per model x rows x chains x
   busy: each sampler's median ESS/s over rounds (wall and sampling), the best peer
   (PyMC, nutpie, numpyro) and synkhronos's ratio to it (> 1: synkhronos gives more
   effective draws a second), and what synkhronos chose in each round;
@@ -812,9 +814,9 @@ def main() -> None:
     parser.add_argument("--tune", type=int, default=None,
                         help="tuning of whole sampling below 10^6 rows (1000)")
     parser.add_argument("--large-draws", type=int, default=None,
-                        help="draws of whole sampling from 10^6 rows (250)")
+                        help="draws of whole sampling from 10^6 rows (200)")
     parser.add_argument("--large-tune", type=int, default=None,
-                        help="tuning of whole sampling from 10^6 rows (250)")
+                        help="tuning of whole sampling from 10^6 rows (200)")
     parser.add_argument("--chains", type=int, nargs="+", default=None,
                         help="chains of the peers comparison (2 1); the first is the "
                         "layouts' (default there: PyMC's default chains)")
@@ -851,8 +853,8 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.draws = args.draws or (50 if args.quick else 1000)
     args.tune = args.tune or (50 if args.quick else 1000)
-    args.large_draws = args.large_draws or (50 if args.quick else 250)
-    args.large_tune = args.large_tune or (50 if args.quick else 250)
+    args.large_draws = args.large_draws or (50 if args.quick else 200)
+    args.large_tune = args.large_tune or (50 if args.quick else 200)
     chains = args.chains or ([2] if args.quick else [2, 1])
     busy = {"off": [False], "on": [True], "both": [False, True]}[args.busy]
     sizes = (list(range(1, args.max_n + 1)) if args.sizes is None

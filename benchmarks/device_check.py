@@ -686,13 +686,16 @@ def part_pymc_chains(cfg: dict) -> dict:
         raise PartSkipped("PyMC is not installed here (on the GPU machine, carry its "
                           "wheels: benchmarks/device_wheels.sh)")
     command = [sys.executable, str(BENCHMARKS / "pymc_sampling.py"), "--models", "logistic",
-               "--no-evaluations", "--sample-rows", str(cfg["chains_rows"]),
+               "--no-evaluations", "--no-peers", "--sample-rows", str(cfg["chains_rows"]),
                "--draws", str(cfg["chains_draws"]), "--tune", str(cfg["chains_draws"]),
+               "--large-draws", str(cfg["chains_draws"]),
+               "--large-tune", str(cfg["chains_draws"]),
                "--layouts", ",".join(cfg["chains_layouts"])]
     done = run_logged(command, cfg["_timeout"], child_env())
     if done["returncode"] != 0:
         raise PartFailed({k: v for k, v in done.items() if k != "stdout"})
-    sampling = last_json(done["stdout"])["models"]["logistic"]["sampling"]
+    sampling = last_json(done["stdout"])["models"]["logistic"]["layouts"][
+        str(cfg["chains_rows"])]
     keep = ("rows", "chains", "layouts", "synkhronos_default_layout", "pymc_defaults_sampler",
             "wall_s", "sampling_loop_s", "speedup_wall_s_vs_pymc_1_thread",
             "speedup_sampling_loop_s_vs_pymc_1_thread", "speedup_wall_s_vs_pymc_defaults",

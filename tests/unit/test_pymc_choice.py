@@ -1,17 +1,11 @@
-"""synkhronos.pymc.sample chooses by measurement whether to divide at all (``divide=None``;
-``synkhronos.pymc._choice``, whose timing the last test forces).
-
-- the prediction made before forking (``worth_forking``): PyMC's evaluation too short
-  for the saving to pay for building, no; long enough, yes; rows in slices, yes at
-  one process; and the measured check after building (``keep_divided``) keeps the
-  faster of two functions;
-- a small model, no session: nothing is forked and the draws are ``pm.sample``'s bit
-  for bit (it is ``pm.sample``); ``divide=False`` the same in a session;
-- a model with a discrete free variable: ``pm.sample``'s compound step, bit for bit
-  (``divide=True`` refuses it);
-- in a session, both outcomes of the measured check (forced by the timing): PyMC's own
-  function kept (draws ``pm.sample``'s bit for bit), or the divided one kept (draws
-  equal ``pm.sample``'s up to rounding, its likelihood evaluated by every process).
+"""The choice of ``synkhronos.pymc.sample(divide=None)`` (``synkhronos.pymc._choice``),
+driven directly: the prediction made before forking (``worth_forking``): PyMC's
+evaluation too short for the saving to pay for building, no; long enough, yes; rows in
+slices, yes at one process; the measured check after building (``keep_divided``) keeps
+the faster of two functions; and in a session, both outcomes of that check (its timing
+forced): PyMC's own function kept (draws ``pm.sample``'s bit for bit), or the divided
+one kept (draws equal ``pm.sample``'s to rounding, its likelihood evaluated by every
+process). ``tests/integration/test_pymc_choice.py`` samples as users call it.
 
 PyMC is not in the ``test`` extra: CI runs this module in its environments with the
 ``pymc`` extra.
@@ -33,7 +27,6 @@ pm = pytest.importorskip(
 import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.pymc import _choice  # noqa: E402
-from synkhronos.testing import session_open  # noqa: E402
 
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
 DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, **QUIET)
@@ -89,31 +82,6 @@ def test_the_check_after_building_keeps_the_faster():
 
 
 @pytest.mark.timeout(600)
-def test_a_small_model_is_pm_sample(caplog):
-    model = regression()
-    with caplog.at_level(logging.INFO, logger="synkhronos"):
-        got = synk_pymc.sample(model=model, **DRAWS)
-    assert not session_open()
-    assert any("before forking, PyMC's own function" in line for line in said(caplog))
-    assert not any("divided over" in line for line in said(caplog))
-    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
-
-
-@pytest.mark.timeout(600)
-def test_divide_false_is_pm_sample_in_a_session():
-    model = regression()
-    synk.fork(3)
-    try:
-        got = synk_pymc.sample(model=model, divide=False, **DRAWS)
-        assert synk.n_parallel() == 3  # the user's session is left as it was
-    finally:
-        synk.close()
-    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
-    with pytest.raises(TypeError, match="divide must be True, False or None"):
-        synk_pymc.sample(model=model, divide="yes", **DRAWS)
-
-
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("divided_faster", [False, True])
 def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
     model = regression()
@@ -140,19 +108,3 @@ def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
         assert "PyMC's own function" in measured[0]
         assert len(calls) <= 10  # the build alone (its check, its timing), no evaluation
         assert_same_draws(got, want)
-
-
-@pytest.mark.timeout(600)
-def test_a_discrete_variable_is_pm_sample():
-    rng = np.random.default_rng(4)
-    with pm.Model() as model:
-        switch = pm.Bernoulli("switch", 0.5)
-        mu = pm.Normal("mu", 0, 1)
-        pm.Normal("y", mu + switch, 1, observed=rng.normal(1.0, 1.0, size=200))
-    got = synk_pymc.sample(model=model, **DRAWS)
-    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
-    for name in ("switch", "mu"):
-        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values)
-    with pytest.raises(ValueError, match="'switch' is discrete"):
-        synk_pymc.sample(model=model, divide=True, **DRAWS)
-    assert not session_open()

@@ -1,0 +1,92 @@
+"""synkhronos.pymc.sample chooses by measurement whether to divide at all
+(``divide=None``), called as a PyMC user calls it:
+
+- a small model, no session: nothing is forked and the draws are ``pm.sample``'s bit
+  for bit (it is ``pm.sample``); ``divide=False`` the same in a session;
+- a model with a discrete free variable: ``pm.sample``'s compound step, bit for bit
+  (``divide=True`` refuses it).
+
+``tests/unit/test_pymc_choice.py`` drives the choice itself (its timing forced).
+PyMC is not in the ``test`` extra: CI runs this module in its environments with the
+``pymc`` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip(
+    "pymc", reason="PyMC is not installed here; .ci/run runs this module in its environments "
+    "with the pymc extra"
+)
+
+import synkhronos as synk  # noqa: E402
+import synkhronos.pymc as synk_pymc  # noqa: E402
+from synkhronos.testing import session_open  # noqa: E402
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, **QUIET)
+
+
+def regression(rows=150, seed=3):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 2))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", x @ b, sigma, observed=x @ [0.5, -1.0] + rng.normal(size=rows))
+    return model
+
+
+def assert_same_draws(got, want):
+    for name in ("b", "sigma"):
+        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values,
+                                      err_msg=name)
+
+
+def said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "synkhronos.pymc:" in r.getMessage()]
+
+
+@pytest.mark.timeout(600)
+def test_a_small_model_is_pm_sample(caplog):
+    model = regression()
+    with caplog.at_level(logging.INFO, logger="synkhronos"):
+        got = synk_pymc.sample(model=model, **DRAWS)
+    assert not session_open()
+    assert any("before forking, PyMC's own function" in line for line in said(caplog))
+    assert not any("divided over" in line for line in said(caplog))
+    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+
+
+@pytest.mark.timeout(600)
+def test_divide_false_is_pm_sample_in_a_session():
+    model = regression()
+    synk.fork(3)
+    try:
+        got = synk_pymc.sample(model=model, divide=False, **DRAWS)
+        assert synk.n_parallel() == 3  # the user's session is left as it was
+    finally:
+        synk.close()
+    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+    with pytest.raises(TypeError, match="divide must be True, False or None"):
+        synk_pymc.sample(model=model, divide="yes", **DRAWS)
+
+
+@pytest.mark.timeout(600)
+def test_a_discrete_variable_is_pm_sample():
+    rng = np.random.default_rng(4)
+    with pm.Model() as model:
+        switch = pm.Bernoulli("switch", 0.5)
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu + switch, 1, observed=rng.normal(1.0, 1.0, size=200))
+    got = synk_pymc.sample(model=model, **DRAWS)
+    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
+    for name in ("switch", "mu"):
+        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values)
+    with pytest.raises(ValueError, match="'switch' is discrete"):
+        synk_pymc.sample(model=model, divide=True, **DRAWS)
+    assert not session_open()

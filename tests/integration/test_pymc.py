@@ -108,13 +108,6 @@ def reference(model):
 
 
 # -- sampling ------------------------------------------------------------------------------
-@pytest.fixture
-def two():
-    synk.fork(2)
-    try:
-        yield 2
-    finally:
-        synk.close()
 
 
 def mcse(draws: xr.DataArray) -> np.ndarray:

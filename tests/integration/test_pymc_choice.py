@@ -26,29 +26,7 @@ pm = pytest.importorskip(
 import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.testing import session_open  # noqa: E402
-
-QUIET = dict(progressbar=False, compute_convergence_checks=False)
-DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, **QUIET)
-
-
-def regression(rows=150, seed=3):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 2))
-    with pm.Model() as model:
-        b = pm.Normal("b", 0, 1, shape=2)
-        sigma = pm.HalfNormal("sigma", 1)
-        pm.Normal("y", x @ b, sigma, observed=x @ [0.5, -1.0] + rng.normal(size=rows))
-    return model
-
-
-def assert_same_draws(got, want):
-    for name in ("b", "sigma"):
-        np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values,
-                                      err_msg=name)
-
-
-def said(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "synkhronos.pymc:" in r.getMessage()]
+from tests.pymc_common import DRAWS, assert_same_draws, regression, said  # noqa: E402
 
 
 @pytest.mark.timeout(600)

@@ -30,11 +30,10 @@ pm = pytest.importorskip(
     "with the pymc extra"
 )
 
-import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.testing import session_open  # noqa: E402
+from tests.pymc_common import QUIET  # noqa: E402
 
-QUIET = dict(progressbar=False, compute_convergence_checks=False)
 # What ours cannot honour, with the value that asks for it.
 REFUSED = {
     "find_MAP": {"use_hess": True, "use_hessp": True, "compute_hessian": True,
@@ -155,15 +154,6 @@ def test_refusals_name_the_keyword_and_the_function():
     with pytest.raises(TypeError, match="builds its own NUTS step"):
         synk_pymc.sample(10, model=model, step=object())
     assert not session_open()
-
-
-@pytest.fixture
-def two():
-    synk.fork(2)
-    try:
-        yield 2
-    finally:
-        synk.close()
 
 
 def _close(got: dict, want: dict, rtol=1e-6):

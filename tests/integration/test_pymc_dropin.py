@@ -32,7 +32,7 @@ pm = pytest.importorskip(
 
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from synkhronos.testing import session_open  # noqa: E402
-from tests.pymc_common import QUIET  # noqa: E402
+from tests.pymc_common import QUIET, regression  # noqa: E402
 
 # What ours cannot honour, with the value that asks for it.
 REFUSED = {
@@ -41,16 +41,6 @@ REFUSED = {
     "compute_log_likelihood": {},
     "sample": {"step": object()},
 }
-
-
-def regression(rows=120, seed=1):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 2))
-    with pm.Model() as model:
-        b = pm.Normal("b", 0, 1, shape=2)
-        sigma = pm.HalfNormal("sigma", 1)
-        pm.Normal("y", x @ b, sigma, observed=x @ [0.5, -1.0] + rng.normal(size=rows))
-    return model
 
 
 def potential_model(rows=120, seed=2):
@@ -142,7 +132,7 @@ def test_every_pymc_parameter_is_taken(name, build, after, message):
 
 @pytest.mark.timeout(300)
 def test_refusals_name_the_keyword_and_the_function():
-    model = regression()
+    model = regression(rows=120, seed=1)
     for keyword in ("use_hess", "compute_hessian"):
         if keyword in inspect.signature(pm.find_MAP).parameters:
             with pytest.raises(TypeError, match=rf"synkhronos.pymc.find_MAP\(\) cannot "
@@ -164,7 +154,7 @@ def _close(got: dict, want: dict, rtol=1e-6):
 
 @pytest.mark.timeout(600)
 def test_find_map_and_log_likelihood_honour_pymc_keywords(two):
-    model = regression()
+    model = regression(rows=120, seed=1)
     b = model["b"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # (PyMC 6's announced changes)
@@ -207,7 +197,7 @@ def test_a_potential_likelihood_is_divided_when_named(two):
 def test_one_process_a_chain_draws_as_pm_sample_bit_for_bit():
     # at one process a chain nothing is divided: PyMC's own function, whose sums (and so
     # draws) are pm.sample's exactly, chains at once or one after another
-    model = regression()
+    model = regression(rows=120, seed=1)
     options = dict(draws=25, tune=25, chains=2, random_seed=7, **QUIET)
     for cores in (2, 1):
         got = synk_pymc.sample(divide=True, model=model, cores=cores, processes_per_chain=1,

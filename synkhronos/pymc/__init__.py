@@ -22,7 +22,10 @@ The modules, each one concern:
 - ``_split``: which observed variables and data rows are divided (step 1);
 - ``_likelihood``: the building: the row graphs, the ``synk.function``, the one-time
   check and the Op put into PyMC's function; ``logp_dlogp_function`` (steps 2-5);
-- ``_rowsum``: the ``RowSum`` Op, which runs every evaluation (the box above);
+- ``_rowsum``: the ``RowSum`` Op, which runs every evaluation (the box above), its
+  rows balanced by measured speed where an evaluation is long;
+- ``_choice``: whether dividing pays at all, measured against PyMC's own function
+  (``sample(divide=None)``);
 - ``_sampling``: ``sample``, with PyMC's NUTS or nutpie;
 - ``_loglik``: ``compute_log_likelihood`` (pointwise, for LOO and WAIC);
 - ``_map``: ``find_MAP`` over the divided log-density;

@@ -49,13 +49,17 @@ _ROUNDS = 3
 # n replies, the Op's boundary): at 10^3 rows on 2 cores PyMC's evaluation took 37 us
 # and the divided one 29 us; at 10^5 rows the divided one reached 0.89 of the ceiling
 # (docs/figures/pymc_small_data_pymc6.json, pymc_sampling.json). NUTS makes about
-# _LEAPFROGS evaluations a draw (a tree of depth 3); building costs about one compile
-# of the model's function more, plus _BUILD_S (forking, copying the rows, the check).
+# _LEAPFROGS evaluations a draw (a tree of depth 4: with 8, depth 3, the prediction
+# kept PyMC's function where dividing gave 1.23-1.25x, the logistic model at 10^4 rows
+# and the hierarchical one at 10^5, one chain; docs/figures/pymc_peers_2core.json);
+# building costs about one compile of the model's function more, plus _BUILD_S
+# (forking, copying the rows, the check): at 10^4 rows of the logistic model the
+# divided run spent 0.86 s more outside its sampling loop where pm.init_nuts took 0.78.
 _EFFICIENCY = 0.8
 _CALL_S = 20e-6
 _CALL_PER_PROCESS_S = 3e-6
-_LEAPFROGS = 8
-_BUILD_S = 0.5
+_LEAPFROGS = 16
+_BUILD_S = 0.1
 
 
 def initial_vector(model: Any) -> np.ndarray:

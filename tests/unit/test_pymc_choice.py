@@ -45,7 +45,7 @@ def test_the_prediction_before_forking():
     assert not _choice.worth_forking(own(4e-3), 1, 16_000, sliced=False).divided
     assert _choice.worth_forking(own(4e-3), 1, 16_000, sliced=True).divided
     # the evaluations one running chain makes: its share of the chains
-    assert _choice.expected_evaluations({"draws": 100, "tune": 50}, 4, 2) == 2 * 150 * 8
+    assert _choice.expected_evaluations({"draws": 100, "tune": 50}, 4, 2) == 2 * 150 * 16
 
 
 def test_the_check_after_building_keeps_the_faster():

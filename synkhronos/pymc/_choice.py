@@ -6,21 +6,23 @@ measurement, so that ``sample`` is never slower than ``pm.sample`` on the same m
 at any data size. Two steps:
 
 1. before any process is forked (``sample`` without a session): PyMC's own function is
-   compiled and timed per evaluation at the model's initial point (``Own.measure``);
-   ``worth_forking`` predicts what dividing would save over the whole run (the
-   evaluations NUTS is expected to make, each cut to ``1/(n * efficiency)`` of PyMC's
-   plus a fixed cost of the parallel call) against what building it costs (forking,
-   compiling the rows' function in every process, copying the rows: taken as one more
-   compile of PyMC's function plus a constant). Below that, PyMC's own function is
-   used and nothing is forked;
+   timed per evaluation at the model's initial point: the one ``pm.init_nuts``
+   compiled for its step (``Own.of``), or, where nothing compiled it (the nutpie
+   route), compiled here (``Own.measure``); ``worth_forking`` predicts what dividing
+   would save over the whole run (the evaluations NUTS is expected to make,
+   ``expected_evaluations``, each cut to ``1/(n * efficiency)`` of PyMC's plus a fixed
+   cost of the parallel call) against what building it costs (forking, compiling the
+   rows' function in every process, copying the rows: taken as one more compile of
+   PyMC's function plus a constant). Below that, PyMC's own function is used and
+   nothing is forked;
 2. once the divided function is built (in a session: the user's, or one ``sample``
    forked after step 1 said yes), both are timed at the same point, alternately, and
-   the divided one is kept only if it is faster (``keep_divided``). A machine whose
-   cores are busy with other work shows here: the divided evaluation waits for its
-   slowest process, PyMC's own runs on whichever core is free.
+   the divided one is kept only if it is faster (``keep_divided``; ``build_chosen``
+   builds and decides). A machine whose cores are busy with other work shows here:
+   the divided evaluation waits for its slowest process, PyMC's own runs on whichever
+   core is free.
 
-The figures and the choice are logged (logger ``"synkhronos"``, INFO) and kept on the
-function (``choice``), for ``sample``'s log and the user's own look.
+The figures and the choice are logged (logger ``"synkhronos"``, INFO).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import numpy as np
 
 from . import _pymc_compat as compat
 
-__all__ = ["Own", "Choice", "worth_forking", "keep_divided", "seconds_per_evaluation",
-           "initial_vector"]
+__all__ = ["Own", "Choice", "worth_forking", "expected_evaluations", "keep_divided",
+           "build_chosen", "seconds_per_evaluation", "initial_vector"]
 
 log = logging.getLogger("synkhronos")
 
@@ -110,15 +112,14 @@ class Own:
     @classmethod
     def measure(cls, model: Any, jacobian: bool = True,
                 compile_kwargs: dict | None = None) -> Own:
+        """PyMC's own function compiled here (its first call, where Numba compiles,
+        counted in the compile), then timed (``of``)."""
         start = time.perf_counter()
         vgf = compat.value_grad_function(model.logp(jacobian=jacobian), model,
                                          model.initial_point(), compile_kwargs)
         vgf.set_extra_values({})
-        x = initial_vector(model)
-        vgf(x)
-        compile_s = time.perf_counter() - start
-        (seconds,) = seconds_per_evaluation([vgf], x)
-        return cls(vgf, compile_s, seconds, x)
+        vgf(initial_vector(model))
+        return cls.of(vgf, time.perf_counter() - start, model)
 
 
 @dataclasses.dataclass(frozen=True)

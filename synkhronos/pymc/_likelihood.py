@@ -46,7 +46,7 @@ from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "session_size",
-           "row_terms", "sliced"]
+           "row_terms", "sliced", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
 
@@ -176,6 +176,11 @@ def _one_block(plan, grainsize: int | None, n: int = 1) -> bool:
         if _slices_of(row_bytes, group.rows, n, grainsize) != 1:
             return False
     return True
+
+
+def discrete_names(model) -> list[str]:
+    """The names of the model's discrete free variables (which NUTS cannot sample)."""
+    return [v.name for v in model.value_vars if v not in model.continuous_value_vars]
 
 
 def sliced(model, split, grainsize: int | None, n: int) -> bool:
@@ -317,7 +322,7 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
     if size is None and open_session is None:
         raise RuntimeError(f"synk.fork() must be called before synkhronos.pymc.{caller}()")
     compile_kwargs = dict(compile_kwargs or {})
-    discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
+    discrete = discrete_names(model)
     if discrete:
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
                          f"continuous (NUTS alone); {discrete[0]!r} is discrete")

@@ -122,7 +122,7 @@ class Part:
             start = time.perf_counter()
             self.bound(theta)
             seconds.append(time.perf_counter() - start)
-        if size > 1 and sorted(seconds)[1] >= _BALANCE_FROM_S:
+        if sorted(seconds)[1] >= _BALANCE_FROM_S:
             self.balancer = steps.Balancer(size)
 
     def evaluate(self, theta: np.ndarray) -> np.ndarray:

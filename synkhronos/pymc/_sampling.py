@@ -30,6 +30,7 @@ import multiprocessing.util
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
-from ._likelihood import build_logp_dlogp, check_grainsize, session_size, sliced
+from ._likelihood import build_logp_dlogp, check_grainsize, discrete_names, session_size, sliced
 
 __all__ = ["sample"]
 
@@ -180,7 +181,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
     usable = len(os.sched_getaffinity(0))
-    discrete = [v.name for v in model.value_vars if v not in model.continuous_value_vars]
+    discrete = discrete_names(model)
     if discrete and divide:
         raise ValueError(f"divide=True: the divided likelihood is sampled by NUTS alone, "
                          f"whose free variables are all continuous; {discrete[0]!r} is "
@@ -194,10 +195,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return pm.sample(model=model, **asked)
     if sampler == "nutpie":
         chains = _check_count("chains", kwargs.get("chains")) or compat.default_chains(cores)
-        own, worth = _before_forking(model, split, grainsize, divide, size,
-                                     processes or usable,
-                                     _choice.expected_evaluations(kwargs, chains, 1),
-                                     compile_kwargs)
+        own, worth = _before_forking(
+            model, split, grainsize, divide, size, processes or usable,
+            _choice.expected_evaluations(kwargs, chains, 1),
+            lambda: _choice.Own.measure(model, compile_kwargs=compile_kwargs))
         if not worth:  # (nutpie compiles its own model from PyMC's: nothing to reuse)
             return pm.sample(model=model, **asked)
         return _in_master(pm, model, split, grainsize, processes, size,
@@ -224,16 +225,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     # pm.init_nuts first, as pm.sample runs it: its step's function is PyMC's own, the
     # one the choice measures (no compile of its own) and samples with if not dividing
     init = _initialise(pm, model, sampling) if measure else None
-    own, worth = None, True
-    if init is not None and size is None:  # before forking: predicted
-        processes = processes or 1
-        in_slices = sliced(model, split, grainsize, processes)
-        worth = in_slices or processes > 1
-        if worth:
-            own = _own_measured(model, init)
-            worth = _choice.worth_forking(
-                own, processes, _choice.expected_evaluations(kwargs, chains, running),
-                in_slices).divided
+    own, worth = _before_forking(model, split, grainsize, divide, size, processes,
+                                 _choice.expected_evaluations(kwargs, chains, running),
+                                 lambda: _own_measured(model, init))
     if not worth:  # pm.sample itself: its init, its step
         return _sample_nuts(pm, model, None, sampling, running, init)
     if running == 1:
@@ -276,18 +270,19 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
-                    compile_kwargs=None) -> tuple[_choice.Own | None, bool]:
+                    measure_own: Callable[[], _choice.Own]
+                    ) -> tuple[_choice.Own | None, bool]:
     """Step 1 of ``_choice``, where a measured choice is asked and nothing is forked
-    yet: ``(own, worth)``, PyMC's own function measured (or None where nothing was
-    measured) and whether to go on to build the divided one. Nothing is measured with
-    ``divide`` True or a session open (step 2 measures in it), or at one process in
-    one block (nothing to divide: not worth it)."""
+    yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or None
+    where nothing was measured) and whether to go on to build the divided one. Nothing
+    is measured with ``divide`` True or a session open (step 2 measures in it), or at
+    one process in one block (nothing to divide: not worth it)."""
     if divide or size is not None:
         return None, True
     in_slices = sliced(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
         return None, False
-    own = _choice.Own.measure(model, compile_kwargs=compile_kwargs)
+    own = measure_own()
     return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided
 
 

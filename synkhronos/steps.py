@@ -34,7 +34,7 @@ from .collectives.backend import FusedLayout, even_piece_length
 from .function import Function
 
 __all__ = ["Step", "Balancer", "call", "all_reduce", "reduce_scatter", "all_gather_pieces", "views",
-           "pieces", "piece_length", "run"]
+           "piece_view", "pieces", "piece_length", "run"]
 
 
 class Step:
@@ -144,6 +144,31 @@ def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:
         raise ValueError("steps.views needs a 1-d flat variable and variables of its dtype")
     return Step(lambda s: fused.views_step(s, front, flat, tuple(variables), copy_in),
                 "views")
+
+
+def piece_view(flat: Any, variable: Any, copy_in: bool = False) -> Step:
+    """Each process's ``variable`` becomes a view of its own piece of ``flat`` (the
+    piece :func:`reduce_scatter` leaves it, as :func:`pieces` gives it).
+
+    A function that updates ``variable`` in place then writes the process's piece of
+    ``flat`` without a copy (a sharded optimizer's update: PyTensor runs an elementwise
+    update of a shared variable in place on its storage). ``copy_in``: a ``variable``
+    that does not view its piece (an update that was not made in place) first gives
+    its value to the piece; otherwise ``flat`` wins. ``flat`` and ``variable`` are 1-d,
+    of one dtype. Only on ``device="cpu"`` (``ValueError`` elsewhere: JAX arrays view
+    nothing).
+    """
+    session, front, targets, _ = begin("piece_view", [flat, variable])
+    if not session.ctx.placement.views:
+        raise ValueError(f"steps.piece_view needs values that can view one another in "
+                         f"place; on device={session.ctx.device!r} they are JAX arrays, "
+                         "which cannot")
+    if targets.ndims != (1, 1) or targets.dtypes[0] != targets.dtypes[1]:
+        raise ValueError(f"steps.piece_view needs two 1-d variables of one dtype; got "
+                         f"{targets.labels}")
+    bounds = pieces(flat)
+    return Step(lambda s: fused.piece_view_step(s, front, flat, variable, bounds, copy_in),
+                f"piece_view copy_in={copy_in}")
 
 
 def pieces(shared_var: Any) -> list[tuple[int, int]]:

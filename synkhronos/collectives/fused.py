@@ -161,6 +161,7 @@ class ViewsOf(Message):
     uids: tuple[int, ...]
     places: tuple[tuple[int, int, tuple[int, ...]], ...]  # (start, stop, shape) each
     copy_in: bool  # a variable not viewing its place gives its value to the flat one
+    by_rank: bool = False  # places[rank] holds each rank's own places (its piece)
 
 
 @dataclass(frozen=True)
@@ -463,6 +464,16 @@ def views_step(session: Session, front: Any, flat: Any, variables: tuple,
     return Step(message, repeats=True)
 
 
+def piece_view_step(session: Session, front: Any, flat: Any, variable: Any,
+                    pieces: list[tuple[int, int]], copy_in: bool) -> Step:
+    """On each rank, ``variable`` becomes a view of its piece ``pieces[rank]`` of
+    ``flat`` (see ``ViewsOf``)."""
+    reg = front.registry
+    places = tuple(((start, stop, (stop - start,)),) for start, stop in pieces)
+    return Step(ViewsOf(reg.uid(flat), (reg.uid(variable),), places, copy_in, by_rank=True),
+                repeats=True)
+
+
 def get_value_step(session: Session, backend: Backend, targets: Targets, rank: int,
                    shapes: list) -> Step:
     ctx = session.ctx
@@ -577,10 +588,11 @@ def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
 
 
 class _Views:
-    """The views ``ViewsOf`` made, per flat variable: (its storage, the views)."""
+    """The views ``ViewsOf`` made, per flat variable and its viewers: (the flat
+    variable's storage, the views)."""
 
     def __init__(self) -> None:
-        self.made: dict[int, tuple[Any, list]] = {}
+        self.made: dict[tuple[int, tuple[int, ...]], tuple[Any, list]] = {}
 
 
 _VIEWS: RankVar[_Views] = RankVar("flat views", lambda ctx: _Views())
@@ -590,13 +602,14 @@ def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
     flat_var = REGISTRY.get(ctx).shared[message.flat]
     variables = _variables(ctx, message.uids)
     flat = _pytensor.value(flat_var)
-    made = _VIEWS.get(ctx).made
-    kept = made.get(message.flat)
+    made, key = _VIEWS.get(ctx).made, (message.flat, message.uids)
+    kept = made.get(key)
     if kept is not None and kept[0] is flat and all(
             _pytensor.value(var) is view for var, view in zip(variables, kept[1], strict=True)):
         return  # the usual case: nothing moved since the last step
+    places = message.places[ctx.rank] if message.by_rank else message.places
     views: list[np.ndarray] = []
-    for var, (start, stop, shape) in zip(variables, message.places, strict=True):
+    for var, (start, stop, shape) in zip(variables, places, strict=True):
         view = flat[start:stop].reshape(shape)
         value = _pytensor.value(var)
         if value is not view and message.copy_in and not (
@@ -604,7 +617,7 @@ def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
             view[...] = value
         _pytensor.bind(var, view)
         views.append(view)
-    made[message.flat] = (flat, views)
+    made[key] = (flat, views)
 
 
 def _on_place(ctx: RankContext, message: Place) -> None:

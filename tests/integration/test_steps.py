@@ -40,6 +40,8 @@ class Model:
         self.bump = synk.function([], updates=[(self.w, self.w + 1.0),
                                                (self.small, self.small * 2.0)])
         self.uses = synk.function([], [(self.flat.sum() + self.a.sum() + self.b.sum(), "sum")])
+        self.piece = pytensor.shared(np.zeros(0), name="piece", shape=(None,))
+        self.double_piece = synk.function([], updates=[(self.piece, self.piece * 2.0)])
         synk.distribute()
         self.n = n
 
@@ -99,6 +101,45 @@ def test_views_make_variables_views_of_the_flat_one(model):
     np.testing.assert_allclose(model.uses(), n * want, rtol=RTOL)
     with pytest.raises(ValueError, match="1-d flat variable and variables of its dtype"):
         steps.views(model.a, [model.b])
+
+
+def test_piece_view_makes_a_variable_view_its_own_piece(model):
+    if DEVICE == "gpu":  # JAX arrays view nothing: refused in the master, nothing moves
+        with pytest.raises(ValueError, match="needs values that can view one another"):
+            steps.piece_view(model.w, model.piece)
+        return
+    n = model.n
+    values = [rng.standard_normal(1001) for _ in range(n)]
+    set_rank_values(model.w, values)
+    pieces = steps.pieces(model.w)
+    # the piece views its place: doubled in place, each process's own piece of w doubles
+    steps.run([steps.piece_view(model.w, model.piece), steps.call(model.double_piece)])
+    for rank, (value, piece) in enumerate(zip(rank_values(model.w), rank_values(model.piece),
+                                              strict=True)):
+        start, stop = pieces[rank]
+        want = values[rank].copy()
+        want[start:stop] *= 2.0
+        np.testing.assert_array_equal(value, want)
+        np.testing.assert_array_equal(piece, want[start:stop])
+    # a piece that does not view its place: copy_in gives its value to w, else w wins
+    news = [rng.standard_normal(stop - start) for start, stop in pieces]
+    set_rank_values(model.piece, news)
+    before = rank_values(model.w)
+    steps.run([steps.piece_view(model.w, model.piece)])
+    for rank, (value, piece) in enumerate(zip(rank_values(model.w), rank_values(model.piece),
+                                              strict=True)):
+        start, stop = pieces[rank]
+        np.testing.assert_array_equal(value, before[rank])
+        np.testing.assert_array_equal(piece, before[rank][start:stop])
+    set_rank_values(model.piece, news)
+    steps.run([steps.piece_view(model.w, model.piece, copy_in=True)])
+    for rank, value in enumerate(rank_values(model.w)):
+        start, stop = pieces[rank]
+        want = before[rank].copy()
+        want[start:stop] = news[rank]
+        np.testing.assert_array_equal(value, want)
+    with pytest.raises(ValueError, match="two 1-d variables of one dtype"):
+        steps.piece_view(model.a, model.piece)
 
 
 def test_a_failing_step_stops_every_process_there(model):

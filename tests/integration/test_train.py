@@ -103,6 +103,11 @@ class Trainers:
         self.train = {name: build(name, sharded=True) for name in RULE_NAMES}
         self.unsharded = {name: build(name, sharded=False) for name in RULE_NAMES}
         self.default = build("sgd")
+        # the sharded update where PyTensor may not update in place (a backend that
+        # copies): the piece's new value must still reach params_flat
+        self.copying = (build("momentum", sharded=True, compile_kwargs={
+            "mode": pytensor.compile.mode.get_default_mode().excluding("inplace")})
+            if DEVICE == "cpu" else None)
         self.mlp: dict[str, TrainFunction] = {}
         for key, kwargs in MLP_VARIANTS.items():
             params, x, y, loss = mlp_model()
@@ -202,6 +207,41 @@ def test_a_training_step_is_one_command(trainers):
         before = commands_run()
         train(trainers.xd, trainers.yd, batch=idx, num_slices=2)
         assert commands_run() == before + 1
+
+
+def _address(var, rank) -> tuple[int, int]:
+    value = var.get_value(borrow=True)
+    return value.__array_interface__["data"][0], value.nbytes
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="JAX arrays view nothing: the device's sharded "
+                    "update copies its pieces (EvenPieceUpdate)")
+def test_the_sharded_update_writes_each_piece_in_place(trainers):
+    """On the CPU each process's update runs in place on its piece of params_flat (no
+    new array, no copy); where the backend copies instead, the new piece still reaches
+    params_flat, and every process equals the serial rule."""
+    train, reference = trainers.reset("momentum")
+    for idx in MINIBATCHES[:2]:  # (the first steps place params_flat in its slot)
+        train(trainers.xd, trainers.yd, batch=idx)
+    update = train._piece_update
+    before = synk.testing.on_variable(update._piece, _address)
+    train(trainers.xd, trainers.yd, batch=MINIBATCHES[2])
+    flats = synk.testing.on_variable(update.params_flat, _address)
+    pieces = synk.testing.on_variable(update._piece, _address)
+    assert pieces == before  # the update wrote the same memory
+    itemsize = update.params_flat.get_value(borrow=True).itemsize
+    for rank, ((flat, _), (piece, nbytes), (start, stop)) in enumerate(
+            zip(flats, pieces, update.pieces, strict=True)):
+        assert piece == flat + start * itemsize, f"rank {rank}"
+        assert nbytes == (stop - start) * itemsize
+
+    copying = trainers.copying
+    synk.broadcast(copying.params, initial_params())
+    copying.reset_state()
+    for idx in MINIBATCHES:
+        loss = copying(trainers.xd, trainers.yd, batch=idx)
+        np.testing.assert_allclose(loss, reference.train(X[idx], Y[idx]), rtol=RTOL)
+    trainers.assert_params_everywhere(copying.params, reference.params)
 
 
 @pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "unsharded"])

@@ -159,9 +159,10 @@ class ViewsOf(Message):
 
     flat: int  # uid of the flat variable
     uids: tuple[int, ...]
-    places: tuple[tuple[int, int, tuple[int, ...]], ...]  # (start, stop, shape) each
+    # (start, stop, shape) of each variable; by_rank: one such tuple per rank (its piece)
+    places: tuple[Any, ...]
     copy_in: bool  # a variable not viewing its place gives its value to the flat one
-    by_rank: bool = False  # places[rank] holds each rank's own places (its piece)
+    by_rank: bool = False
 
 
 @dataclass(frozen=True)
@@ -607,7 +608,8 @@ def _on_views_of(ctx: RankContext, message: ViewsOf) -> None:
     if kept is not None and kept[0] is flat and all(
             _pytensor.value(var) is view for var, view in zip(variables, kept[1], strict=True)):
         return  # the usual case: nothing moved since the last step
-    places = message.places[ctx.rank] if message.by_rank else message.places
+    places: tuple[tuple[int, int, tuple[int, ...]], ...] = (
+        message.places[ctx.rank] if message.by_rank else message.places)
     views: list[np.ndarray] = []
     for var, (start, stop, shape) in zip(variables, places, strict=True):
         view = flat[start:stop].reshape(shape)

@@ -116,11 +116,22 @@ def reduce_scatter(shared_vars: Any, op: str = "sum", exchange: str | None = Non
                 "reduce_scatter")
 
 
-def all_gather_pieces(shared_vars: Any) -> Step:
-    """Every process's own piece (as :func:`reduce_scatter` cut them) to every process."""
+def all_gather_pieces(shared_vars: Any, common: bool = False) -> Step:
+    """Every process's own piece (as :func:`reduce_scatter` cut them) to every process.
+
+    ``common``: on one machine's CPU cores, every process's variables are left views of
+    one buffer that all of them share (the master's exchange slot): a process's piece
+    is copied there once, and not at all where its variables already view it (its
+    piece updated in place there, :func:`piece_view`), and every process reads the
+    result where it lies instead of copying the other pieces. Until the next
+    collective on them, the variables must then be written only in their own process's
+    piece, as a sharded update writes them: a write elsewhere is seen by every
+    process. Where values cannot share memory (``device="gpu"``, several machines) it
+    is the plain all-gather.
+    """
     session, front, targets, _ = begin("all_gather_pieces", shared_vars)
-    return Step(lambda s: fused.all_gather_pieces_step(s, front.backend, targets),
-                "all_gather_pieces")
+    return Step(lambda s: fused.all_gather_pieces_step(s, front.backend, targets, common),
+                f"all_gather_pieces common={common}")
 
 
 def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:

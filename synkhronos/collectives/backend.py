@@ -362,6 +362,12 @@ class Backend(abc.ABC, Generic[G]):
     def all_gather(self, ctx: RankContext, group: G) -> None:
         """Every rank's piece (of its variables) into every rank's variables."""
 
+    def all_gather_common(self, ctx: RankContext, group: G) -> None:
+        """``all_gather``, leaving every rank's variables views of one buffer where the
+        values can share one (one machine's host memory); here, where they cannot, the
+        copies of ``all_gather``."""
+        self.all_gather(ctx, group)
+
     @abc.abstractmethod
     def broadcast(self, ctx: RankContext, group: G) -> None:
         """The master's values (``stage_broadcast``) into every rank's variables."""

@@ -442,6 +442,21 @@ class CpuBackend(Backend[Group]):
         self._spread(ctx, group)
         rebind(ctx, group.variables, group.slots[ctx.rank])
 
+    def all_gather_common(self, ctx: RankContext, group: Group) -> None:
+        """Every rank's piece into the master's slot, which every rank's variables then
+        view: each piece is written once (not at all where the variables already view
+        it, a rank having updated its piece in place there) and read where it lies."""
+        if not ctx.placement.views:  # (device values: each rank needs its own copy)
+            self.all_gather(ctx, group)
+            return
+        common, flats = group.slots[ctx.master_rank], group.flats[ctx.master_rank]
+        for i, lo, hi in group.pieces[ctx.rank]:
+            value = host_value(ctx, group.variables[i])
+            if value is not common[i]:
+                flats[i][lo:hi] = value.reshape(-1)[lo:hi]
+        ctx.meeting.barrier(ctx)
+        rebind(ctx, group.variables, common)
+
     def reduce(self, ctx: RankContext, group: Group, op: ReduceOp, in_place: bool,
                scratch: Any) -> bool:
         values = loaded(ctx, group, whole=group.small)

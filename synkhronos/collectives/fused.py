@@ -120,6 +120,7 @@ class ReduceScatter(Message):
 class AllGatherPieces(Message):
     key: int
     spec: GroupSpec | None
+    common: bool = False  # every rank's variables left viewing one buffer (see steps)
 
 
 @dataclass(frozen=True)
@@ -499,11 +500,13 @@ def reduce_scatter_step(session: Session, backend: Backend, targets: Targets,
                 new=(spec.name,) if spec else (), repeats=spec is None)
 
 
-def all_gather_pieces_step(session: Session, backend: Backend, targets: Targets) -> Step:
-    """Every rank's piece of its slot into every slot (after ``reduce_scatter_step``)."""
+def all_gather_pieces_step(session: Session, backend: Backend, targets: Targets,
+                           common: bool = False) -> Step:
+    """Every rank's piece of its slot into every slot (after ``reduce_scatter_step``);
+    ``common``: into one buffer every rank's variables view."""
     ctx = session.ctx
     group, spec, _ = _group_for(ctx, backend, targets)
-    return Step(AllGatherPieces(group.key, spec), new=(spec.name,) if spec else (),
+    return Step(AllGatherPieces(group.key, spec, common), new=(spec.name,) if spec else (),
                 repeats=spec is None)
 
 
@@ -585,7 +588,11 @@ def _on_reduce_scatter(ctx: RankContext, message: ReduceScatter) -> Any:
 
 def _on_all_gather_pieces(ctx: RankContext, message: AllGatherPieces) -> None:
     backend = BACKEND.get(ctx)
-    backend.all_gather(ctx, backend.group(ctx, message.key, message.spec))
+    group = backend.group(ctx, message.key, message.spec)
+    if message.common:
+        backend.all_gather_common(ctx, group)
+    else:
+        backend.all_gather(ctx, group)
 
 
 class _Views:

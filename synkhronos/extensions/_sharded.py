@@ -265,6 +265,9 @@ class InPlaceUpdate(ShardedUpdate):
         self._views_in = [synk_steps.piece_view(self.grad_shared, self._grad_piece),
                           synk_steps.piece_view(self.params_flat, self._piece)]
         self._written = synk_steps.piece_view(self.params_flat, self._piece, copy_in=True)
+        # every process's params_flat views one buffer: each piece, updated in place
+        # there, is read where it lies (no process copies the others' pieces)
+        self._gather = synk_steps.all_gather_pieces(self.params_flat, common=True)
 
     def _apply(self) -> list[synk_steps.Step]:
         return [*self._views_in, synk_steps.call(self.apply_function), self._written]

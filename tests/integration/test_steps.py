@@ -83,6 +83,37 @@ def test_reduce_scatter_then_all_gather_pieces_is_all_reduce(model, var):
         np.testing.assert_allclose(value, total, rtol=RTOL)
 
 
+def _write_own_piece(var, rank, pieces, value) -> None:
+    start, stop = pieces[rank]
+    var.get_value(borrow=True)[start:stop] = value  # in place: where it lies
+
+
+def test_all_gather_pieces_common_leaves_one_buffer_every_process_reads(model):
+    n = model.n
+    values = [rng.standard_normal(1001) for _ in range(n)]
+    set_rank_values(model.w, values)
+    pieces = steps.pieces(model.w)
+    steps.run([steps.reduce_scatter(model.w, op="sum"),
+               steps.all_gather_pieces(model.w, common=True)])
+    total = np.sum(values, axis=0)
+    for value in rank_values(model.w):
+        np.testing.assert_allclose(value, total, rtol=RTOL)
+    if DEVICE != "cpu":  # (JAX arrays: the plain all-gather; none is written in place)
+        return
+    # each process writes its own piece in place; after the next common all-gather
+    # (nothing left to copy) every process reads every piece
+    new = rng.standard_normal(1001)
+    for rank, (start, stop) in enumerate(pieces):
+        on_variable(model.w, _write_own_piece, pieces, new[start:stop], ranks=[rank])
+    steps.run([steps.all_gather_pieces(model.w, common=True)])
+    for value in rank_values(model.w):
+        np.testing.assert_array_equal(value, new)
+    # one buffer: a write by the last process is the master's too
+    on_variable(model.w, _write_own_piece, [(0, 1001)] * n, np.zeros(1001), ranks=[n - 1])
+    np.testing.assert_array_equal(model.w.get_value(), np.zeros(1001))
+    set_rank_values(model.w, [np.zeros(1001)] * n)  # (each process its own value again)
+
+
 def test_views_make_variables_views_of_the_flat_one(model):
     if DEVICE == "gpu":  # JAX arrays view nothing: refused in the master, nothing moves
         with pytest.raises(ValueError, match="needs values that can view one another"):

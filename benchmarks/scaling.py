@@ -82,7 +82,9 @@ step, with its CPU time per step and in the exchange (``"phases"`` in the JSON; 
 more processes than cores, compare CPU times, not wall times). Beside them, each
 rank's CPU time per command of an empty command and of a 4-byte all-reduce, over
 ``--fixed-commands`` of each, and of the step's exchange run alone (a thirtieth as
-many; ``"fixed_costs"``): what grows with n shows there before
+many; ``"fixed_costs"``; ``"exchange_copied"``: the same with the all-gather that
+copies every piece into every process, as the sharded step did before it read one
+buffer in place): what grows with n shows there before
 any machine has n cores. ``--out`` draws ``scaling_phases.png``: per n, a stacked bar
 per rank.
 
@@ -354,12 +356,15 @@ class SynkServer:
                     summary[key] = summary.get(key, 0.0) + seconds
         return summary
 
-    def _exchange(self) -> list:
-        """The step's exchange as steps of its own (values stay resident)."""
+    def _exchange(self, common: bool = True) -> list:
+        """The step's exchange as steps of its own (values stay resident); ``common``
+        False: the all-gather that copies every piece into every process (the sharded
+        step's before it read one buffer in place)."""
         train, steps_of = self.train, self.synk.steps
         if train.sharded:
+            in_place = common and self.synk.device() == "cpu"
             return [steps_of.reduce_scatter(train.grad_shared, op="sum"),
-                    steps_of.all_gather_pieces(train.params_flat)]
+                    steps_of.all_gather_pieces(train.params_flat, common=in_place)]
         return [steps_of.all_reduce(train.grad_shared, op="sum")]
 
     def phases(self, variant: dict, steps: int, commands: int) -> dict:
@@ -378,11 +383,15 @@ class SynkServer:
                     for entry in getattr(prof, "per_rank", list)()]
         fixed = {}
         exchange = self._exchange() if self.n > 1 else None
+        copied = self._exchange(common=False) if self.n > 1 and self.train.sharded else None
         for name, command, count in (
                 ("empty", testing.ping, commands),
                 ("all_reduce_4B", lambda: self.synk.all_reduce(self.tiny), commands),
-                ("exchange", lambda: self.synk.steps.run(exchange), max(3, commands // 30))):
-            if name == "exchange" and exchange is None:
+                ("exchange", lambda: self.synk.steps.run(exchange), max(3, commands // 30)),
+                ("exchange_copied", lambda: self.synk.steps.run(copied),
+                 max(3, commands // 30))):
+            if (name == "exchange" and exchange is None) or (
+                    name == "exchange_copied" and copied is None):
                 continue
             command()
             before = testing.run_on_ranks(time.process_time)

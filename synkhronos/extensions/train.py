@@ -54,8 +54,9 @@ from pytensor.graph.basic import Variable
 from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
 from ._checkpoint import Checkpoint
+from ._dot_into import products_into_place
 from ._sharded import ShardedUpdate, in_place, obstacles, rule_name, sharded_update
-from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype
+from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
 
 __all__ = ["TrainFunction", "make_train_function", "make_train_function_pytensor",
            "make_train_function_theano"]
@@ -201,6 +202,8 @@ class TrainFunction:
                 "do (sgd_nonflat does not: build that step by hand)"
             )
         (_, flat), = grad_updates
+        if in_place(compile_kwargs):  # (JAX arrays are written by no one in place)
+            flat = products_into_place(flat, grad_shared, _offsets(self.params))
         if self.exchange is not None and grad_shared.type.dtype != "float32":
             raise TypeError(f"exchange={self.exchange!r} rounds float32 gradients; "
                             f"these parameters' gradient is {grad_shared.type.dtype} "

@@ -50,9 +50,11 @@ from typing import Any
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from pytensor.compile.mode import get_mode
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
 from pytensor.graph.replace import clone_replace
+from pytensor.link.jax.linker import JAXLinker
 
 from .. import Function, broadcast, device, function, n_parallel, set_value
 from .. import data as synk_data
@@ -337,8 +339,16 @@ class EvenPieceUpdate(ShardedUpdate):
 
 def in_place(compile_kwargs: dict) -> bool:
     """Whether the sharded update can run in place here: values that view one another
-    (``device="cpu"``), functions of a backend other than JAX."""
-    return device() == "cpu" and str(compile_kwargs.get("mode", "")).upper() != "JAX"
+    (``device="cpu"``), functions of a backend other than JAX (the mode given, or
+    PyTensor's default one)."""
+    if device() != "cpu":
+        return False
+    mode = compile_kwargs.get("mode")
+    try:
+        linker = get_mode(mode).linker
+    except Exception:  # (a mode PyTensor does not know: the function's compile says so)
+        return str(mode).upper() != "JAX"
+    return not isinstance(linker, JAXLinker)
 
 
 def sharded_update(params: list[SharedVariable], grad_shared: SharedVariable,

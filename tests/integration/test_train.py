@@ -305,20 +305,6 @@ def test_the_default_form_is_sharded_with_several_processes_on_cpu(trainers):
     assert trainers.default.sharded == (trainers.n > 1 and DEVICE == "cpu")
 
 
-def test_values_are_updated_in_place_on_the_cpu_outside_jax(trainers):
-    """The JAX backend is seen in the mode given or in PyTensor's default one (its
-    arrays view nothing); nothing is compiled here."""
-    from pytensor.compile.mode import get_mode
-
-    from synkhronos.extensions._sharded import in_place
-
-    cpu = DEVICE == "cpu"
-    assert in_place({}) == (cpu and pytensor.config.mode != "JAX")
-    assert in_place({"mode": "NUMBA"}) == cpu
-    assert not in_place({"mode": "JAX"})
-    assert not in_place({"mode": get_mode("JAX")})
-
-
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_sharded_unsharded_and_serial_pytensor_take_the_same_steps(trainers, name):
     """The sharded step, the unsharded one and the serial program of plain PyTensor

@@ -14,7 +14,9 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
+import synkhronos as synk
 from synkhronos.extensions._dot_into import DotInto, products_into_place
+from synkhronos.extensions._sharded import in_place
 from synkhronos.extensions.updates import _offsets, flatten_gradients
 
 rng = np.random.default_rng(5)
@@ -72,3 +74,17 @@ def test_a_product_that_does_not_fill_its_place_raises():
                                   [0, 0, 1, 1, 1, 1, 1, 1, 0, 0])
     with pytest.raises(ValueError, match="does not fill its place"):
         fn(np.zeros(10), np.ones((2, 1)), np.ones((1, 2)))
+
+
+def test_used_only_where_values_are_updated_in_place():
+    """make_train_function puts DotInto in the gradient where ``in_place``: on the CPU,
+    outside the JAX backend, seen in the mode given or in PyTensor's default one
+    (nothing is compiled here)."""
+    synk.fork(1)
+    try:
+        assert in_place({}) == (pytensor.config.mode != "JAX")
+        assert in_place({"mode": "NUMBA"})
+        assert not in_place({"mode": "JAX"})
+        assert not in_place({"mode": pytensor.compile.mode.get_mode("JAX")})
+    finally:
+        synk.close()

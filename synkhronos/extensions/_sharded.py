@@ -17,8 +17,9 @@ per training step:
    (:data:`~synkhronos.extensions.updates.MATH`) on that piece of the parameters and
    of the state (in place on views of the pieces; on the JAX backend given the
    piece's bounds as one scattered row per process);
-   ``all_gather_pieces`` copies every new piece into every process's ``params_flat``;
-   then every parameter takes its place of it again.
+   ``all_gather_pieces`` gives every new piece to every process's ``params_flat``
+   (in place: one buffer that every process's ``params_flat`` views, so nothing is
+   copied); then every parameter takes its place of it again.
 
 Two forms, chosen once when the step is built:
 

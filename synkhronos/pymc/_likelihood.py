@@ -74,8 +74,8 @@ def row_terms(pm, model, group: _Group):
     potential's value), in terms of stand-ins for the free variables.
 
     Returns ``(terms, rows, stand_ins)``: the graphs (observed variables first, in
-    order), the row input of each divided data variable, and the stand-in of each free
-    variable.
+    order), the row input of each divided data variable they read, and the stand-in of
+    each free variable.
     """
     rows = {var: pt.tensor(dtype=var.dtype, shape=(None, *var.type.shape[1:]),
                            name=f"{name}_rows")
@@ -111,7 +111,11 @@ def row_terms(pm, model, group: _Group):
         terms.append(pm.logp(row_rv, row_value))
     for potential in group.potentials:
         terms.append(clone_replace(potential, {**stand_ins, **rows}, rebuild_strict=False))
-    return terms, rows, stand_ins
+    # A constant of the rows' length that the rebuilt graphs no longer read (the size
+    # ``[1]`` of an observed variable of one row, now the row value's shape) is no row
+    # input: a function refuses an input it does not use.
+    read = set(ancestors(terms))
+    return terms, {var: row for var, row in rows.items() if row in read}, stand_ins
 
 
 def _row_likelihood(pm, model, group: _Group):

@@ -32,11 +32,11 @@ The figures:
   10^4 rows, PyMC's own function at one BLAS thread over ``synkhronos.pymc``'s at n=2
   (above 1: synkhronos is faster). Needs PyMC: run the script with a Python that has
   it (``--only pymc_sampling``).
-- ``pymc_movie``: six likelihoods of six lengths over 10^5 rows (``pymc_parts.py
-  --movie``): one evaluation at n=2 and PyMC's, the commands an evaluation sends, and
-  one chain of 300 + 300 draws by ``synkhronos.pymc.sample(divide=True)`` and by
-  ``pm.sample`` (wall and sampling-loop seconds, leapfrog steps). Needs PyMC, and
-  ``--scripts`` of a checkout whose ``pymc_parts.py`` has ``--movie``.
+- ``pymc_parts``: six likelihoods of six lengths over 10^5 rows (its ``--movie``): one
+  evaluation at n=2 and PyMC's, the commands an evaluation sends, and one chain of
+  300 + 300 draws by ``synkhronos.pymc.sample(divide=True)`` and by ``pm.sample``
+  (wall and sampling-loop seconds, leapfrog steps). Needs PyMC, and ``--scripts`` of
+  a checkout whose ``pymc_parts.py`` has ``--movie``.
 
 The JSON report also records the machine's load average before and after.
 """
@@ -117,7 +117,7 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
                        "--sizes", "2", "--rounds", "3"], {
         "pymc_hierarchical_1e4_n2_over_pymc": _pymc_speedup,
     }),
-    "pymc_movie": (["--movie", "--rounds", "1", "--calls", "300"], {
+    "pymc_parts": (["--movie", "--rounds", "1", "--calls", "300"], {
         "movie_n2_evaluation_us": _movie("ours_s", 1e6),
         "movie_pymc_evaluation_us": _movie("pymc_s", 1e6),
         "movie_n2_commands_per_evaluation": _movie("commands_per_evaluation"),

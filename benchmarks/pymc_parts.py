@@ -39,7 +39,7 @@ steps of the draws, each one evaluation: the same seed, though not the same draw
 ``sample`` enters ``pm.sample`` with its own step; after 300 tuning steps both took
 as many). The ratios are each round's, their median over rounds.
 To compare with an earlier checkout (one parallel call per length there), run this
-script of this checkout in both: ``benchmarks/compare_revisions.py --only pymc_movie
+script of this checkout in both: ``benchmarks/compare_revisions.py --only pymc_parts
 --scripts .``.
 
     python benchmarks/pymc_parts.py [--models hierarchical logistic] [--rows 10000 100000]

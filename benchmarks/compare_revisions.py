@@ -127,6 +127,8 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "movie_pm_sample_sampling_s": _movie("pm_sample_sampling_s"),
         "movie_n2_sample_leapfrog_steps": _movie("ours_sample_leapfrog_steps"),
         "movie_pm_sample_leapfrog_steps": _movie("pm_sample_leapfrog_steps"),
+        "movie_n2_over_pm_sample_per_leapfrog_step":
+            lambda d: d["movie"]["ours_over_pm_sample_per_leapfrog_step"],
     }),
 }
 

@@ -35,9 +35,10 @@ order flipped every round: PyMC's own function and ``synkhronos.pymc``'s at ``--
 ``synk.profile()``), then ``pm.sample`` and ``synkhronos.pymc.sample(divide=True,
 processes_per_chain=n)`` with one chain of ``--draws`` draws after as many tuning steps
 (wall seconds, compile included, PyMC's own sampling-loop seconds, and the leapfrog
-steps of the draws, each one evaluation: the same seed, though not the same draws, as
-``sample`` enters ``pm.sample`` with its own step; after 300 tuning steps both took
-as many). The ratios are each round's, their median over rounds.
+steps of tuning and draws, each one evaluation: the same seed, though not the same
+trajectory, as ``sample`` enters ``pm.sample`` with its own step and its sums round
+differently; so also the sampling loop's seconds per leapfrog step). The ratios are
+each round's, their median over rounds.
 To compare with an earlier checkout (one parallel call per length there), run this
 script of this checkout in both: ``benchmarks/compare_revisions.py --only pymc_parts
 --scripts .``.
@@ -219,7 +220,8 @@ def movie(rows: int, seed: int = 0, movies: int = 200):
     split = []
     with pm.Model(coords={"movie": range(movies)}) as model:
         spread = pm.HalfNormal("spread", 1)
-        effect = pm.Normal("quality", 0, 1, dims="movie")
+        # centred: hundreds of ratings a movie pin each quality down
+        effect = pm.Normal("quality", 0, spread, dims="movie")
         beta = pm.Normal("beta", 0, 1, shape=2)
         for k, share in enumerate(MOVIE_SHARES):
             length = max(1, round(rows * share))
@@ -231,7 +233,7 @@ def movie(rows: int, seed: int = 0, movies: int = 200):
             x_k = pm.Data(f"x_{k}", x)
             mean = pm.Normal(f"mean_{k}", 3, 2)
             sigma = pm.HalfNormal(f"sigma_{k}", 1)
-            pm.Normal(f"rating_{k}", mean + spread * effect[movie_k] + x_k @ beta, sigma,
+            pm.Normal(f"rating_{k}", mean + effect[movie_k] + x_k @ beta, sigma,
                       observed=truth + rng.normal(scale=scale, size=length))
             split += [f"rating_{k}", f"movie_{k}", f"x_{k}"]
     return model, split
@@ -277,7 +279,8 @@ def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
     import pymc as pm
 
     options = dict(draws=draws, tune=draws, chains=1, cores=1, random_seed=7,
-                   progressbar=False, compute_convergence_checks=False)
+                   progressbar=False, compute_convergence_checks=False,
+                   discard_tuned_samples=False)  # (the tuning steps' leapfrog steps)
     start = time.perf_counter()
     if which == "pymc":
         idata = pm.sample(model=model, **options)
@@ -286,7 +289,8 @@ def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
                                  processes_per_chain=n, **options)
     wall = time.perf_counter() - start
     return {"wall_s": wall, "sampling_s": pymc_sampling.sampling_time(idata),
-            "leapfrog_steps": int(idata.sample_stats["n_steps"].sum()),
+            "leapfrog_steps": int(idata.sample_stats["n_steps"].sum()
+                                  + idata.warmup_sample_stats["n_steps"].sum()),
             "summary": pymc_sampling.posterior_summary(idata)}
 
 
@@ -335,6 +339,11 @@ def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int) -> dic
         "ours_over_pm_sample_wall": ratio("ours_sample_wall_s", "pm_sample_wall_s"),
         "ours_over_pm_sample_sampling": ratio("ours_sample_sampling_s",
                                               "pm_sample_sampling_s"),
+        "ours_over_pm_sample_per_leapfrog_step": round(statistics.median(
+            [(a / b) / (c / d) for a, b, c, d in zip(
+                series["ours_sample_sampling_s"], series["ours_sample_leapfrog_steps"],
+                series["pm_sample_sampling_s"], series["pm_sample_leapfrog_steps"],
+                strict=True)]), 3),
         "posterior_gap_mcse": gaps,
         "every_round": series,
         "load_per_round": loads,

@@ -33,15 +33,15 @@ predictors and its own noise, all divided (``split`` names them). Per round, in 
 order flipped every round: PyMC's own function and ``synkhronos.pymc``'s at ``--n``
 (seconds per evaluation, and the commands one evaluation sends, counted by
 ``synk.profile()``), then ``pm.sample`` and ``synkhronos.pymc.sample(divide=True,
-processes_per_chain=n)`` with one chain of ``--draws`` draws after as many tuning steps
-(wall seconds, compile included, PyMC's own sampling-loop seconds, and the leapfrog
-steps of tuning and draws, each one evaluation: the same seed, though not the same
-trajectory, as ``sample`` enters ``pm.sample`` with its own step and its sums round
-differently; so also the sampling loop's seconds per leapfrog step). The ratios are
-each round's, their median over rounds.
-To compare with an earlier checkout (one parallel call per length there), run this
-script of this checkout in both: ``benchmarks/compare_revisions.py --only pymc_parts
---scripts .``.
+processes_per_chain=n)``, both with PyMC's NUTS (``nuts_sampler="pymc"``: PyMC 6's
+``pm.sample`` otherwise takes nutpie where it is installed), one chain of ``--draws``
+draws after as many tuning steps: wall seconds (compile included), PyMC's own
+sampling-loop seconds, and the leapfrog steps of tuning and draws, each one
+evaluation (the same seed, so the same steps up to rounding; the sampling loop's
+seconds per leapfrog step besides, in case rounding takes the chains apart). The
+ratios are each round's, their median over rounds. To compare with an earlier
+checkout (one parallel call per length there), run this script of this checkout in
+both: ``benchmarks/compare_revisions.py --only pymc_parts --scripts .``.
 
     python benchmarks/pymc_parts.py [--models hierarchical logistic] [--rows 10000 100000]
     python benchmarks/pymc_parts.py --movie [--movie-rows 100000] [--rounds 2]
@@ -278,8 +278,9 @@ def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
     sampling-loop seconds, and the posterior's summary."""
     import pymc as pm
 
+    # PyMC's NUTS in both: PyMC 6's pm.sample takes nutpie where it is installed
     options = dict(draws=draws, tune=draws, chains=1, cores=1, random_seed=7,
-                   progressbar=False, compute_convergence_checks=False,
+                   nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
                    discard_tuned_samples=False)  # (the tuning steps' leapfrog steps)
     start = time.perf_counter()
     if which == "pymc":

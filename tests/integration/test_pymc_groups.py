@@ -141,8 +141,8 @@ def test_rows_balanced_unevenly_over_every_length(built, monkeypatch):
     monkeypatch.setattr(part, "balancer", balancer)
     with synk.profile() as profile:
         _assert_equal_pymc(built, fn, points=2, seed=6)
-    # still one command an evaluation: a step of one call (its shares and timings)
-    assert [record.kind for record in profile.records] == ["step", "call"] * 2
+    # still one command an evaluation (one call, with its shares and timings)
+    assert [record.kind for record in profile.records] == ["call"] * 2
     assert balancer.in_use is not None and len(seen) == 2
     positions = [timing[0] for timing in seen[-1]]
     assert sum(positions) == max(LENGTHS) and positions[-1] < 0.6 * min(positions[:-1])

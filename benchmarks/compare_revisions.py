@@ -32,6 +32,11 @@ The figures:
   10^4 rows, PyMC's own function at one BLAS thread over ``synkhronos.pymc``'s at n=2
   (above 1: synkhronos is faster). Needs PyMC: run the script with a Python that has
   it (``--only pymc_sampling``).
+- ``pymc_parts``: six likelihoods of six lengths over 10^5 rows (its ``--movie``): one
+  evaluation at n=2 and PyMC's, the commands an evaluation sends, and one chain of
+  300 + 300 draws by ``synkhronos.pymc.sample(divide=True)`` and by ``pm.sample``
+  (wall and sampling-loop seconds, leapfrog steps). Needs PyMC, and ``--scripts`` of
+  a checkout whose ``pymc_parts.py`` has ``--movie``.
 
 The JSON report also records the machine's load average before and after.
 """
@@ -67,6 +72,12 @@ def _series_at(d: dict, series: str, nbytes: int) -> float:
 def _pymc_speedup(d: dict) -> float:
     one = d["models"]["hierarchical"]["evaluations"]["10000"]
     return one["pymc_1_thread_s"] / one["synkhronos_s"]["2"]
+
+
+def _movie(key: str, scale: float = 1.0):
+    def read(d: dict) -> float:
+        return round(d["movie"]["median"][key] * scale, 3)
+    return read
 
 
 def _headline(key: str):
@@ -106,6 +117,19 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
                        "--sizes", "2", "--rounds", "3"], {
         "pymc_hierarchical_1e4_n2_over_pymc": _pymc_speedup,
     }),
+    "pymc_parts": (["--movie", "--rounds", "1", "--calls", "300"], {
+        "movie_n2_evaluation_us": _movie("ours_s", 1e6),
+        "movie_pymc_evaluation_us": _movie("pymc_s", 1e6),
+        "movie_n2_commands_per_evaluation": _movie("commands_per_evaluation"),
+        "movie_n2_sample_wall_s": _movie("ours_sample_wall_s"),
+        "movie_pm_sample_wall_s": _movie("pm_sample_wall_s"),
+        "movie_n2_sample_sampling_s": _movie("ours_sample_sampling_s"),
+        "movie_pm_sample_sampling_s": _movie("pm_sample_sampling_s"),
+        "movie_n2_sample_leapfrog_steps": _movie("ours_sample_leapfrog_steps"),
+        "movie_pm_sample_leapfrog_steps": _movie("pm_sample_leapfrog_steps"),
+        "movie_n2_over_pm_sample_per_leapfrog_step":
+            lambda d: d["movie"]["ours_over_pm_sample_per_leapfrog_step"],
+    }),
 }
 
 
@@ -131,7 +155,7 @@ def main() -> None:
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default=",".join(
-        name for name in BENCHMARKS if name != "pymc_sampling"))
+        name for name in BENCHMARKS if not name.startswith("pymc")))
     parser.add_argument("--scripts", type=Path, default=None,
                         help="run this checkout's benchmark scripts in both")
     args = parser.parse_args()

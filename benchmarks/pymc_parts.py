@@ -26,7 +26,25 @@ splits one evaluation into the parts that add up to it, so that the gap has name
 All series are interleaved over ``--rounds`` rounds (one block of ``--calls`` calls each),
 one BLAS thread everywhere; the JSON has every round's figure and the median over rounds.
 
+``--movie``: instead, a model in the shape of the PyMC gallery's movie ratings (issue
+45): parameters shared by six observed variables of six lengths (about 51%, 25%, 13%,
+7%, 3% and 0.5% of ``--movie-rows``, default 10^5 rows), each with its own ``pm.Data``
+predictors and its own noise, all divided (``split`` names them). Per round, in an
+order flipped every round: PyMC's own function and ``synkhronos.pymc``'s at ``--n``
+(seconds per evaluation, and the commands one evaluation sends, counted by
+``synk.profile()``), then ``pm.sample`` and ``synkhronos.pymc.sample(divide=True,
+processes_per_chain=n)``, both with PyMC's NUTS (``nuts_sampler="pymc"``: PyMC 6's
+``pm.sample`` otherwise takes nutpie where it is installed), one chain of ``--draws``
+draws after as many tuning steps: wall seconds (compile included), PyMC's own
+sampling-loop seconds, and the leapfrog steps of tuning and draws, each one
+evaluation (the same seed, so the same steps up to rounding; the sampling loop's
+seconds per leapfrog step besides, in case rounding takes the chains apart). The
+ratios are each round's, their median over rounds. To compare with an earlier
+checkout (one parallel call per length there), run this script of this checkout in
+both: ``benchmarks/compare_revisions.py --only pymc_parts --scripts .``.
+
     python benchmarks/pymc_parts.py [--models hierarchical logistic] [--rows 10000 100000]
+    python benchmarks/pymc_parts.py --movie [--movie-rows 100000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -60,15 +78,15 @@ def likelihood_op(vgf):
 
 class OpTimer:
     """Seconds spent in the Op's call through the session, summed over calls: a timer
-    around that one Op's method (the compiled graph holds its bound ``perform``, which
-    calls this method at n > 1), on the instance, removed on exit."""
+    around its part's ``evaluate`` (which the Op calls at n > 1), on the instance,
+    removed on exit."""
 
     def __init__(self, op) -> None:
-        self.op = op
+        self.part = op.part
         self.spent = 0.0
 
     def __enter__(self) -> OpTimer:
-        inner = self.op._evaluate_commands
+        inner = self.part.evaluate
 
         def timed(theta):
             start = time.perf_counter()
@@ -77,11 +95,11 @@ class OpTimer:
             finally:
                 self.spent += time.perf_counter() - start
 
-        self.op._evaluate_commands = timed
+        self.part.evaluate = timed
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.op._evaluate_commands
+        del self.part.evaluate
 
 
 def block(fn, points: list[np.ndarray], calls: int) -> float:
@@ -186,6 +204,153 @@ def measure(make, rows: int, n: int, rounds: int, calls: int) -> dict:
     return record
 
 
+# -- several likelihoods of different lengths (--movie) ---------------------------------------
+MOVIE_SHARES = (0.51, 0.25, 0.13, 0.07, 0.035, 0.005)  # of the rows, one per likelihood
+
+
+def movie(rows: int, seed: int = 0, movies: int = 200):
+    """Ratings of ``movies`` movies from six sources of different sizes: a movie's
+    quality and two predictors' slopes shared by all, each source with its own mean
+    and noise. Returns the model and the ``split`` that divides every source."""
+    import pymc as pm
+
+    rng = np.random.default_rng(seed)
+    quality = rng.normal(0, 0.7, size=movies)
+    slopes = np.array([0.4, -0.25])
+    split = []
+    with pm.Model(coords={"movie": range(movies)}) as model:
+        spread = pm.HalfNormal("spread", 1)
+        # centred: hundreds of ratings a movie pin each quality down
+        effect = pm.Normal("quality", 0, spread, dims="movie")
+        beta = pm.Normal("beta", 0, 1, shape=2)
+        for k, share in enumerate(MOVIE_SHARES):
+            length = max(1, round(rows * share))
+            which = rng.integers(movies, size=length)
+            x = rng.normal(size=(length, 2))
+            truth = 3.0 + 0.2 * k + quality[which] + x @ slopes
+            scale = 0.5 + 0.1 * k
+            movie_k = pm.Data(f"movie_{k}", which)
+            x_k = pm.Data(f"x_{k}", x)
+            mean = pm.Normal(f"mean_{k}", 3, 2)
+            sigma = pm.HalfNormal(f"sigma_{k}", 1)
+            pm.Normal(f"rating_{k}", mean + effect[movie_k] + x_k @ beta, sigma,
+                      observed=truth + rng.normal(scale=scale, size=length))
+            split += [f"rating_{k}", f"movie_{k}", f"x_{k}"]
+    return model, split
+
+
+def movie_evaluations(model, split, points: list[np.ndarray], n: int,
+                      calls: int) -> dict:
+    """``synkhronos.pymc``'s function at ``n`` in a session of its own: seconds per
+    evaluation, and the commands one evaluation sends."""
+    synk.fork(n)
+    try:
+        ours = synk_pymc.logp_dlogp_function(model, split=split)
+        ours.set_extra_values({})
+        seconds = pymc_sampling.per_call(ours, points, calls)
+        with synk.profile() as profile:
+            commands = CommandCounter(profile)
+            block(ours, points, 20)
+        return {"ours_s": seconds, "commands_per_evaluation": commands.count / 20}
+    finally:
+        synk.close()
+
+
+class CommandCounter:
+    """The commands the session runs while ``profile`` is its instrument (a call, or
+    several calls in one command when the rows are balanced: ``synk.steps``), counted
+    around the instrument's ``command``, which the session calls once a command."""
+
+    def __init__(self, profile) -> None:
+        self.count = 0
+        inner = profile.command
+
+        def counted(*args):
+            self.count += 1
+            return inner(*args)
+
+        profile.command = counted
+
+
+def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
+    """One chain of ``pm.sample`` (``which`` "pymc") or of ``synkhronos.pymc.sample``
+    divided over ``n`` processes: wall seconds (compile included), PyMC's own
+    sampling-loop seconds, and the posterior's summary."""
+    import pymc as pm
+
+    # PyMC's NUTS in both: PyMC 6's pm.sample takes nutpie where it is installed
+    options = dict(draws=draws, tune=draws, chains=1, cores=1, random_seed=7,
+                   nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
+                   discard_tuned_samples=False)  # (the tuning steps' leapfrog steps)
+    start = time.perf_counter()
+    if which == "pymc":
+        idata = pm.sample(model=model, **options)
+    else:
+        idata = synk_pymc.sample(model=model, split=split, divide=True,
+                                 processes_per_chain=n, **options)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "sampling_s": pymc_sampling.sampling_time(idata),
+            "leapfrog_steps": int(idata.sample_stats["n_steps"].sum()
+                                  + idata.warmup_sample_stats["n_steps"].sum()),
+            "summary": pymc_sampling.posterior_summary(idata)}
+
+
+def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int) -> dict:
+    """The ``--movie`` figures (see the module docstring)."""
+    model, split = movie(rows)
+    points = pymc_sampling.points_for(model)
+    plain = pymc_function(model)
+    series: dict[str, list[float]] = {
+        name: [] for name in ("pymc_s", "ours_s", "commands_per_evaluation",
+                              "pm_sample_wall_s", "ours_sample_wall_s",
+                              "pm_sample_sampling_s", "ours_sample_sampling_s",
+                              "pm_sample_leapfrog_steps", "ours_sample_leapfrog_steps")}
+    gaps, loads = [], []
+    for r in range(rounds):
+        loads.append(pymc_sampling.load())
+        steps = ["pymc", "ours", "pm_sample", "ours_sample"]
+        for step in steps if r % 2 == 0 else steps[::-1]:
+            if step == "pymc":
+                series["pymc_s"].append(pymc_sampling.per_call(plain, points, calls))
+            elif step == "ours":
+                for name, value in movie_evaluations(model, split, points, n, calls).items():
+                    series[name].append(value)
+            else:
+                got = movie_sampling(model, split, n, draws,
+                                     "pymc" if step == "pm_sample" else "ours")
+                series[f"{step}_wall_s"].append(got["wall_s"])
+                series[f"{step}_sampling_s"].append(got["sampling_s"])
+                series[f"{step}_leapfrog_steps"].append(got["leapfrog_steps"])
+                if step == "pm_sample":
+                    want = got["summary"]
+                else:
+                    mine = got["summary"]
+        gaps.append(pymc_sampling.summary_gap(mine, want))
+
+    def ratio(top: str, bottom: str) -> float:
+        return round(statistics.median(
+            [a / b for a, b in zip(series[top], series[bottom], strict=True)]), 3)
+
+    return {
+        "rows": [max(1, round(rows * share)) for share in MOVIE_SHARES], "n": n,
+        "draws": draws, "tune": draws, "chains": 1, "calls": calls,
+        "median": {name: round(statistics.median(values), 6)
+                   for name, values in series.items()},
+        "pymc_over_ours_evaluation": ratio("pymc_s", "ours_s"),
+        "ours_over_pm_sample_wall": ratio("ours_sample_wall_s", "pm_sample_wall_s"),
+        "ours_over_pm_sample_sampling": ratio("ours_sample_sampling_s",
+                                              "pm_sample_sampling_s"),
+        "ours_over_pm_sample_per_leapfrog_step": round(statistics.median(
+            [(a / b) / (c / d) for a, b, c, d in zip(
+                series["ours_sample_sampling_s"], series["ours_sample_leapfrog_steps"],
+                series["pm_sample_sampling_s"], series["pm_sample_leapfrog_steps"],
+                strict=True)]), 3),
+        "posterior_gap_mcse": gaps,
+        "every_round": series,
+        "load_per_round": loads,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["hierarchical", "logistic"],
@@ -194,11 +359,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--movie", action="store_true",
+                        help="six likelihoods of six lengths, evaluations and sampling")
+    parser.add_argument("--movie-rows", type=int, default=100_000)
+    parser.add_argument("--draws", type=int, default=300,
+                        help="--movie: draws, and as many tuning steps")
     args = parser.parse_args()
     report: dict = {"benchmark": "pymc_parts", "machine": pymc_sampling.machine(),
                     "rounds": args.rounds, "calls": args.calls, "models": {}}
     with threadpool_limits(limits=1):
-        for name in args.models:
+        if args.movie:
+            report["movie"] = measure_movie(args.movie_rows, args.n, args.rounds,
+                                            args.calls, args.draws)
+        for name in [] if args.movie else args.models:
             report["models"][name] = [
                 measure(pymc_sampling.MODELS[name], rows, args.n, args.rounds, args.calls)
                 for rows in args.rows]

@@ -14,6 +14,8 @@ One evaluation of the log-density, as NUTS asks for it at every leapfrog step::
            +-> RowSum.evaluate(theta)                one call per evaluation: PyTensor
                  -> synk Function(rows, theta)       merges the Op's value and gradient
                       every process: its rows' log-likelihood and gradient, op "sum"
+                      (its share of every observed variable's rows, whatever their
+                      lengths: one function, one command)
                  <- (log-likelihood, flat gradient)
       <- (logp, dlogp)
 

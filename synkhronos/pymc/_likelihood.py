@@ -7,18 +7,22 @@ is ``_rowsum``'s). Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is
 2. rebuild each divided observed variable on row inputs (data replaced, size resized
    with ``change_dist_size``) and take ``pm.logp`` of it; free variables become the
    model's value variables;
-3. compile that log-likelihood and its gradient as a ``synk.function`` in PyMC's mode
-   (parameter checks give ``-inf``, as in PyMC), copy the rows into ``synk.data``, and
-   choose the slices: each process runs its rows in blocks of about ``grainsize`` rows
-   (``num_slices``), small enough that a block's data and temporaries stay in the
-   core's cache between the log-likelihood and its gradient (Stan's ``grainsize``; by
-   default only when a process's rows outgrow the shared cache);
+3. join every group's log-likelihood (one group a length of rows, ``_split``) in one
+   graph (``_join``: several lengths are each divided on their own rows, through one
+   scattered input of positions), compile it and its gradient as ONE ``synk.function``
+   in PyMC's mode (parameter checks give ``-inf``, as in PyMC), copy the rows into
+   ``synk.data``, and choose the slices: each process runs its rows in blocks of about
+   ``grainsize`` rows (``num_slices``), small enough that a block's data and
+   temporaries stay in the core's cache between the log-likelihood and its gradient
+   (Stan's ``grainsize``; by default only when a process's rows outgrow the shared
+   cache);
 4. check once, at a jittered point, that the sum over processes equals the same graph
    on the whole data: a term that mixes rows (a mean over the data inside the model)
    is refused instead of sampled wrongly;
-5. wrap each group's function in a ``Part`` of one Op (``_rowsum.RowSum``) whose
-   gradient is the reduced gradient, over the value variables in one flat vector
-   (``Values``), and hand PyMC its own ``ValueGradFunction`` of log-prior + Op.
+5. wrap that function in the ``Part`` of one Op (``_rowsum.RowSum``) whose gradient is
+   the reduced gradient, over the value variables in one flat vector (``Values``), and
+   hand PyMC its own ``ValueGradFunction`` of log-prior + Op: one evaluation is one
+   parallel call, whatever the number of groups.
 
 Its interface, besides ``logp_dlogp_function``: ``build_logp_dlogp`` (steps 1-5, for
 ``sample`` and ``find_MAP``, which also need the Op), ``check_grainsize``,
@@ -74,8 +78,8 @@ def row_terms(pm, model, group: _Group):
     potential's value), in terms of stand-ins for the free variables.
 
     Returns ``(terms, rows, stand_ins)``: the graphs (observed variables first, in
-    order), the row input of each divided data variable, and the stand-in of each free
-    variable.
+    order), the row input of each divided data variable they read, and the stand-in of
+    each free variable.
     """
     rows = {var: pt.tensor(dtype=var.dtype, shape=(None, *var.type.shape[1:]),
                            name=f"{name}_rows")
@@ -111,7 +115,11 @@ def row_terms(pm, model, group: _Group):
         terms.append(pm.logp(row_rv, row_value))
     for potential in group.potentials:
         terms.append(clone_replace(potential, {**stand_ins, **rows}, rebuild_strict=False))
-    return terms, rows, stand_ins
+    # A constant of the rows' length that the rebuilt graphs no longer read (the size
+    # ``[1]`` of an observed variable of one row, now the row value's shape) is no row
+    # input: a function refuses an input it does not use.
+    read = set(ancestors(terms))
+    return terms, {var: row for var, row in rows.items() if row in read}, stand_ins
 
 
 def _row_likelihood(pm, model, group: _Group):
@@ -150,32 +158,76 @@ def check_grainsize(grainsize) -> int | None:
     return int(grainsize)
 
 
-def _num_slices(row_data: list[Data], rows: int, n: int, grainsize: int | None) -> int:
-    """Slices per process: its rows (the most any process has) in blocks of
-    ``grainsize`` rows; by default one block up to ``_SLICE_FROM_BYTES`` of row data a
-    process, else blocks of about ``_GRAIN_BYTES``."""
-    return _slices_of(sum(d.data[:1].nbytes for d in row_data), rows, n, grainsize)
+def _join(plan, built: list) -> tuple[Any, list, list, list[tuple[Any, str]]]:
+    """Step 3's one graph: every group's log-likelihood (``built``: each group's graph
+    and row inputs), summed, so that one call of one function evaluates them all.
+
+    One group: its row inputs are the function's scattered inputs. Several: each is
+    divided on its own length, but a call scatters inputs of one length; so the
+    scattered input is ``positions`` (0 to P - 1, P the longest group's rows), every
+    group's rows are broadcast whole (``synk.data`` in shared memory, which every
+    process maps: no copy), and the graph takes from each group the rows that a block
+    of positions stands for: positions ``[a, b)`` are rows ``[a L // P, b L // P)`` of
+    a group of L rows. Any block of positions (a process's even share, its share
+    balanced by measured speed, a slice of either) is then the same fraction of every
+    group's rows, and blocks that cover the positions once cover every group's rows
+    once: a group with fewer rows than processes leaves some processes none of its
+    rows.
+
+    Returns ``(loglik, scattered, whole, arrays)``: the graph, its scattered and its
+    whole row inputs, and the array of each (with its label), in call order.
+    """
+    if len(plan.groups) == 1:
+        (group,), ((loglik, rows),) = plan.groups, built
+        return loglik, list(rows.values()), [], [(_data_value(var), group.roots[var])
+                                                 for var in rows]
+    longest = max(group.rows for group in plan.groups)
+    positions = pt.vector(dtype="int64", shape=(None,), name="positions")
+    start, stop = positions[0], positions[-1] + 1
+    terms, whole = [], []
+    arrays: list[tuple[Any, str]] = [(np.arange(longest, dtype="int64"), "positions")]
+    for group, (loglik, rows) in zip(plan.groups, built, strict=True):
+        if group.rows == longest:
+            first, last = start, stop
+        else:
+            first, last = start * group.rows // longest, stop * group.rows // longest
+        mine = {}
+        for var, row in rows.items():
+            whole.append(row.type(name=row.name))
+            mine[row] = whole[-1][first:last]
+            arrays.append((_data_value(var), group.roots[var]))
+        terms.append(graph_replace(loglik, mine))
+    return pt.add(*terms), [positions], whole, arrays
 
 
-def _slices_of(row_bytes: int, rows: int, n: int, grainsize: int | None) -> int:
-    """``_num_slices`` for rows of ``row_bytes`` bytes each."""
-    per_process = -(-rows // n)
+def _lengths(plan) -> list[tuple[int, int]]:
+    """Each group's rows and the bytes of data a row holds."""
+    return [(group.rows, sum(np.asarray(_data_value(var))[:1].nbytes for var in group.roots))
+            for group in plan.groups]
+
+
+def _num_slices(lengths: list[tuple[int, int]], n: int, grainsize: int | None) -> int:
+    """Slices per process, for groups of ``(rows, bytes a row)`` run in one call: its
+    positions (the longest group's rows, the others' in proportion: ``_join``; one
+    group: its rows), the most any process has, in blocks of ``grainsize``; by default
+    one block up to ``_SLICE_FROM_BYTES`` of row data a process, else blocks of about
+    ``_GRAIN_BYTES`` (every group's rows count: one call computes them all before its
+    gradient)."""
+    longest = max([1, *(rows for rows, _ in lengths)])
+    per_process = -(-longest // n)
     if grainsize is None:
-        row_bytes = row_bytes or 1
-        if per_process * row_bytes <= _SLICE_FROM_BYTES:
+        # the bytes of all groups' rows that one position stands for
+        per_position = -(-sum(rows * row_bytes for rows, row_bytes in lengths) // longest)
+        per_position = per_position or 1
+        if per_process * per_position <= _SLICE_FROM_BYTES:
             return 1
-        grainsize = max(1, _GRAIN_BYTES // row_bytes)
+        grainsize = max(1, _GRAIN_BYTES // per_position)
     return max(1, -(-per_process // grainsize))
 
 
 def _one_block(plan, grainsize: int | None, n: int = 1) -> bool:
-    """Whether each of ``n`` processes runs every group's rows in one block (nothing
-    to slice)."""
-    for group in plan.groups:
-        row_bytes = sum(np.asarray(_data_value(var))[:1].nbytes for var in group.roots)
-        if _slices_of(row_bytes, group.rows, n, grainsize) != 1:
-            return False
-    return True
+    """Whether each of ``n`` processes runs its rows in one block (nothing to slice)."""
+    return _num_slices(_lengths(plan), n, grainsize) == 1
 
 
 def discrete_names(model) -> list[str]:
@@ -190,29 +242,29 @@ def sliced(model, split, grainsize: int | None, n: int) -> bool:
 
 
 # -- 4. the one-time check -----------------------------------------------------------------
-def _check_rows(fn: Function, row_data: list[Data], values: Values, entries: np.ndarray,
-                model, group: _Group, n: int, slices: int) -> None:
+def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
+                groups: list[_Group], n: int, slices: int) -> None:
     """Step 4: the sum over processes must equal the same graph on the whole data.
 
     Compared at jittered points, where a term that mixes rows (a mean or a lag over the
     data inside the model) shows. The whole-data value is the master's own compiled
-    function (``as_pytensor``): no extra compile. ``entries``: those of the flat values
-    that ``fn`` reads.
+    function (``as_pytensor``): no extra compile.
     """
-    moved = [rv for rv in group.observed if group.graphs.get(rv, rv) is not rv]
+    moved = [rv for group in groups for rv in group.observed
+             if group.graphs.get(rv, rv) is not rv]
     if n == 1 and slices == 1 and not moved:
         return
     # Where rows were selected by a mask, the graph was rewritten (``_move_masks``):
-    # its whole-data value must also equal PyMC's own log-probability of the group.
-    pymc_logp = (model.compile_logp(vars=[*group.observed, *group.potentials], jacobian=False,
-                                    sum=True) if moved else None)
+    # its whole-data value must also equal PyMC's own log-probability of the groups.
+    terms = [term for group in groups for term in [*group.observed, *group.potentials]]
+    pymc_logp = (model.compile_logp(vars=terms, jacobian=False, sum=True) if moved else None)
     rng = np.random.default_rng(0)
     start = model.initial_point()
     for _ in range(3):
         jittered = {name: np.asarray(value + rng.uniform(-1, 1, size=np.shape(value)),
                                      dtype=np.asarray(value).dtype)
                     for name, value in start.items()}
-        point = values.flat(jittered)[entries]
+        point = values.flat(jittered)
         whole_loglik, whole_grad = unpack(fn.as_pytensor(*[d.data for d in row_data], point))
         if not (np.isfinite(whole_loglik) and np.all(np.isfinite(whole_grad))):
             continue  # out of support there: another point
@@ -227,16 +279,18 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, entries: np.
         try:
             loglik, grad = unpack(fn(*row_data, point, num_slices=slices))
         except WorkerError as exc:
+            divided = sorted(label for group in groups for label in group.roots.values())
             raise ValueError(
                 "the observed variables' log-likelihood fails on one process's rows: a data "
                 "variable that it reads by rows is not divided; name every such pm.Data "
-                f"container in split (divided now: {sorted(group.roots.values())})"
+                f"container in split (divided now: {divided})"
             ) from exc
         scale = np.linalg.norm(whole_grad) + 1.0
         if (abs(loglik - whole_loglik) > _CHECK_RTOL * (abs(whole_loglik) + 1.0)
                 or np.linalg.norm(grad - whole_grad) > _CHECK_RTOL * scale):
+            names = [name for group in groups for name in group.names]
             raise ValueError(
-                f"the log-likelihood of {group.names} is not a sum over the divided rows: "
+                f"the log-likelihood of {names} is not a sum over the divided rows: "
                 f"on {n} processes "
                 f"({slices} slices each) it is {float(loglik)!r}, on the whole data "
                 f"{float(whole_loglik)!r}. A term "
@@ -247,48 +301,51 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, entries: np.
     log.info("synkhronos.pymc: no finite point found to check the row split; not checked")
 
 
-# -- 3-5. the parts and the Op, in PyMC's function -------------------------------------------
-def _build_part(model, group: _Group, loglik, rows: dict, values: Values, size: int,
+# -- 3-5. the part and the Op, in PyMC's function --------------------------------------------
+def _build_part(model, plan, joined: tuple, values: Values, size: int,
                 grainsize: int | None, mode: Any = None) -> Part:
-    """Steps 3-4 for one group's row graph: its function, rows in shared memory, slices
-    and check.
+    """Steps 3-4 for the joined row graph (``_join``): its function, rows in shared
+    memory, slices and check.
 
-    The function takes the values it reads as one flat vector (``theta``: the Op's
-    input, or the entries of it that this group reads), one array to stage and send a
-    call rather than one a value variable. In its graph each value is a view of
-    ``theta``, and the gradient is taken with respect to those views: the compiled
-    likelihood is the one on separate inputs.
+    The function takes the values as one flat vector (``theta``: the Op's input), one
+    array to stage and send a call rather than one a value variable. In its graph each
+    value is a view of ``theta``, and the gradient is taken with respect to those
+    views: the compiled likelihood is the one on separate inputs.
     """
-    used = set(ancestors([loglik]))
-    positions = [i for i, v in enumerate(values.vars) if v in used]
-    mine = [values.vars[i] for i in positions]
-    entries = np.concatenate([np.arange(values.offsets[i], values.offsets[i + 1])
-                              for i in positions])
-    theta = pt.vector(dtype=values.dtype, shape=(len(entries),), name="theta")
-    pieces, begin = [], 0
-    for i, var in zip(positions, mine, strict=True):
-        end = begin + values.offsets[i + 1] - values.offsets[i]
-        piece = theta[begin:end].reshape(values.shapes[i])
+    loglik, scattered, whole, arrays = joined
+    theta = pt.vector(dtype=values.dtype, shape=(values.offsets[-1],), name="theta")
+    pieces = []
+    for i, var in enumerate(values.vars):
+        piece = theta[values.offsets[i]:values.offsets[i + 1]].reshape(values.shapes[i])
         pieces.append(piece if piece.dtype == var.dtype else pt.cast(piece, var.dtype))
-        begin = end
-    loglik = graph_replace(loglik, dict(zip(mine, pieces, strict=True)))
+    loglik = graph_replace(loglik, dict(zip(values.vars, pieces, strict=True)))
     grads: Any = pytensor.grad(loglik, pieces)
     # One output, the log-likelihood then the flat gradient: one reduction and one
     # array to send a call, not two (``unpack`` takes it apart)
     both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
-    fn = function(inputs=list(rows.values()), bcast_inputs=[theta], outputs=(both, "sum"),
+    fn = function(inputs=scattered, bcast_inputs=[*whole, theta], outputs=(both, "sum"),
                   mode=compat.pymc_mode(model, mode), name="pymc_loglik")
     distribute()
-    row_data = [data(_data_value(var), name=group.roots[var]) for var in rows]
-    slices = _num_slices(row_data, group.rows, size, grainsize)
-    _check_rows(fn, row_data, values, entries, model, group, size, slices)
-    log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices each",
-             group.rows, ", ".join(sorted(group.roots.values())), size, slices)
-    part = Part.of(fn, row_data, slices, entries, both.dtype, in_place=size == 1)
-    if size > 1:
-        part.balance(values.flat(model.initial_point())[entries], size)
+    row_data: list[Data] = []
+    try:  # (the rows' shared memory is freed at once if anything here fails)
+        for array, label in arrays:
+            row_data.append(data(array, name=label))
+        slices = _num_slices(_lengths(plan), size, grainsize)
+        _check_rows(fn, row_data, values, model, plan.groups, size, slices)
+        for group in plan.groups:  # (several: one call, a process's slices cut them all)
+            log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices "
+                     "each", group.rows, ", ".join(sorted(group.roots.values())), size,
+                     slices)
+        part = Part.of(fn, row_data, len(scattered), slices, both.dtype,
+                       tuple(group.rows for group in plan.groups), in_place=size == 1)
+        if size > 1:
+            part.balance(values.flat(model.initial_point()), size)
+    except BaseException:
+        for item in row_data:
+            item.free_memory()
+        raise
     return part
 
 
@@ -347,26 +404,21 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
 
-        def connect() -> list[Part]:
+        joined = _join(plan, built)
+
+        def connect() -> Part:
             size = open_session() if open_session is not None else n_parallel()
-            parts: list[Part] = []
-            try:
-                with model:
-                    for group, (loglik, rows) in zip(plan.groups, built, strict=True):
-                        parts.append(_build_part(model, group, loglik, rows, flat, size,
-                                                 grainsize, compile_kwargs.get("mode")))
-            except BaseException:
-                for part in parts:
-                    part.release()
-                raise
-            return parts
+            with model:
+                return _build_part(model, plan, joined, flat, size, grainsize,
+                                   compile_kwargs.get("mode"))
 
         sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
+        dtype = joined[0].dtype
         if open_session is None:
-            op = RowSum(connect(), sources, flat, built[0][0].dtype)
+            op = RowSum(connect(), sources, flat, dtype)
         else:
-            op = RowSum(None, sources, flat, built[0][0].dtype, connect=connect)
+            op = RowSum(None, sources, flat, dtype, connect=connect)
         rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
         divided: Any = op(flat.joined())  # (log-likelihood, flat gradient)
         cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
@@ -398,7 +450,8 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
         a slice's data and temporaries stay in cache between the log-likelihood and its
         gradient. Default: one block while a process's rows hold at most 16 MiB,
         beyond that slices of about 1 MiB of row data. Pass a number at least the rows
-        per process for one block.
+        per process for one block. With observed variables of several lengths, rows of
+        the longest: every slice holds the same fraction of each one's rows.
 
     Returns
     -------
@@ -421,12 +474,13 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
 
     Notes
     -----
-    Collective: every process takes part in each evaluation. The rows are copied into
-    shared memory once; after ``pm.set_data`` build a new function. With one process
-    (``n_parallel=1``) and one block of rows (the default up to 16 MiB of rows) there is
-    nothing to divide: the function is PyMC's own, which follows ``pm.set_data`` as
-    in PyMC; with slices, the compiled likelihood is called in place, without a
-    command.
+    Collective: every process takes part in each evaluation, one parallel call an
+    evaluation whatever the number of divided observed variables and of their lengths.
+    The rows are copied into shared memory once; after ``pm.set_data`` build a new
+    function. With one process (``n_parallel=1``) and one block of rows (the default up
+    to 16 MiB of rows) there is nothing to divide: the function is PyMC's own, which
+    follows ``pm.set_data`` as in PyMC; with slices, the compiled likelihood is called
+    in place, without a command.
     """
     grainsize = check_grainsize(grainsize)
     pm = compat.import_pymc()

@@ -1,27 +1,29 @@
 """The Op PyMC's compiled function calls: the divided log-likelihood, evaluated.
 
 This module owns what happens at every evaluation (``_likelihood`` builds the pieces
-once: the row graphs, their ``synk.function``, the rows in shared memory, the check).
-One evaluation, as PyMC's graph asks for it::
+once: the row graph of every divided likelihood joined in one ``synk.function``, the
+rows in shared memory, the check). One evaluation, as PyMC's graph asks for it::
 
     RowSum.evaluate(theta)        theta: the value variables end to end (``Values``)
-      for each group of rows (a ``Part``): theta[part.entries] ->
-        part.evaluate(...)        the session's command path: every process runs its
-                                  rows in its slices, reduced with op "sum"; the call
-                                  replayed (``bound``), or, where an evaluation is long,
-                                  its rows balanced by measured speed (``balancer``)
-        or part.lean(...)         no workers (n_parallel 1): the master's compiled
+      part.evaluate(theta)        ONE parallel call, whatever the number of observed
+                                  variables and of their lengths: every process runs
+                                  its share of every group's rows in its slices, in
+                                  one compiled function, reduced once with op "sum";
+                                  the call replayed (``bound``), or, where an
+                                  evaluation is long, its rows balanced by measured
+                                  speed (``balancer``)
+      or part.lean(theta)         no workers (n_parallel 1): the master's compiled
                                   function on the rows in place, slice by slice
-        -> unpack: (log-likelihood, flat gradient), summed into the Op's outputs
+      -> unpack
     <- (log-likelihood, flat gradient)
 
 The gradient PyTensor asks of the Op (``pullback``) is that flat gradient, times the
 log-likelihood's cotangent: the same node, so one call computes both.
 
 Its interface, for ``_likelihood``: ``Values`` (the flat vector's layout), ``Part``
-(one group's compiled likelihood, made by ``Part.of``), ``unpack`` (a part's one output
-taken apart) and the Op, ``RowSum``. The function is reached through ``Function``'s
-in-package seams only (``bind``, ``direct_call``, ``session``).
+(the compiled likelihood over its rows, made by ``Part.of``), ``unpack`` (its one
+output taken apart) and the Op, ``RowSum``. The function is reached through
+``Function``'s in-package seams only (``bind``, ``direct_call``, ``session``).
 """
 
 from __future__ import annotations
@@ -82,16 +84,22 @@ class Values:
 
 @dataclasses.dataclass
 class Part:
-    """One group's compiled likelihood: ``fn(*row_data, theta)`` over its rows, in
-    ``slices`` blocks a process, gives the log-likelihood and its flat gradient in one
-    vector (``unpack``); ``entries`` are those of the flat values (the Op's input, and
-    its flat gradient) that ``theta`` holds."""
+    """The compiled likelihood of every divided group: ``fn(*row_data, theta)`` over
+    its rows, in ``slices`` blocks a process, gives the log-likelihood and its flat
+    gradient in one vector (``unpack``).
+
+    ``row_data``: its inputs' ``Data`` in call order, the first ``scattered`` of them
+    divided by rows, the others whole: one group's rows scattered, or, for several
+    lengths, the ``positions`` scattered and every group's rows whole, each process
+    taking its share of each (``_likelihood._join``). ``lengths``: each group's rows.
+    """
 
     fn: Function
     row_data: list[Data]
+    scattered: int
     slices: int
-    entries: np.ndarray
     dtype: str  # of its one output (the log-likelihood, then the flat gradient)
+    lengths: tuple[int, ...]
     # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
     # num_slices=slices)``, run again without its repeat's lookups once it repeats
     # (``Function.bind``)
@@ -100,19 +108,21 @@ class Part:
     # (``_Lean``); None where the session's command path runs it.
     lean: _Lean | None = None
     # With workers, where an evaluation is long enough (``balance``): the processes'
-    # shares of the rows, from their measured seconds (``steps.Balancer``).
+    # shares of the scattered rows (for several lengths, of the positions: the same
+    # share of every group's rows), from their measured seconds (``steps.Balancer``).
     balancer: steps.Balancer | None = None
     _calls: int = 0
 
     @classmethod
-    def of(cls, fn: Function, row_data: list[Data], slices: int, entries: np.ndarray,
-           dtype: str, in_place: bool) -> Part:
-        """The part of ``fn`` (its row inputs, then ``theta``; one output of ``dtype``)
-        over ``row_data`` in ``slices`` blocks a process; ``in_place``: the session has
-        no workers, so the compiled function is called in place where it can be."""
-        lean = _Lean.of(fn, row_data, slices) if in_place else None
-        return cls(fn, row_data, slices, entries, dtype, fn.bind(tuple(row_data), slices),
-                   lean)
+    def of(cls, fn: Function, row_data: list[Data], scattered: int, slices: int,
+           dtype: str, lengths: tuple[int, ...], in_place: bool) -> Part:
+        """The part of ``fn`` (its inputs, then ``theta``; one output of ``dtype``) over
+        ``row_data`` (the first ``scattered`` divided by rows) in ``slices`` blocks a
+        process; ``in_place``: the session has no workers, so the compiled function is
+        called in place where it can be."""
+        lean = _Lean.of(fn, row_data, scattered, slices) if in_place else None
+        return cls(fn, row_data, scattered, slices, dtype, lengths,
+                   fn.bind(tuple(row_data), slices), lean)
 
     def balance(self, theta: np.ndarray, size: int) -> None:
         """Balance its rows by measured speed where an evaluation at ``theta`` takes
@@ -126,8 +136,8 @@ class Part:
             self.balancer = steps.Balancer(size)
 
     def evaluate(self, theta: np.ndarray) -> np.ndarray:
-        """One parallel call at ``theta`` (its entries): the log-likelihood and flat
-        gradient of every process's rows, summed (``unpack``)."""
+        """One parallel call at ``theta``: the log-likelihood and flat gradient of every
+        process's rows, summed (``unpack``)."""
         balancer = self.balancer
         if balancer is None:
             return self.bound(theta)
@@ -177,11 +187,12 @@ class _Lean:
     runs its own (``_shard``).
     """
 
-    def __init__(self, fn: Function, row_data: list[Data], slices: int, call: Any,
-                 keeps_outputs: bool):
+    def __init__(self, fn: Function, row_data: list[Data], scattered: int, slices: int,
+                 call: Any, keeps_outputs: bool):
         self.call = call  # the compiled function on trusted inputs (``Function.direct_call``)
         self.row_data = row_data
-        self.type = fn.bcast_inputs[0].type  # the flat values' (``theta``)
+        self.scattered = scattered  # the first ones, sliced; the others whole
+        self.type = fn.bcast_inputs[-1].type  # the flat values' (``theta``, the last)
         self.dtype = np.dtype(self.type.dtype)
         self.shape = self.type.shape
         self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
@@ -190,19 +201,20 @@ class _Lean:
         self.fresh = not keeps_outputs
 
     @classmethod
-    def of(cls, fn: Function, row_data: list[Data], slices: int) -> _Lean | None:
+    def of(cls, fn: Function, row_data: list[Data], scattered: int,
+           slices: int) -> _Lean | None:
         """The lean call of ``fn``, or None where PyTensor must check every call's
         inputs itself (types it cannot trust, rows of another dtype than the input's) or
         its call does more than run the VM (``Function.direct_call``)."""
         if fn.sliceable_shareds:
             return None
         if any(item.dtype != var.type.dtype or item.ndim != var.ndim
-               for item, var in zip(row_data, fn.inputs, strict=True)):
+               for item, var in zip(row_data, [*fn.inputs, *fn.bcast_inputs[:-1]], strict=True)):
             return None
         in_place = fn.direct_call()
         if in_place is None:
             return None
-        return cls(fn, row_data, slices, *in_place)
+        return cls(fn, row_data, scattered, slices, *in_place)
 
     def run(self, arrays: list) -> np.ndarray:
         """One call of the compiled function on ``arrays`` (rows, then values)."""
@@ -220,11 +232,12 @@ class _Lean:
         rows = [item.data for item in self.row_data]
         if self.bounds is None:
             return self.run([*rows, theta])
+        sliced, whole = rows[:self.scattered], rows[self.scattered:]
         both: Any = None
         for start, stop in self.bounds:
             if stop == start:
                 continue
-            part = self.run([*[r[start:stop] for r in rows], theta])
+            part = self.run([*[r[start:stop] for r in sliced], *whole, theta])
             if both is None:
                 both = part
             else:
@@ -236,17 +249,17 @@ class RowSum(Op):
     """The divided observed log-likelihood and its gradient.
 
     The value variables, flat in one vector (``Values``) -> (log-likelihood, flat
-    gradient), summed over the processes: one parallel call for each group of rows
-    (one, unless two datasets of different lengths are divided). One vector in: on
+    gradient), summed over the processes: one parallel call an evaluation, whatever
+    the number of observed variables and of their lengths (``Part``). One vector in: on
     Numba, one array for PyTensor's object mode to hand the Op, and one for a call to
-    stage and send. It holds handles to the session's functions and the rows' shared
+    stage and send. It holds handles to the session's function and the rows' shared
     memory: it is never copied or pickled.
     """
 
-    def __init__(self, parts: list[Part] | None, sources: list, values: Values,
-                 dtype: str, connect: Callable[[], list[Part]] | None = None):
-        self.parts = parts
-        self._connect = connect  # builds the parts where they are None
+    def __init__(self, part: Part | None, sources: list, values: Values,
+                 dtype: str, connect: Callable[[], Part] | None = None):
+        self.part = part
+        self._connect = connect  # builds the part where it is None
         # (a shared variable's name, the cell holding its value, the value copied into
         # the rows): a cell that holds another value is a pm.set_data since
         self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
@@ -255,28 +268,20 @@ class RowSum(Op):
         self.dtype = dtype
         self.released = False
         self.session: Any = None
-        self.direct = False
-        if parts is not None:
-            self._adopt(parts)
+        if part is not None:
+            self._adopt(part)
 
-    def _adopt(self, parts: list[Part]) -> None:
-        """Take ``parts`` (at build, or at the first evaluation when deferred)."""
-        self.parts = parts
-        # Without workers, every part called in place (``_Lean``): the session it holds
-        # while it runs (None: each part is a parallel call).
-        lean = all(part.lean is not None for part in parts)
-        self.session = parts[0].fn.session if lean else None
-        # One part that reads every value and returns the Op's dtype: the Op's input is
-        # its ``theta``, and its outputs, new arrays at every call, are the Op's.
-        first = parts[0]
-        self.direct = (len(parts) == 1 and len(first.entries) == self.total
-                       and first.dtype == self.dtype)
+    def _adopt(self, part: Part) -> None:
+        """Take ``part`` (at build, or at the first evaluation when deferred)."""
+        self.part = part
+        # Without workers, the part called in place (``_Lean``): the session it holds
+        # while it runs (None: a parallel call).
+        self.session = part.fn.session if part.lean is not None else None
 
     @property
-    def num_slices(self) -> int | tuple[int, ...]:
-        """Each process's blocks of rows (grainsize): one number, or one a group."""
-        slices = tuple(part.slices for part in self.parts or ())
-        return slices[0] if len(slices) == 1 else slices
+    def num_slices(self) -> int | None:
+        """Each process's blocks of rows (grainsize); None until the part is built."""
+        return None if self.part is None else self.part.slices
 
     def make_node(self, theta):
         theta = self.input_type.filter_variable(theta)
@@ -295,9 +300,11 @@ class RowSum(Op):
         if self.released:
             raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
                                "memory is freed); build a new one")
-        if self.parts is None:  # deferred: this process's first evaluation builds them
+        part = self.part
+        if part is None:  # deferred: this process's first evaluation builds it
             assert self._connect is not None
             self._adopt(self._connect())
+            part = cast(Part, self.part)
         for name, cell, value in self.sources:
             if cell[0] is not value:
                 raise RuntimeError(
@@ -305,51 +312,18 @@ class RowSum(Op):
                     "copied its rows (for logp_dlogp_function, sample or find_MAP); build a "
                     "new one"
                 )
-        if self.session is not None:
-            return self._evaluate_lean(self.session, theta)
-        return self._evaluate_commands(theta)
-
-    def _evaluate_commands(self, theta) -> tuple[np.ndarray, np.ndarray]:
-        """``evaluate`` through the session: one parallel call for each part."""
-        parts = self.parts
-        assert parts is not None
-        if self.direct:  # (the call's reduced output is a new array: its views are kept)
-            return unpack(parts[0].evaluate(theta))
-        return self._summed(theta, [part.evaluate for part in parts])
-
-    def _evaluate_lean(self, session: Any, theta) -> tuple[np.ndarray, np.ndarray]:
-        """``evaluate`` without workers: each part's compiled function in place
-        (``_Lean``), holding the session (usable, this thread's) as a command would."""
-        parts = self.parts
-        assert parts is not None
+        session = self.session
+        if session is None:  # (the call's reduced output is a new array: its views are kept)
+            return unpack(part.evaluate(theta))
+        # Without workers: the compiled function in place (``_Lean``), holding the
+        # session (usable, this thread's) as a command would.
         took = session.enter()
         try:
             if session.instrument is not None:  # synk.profile() records each call: commands
-                return self._evaluate_commands(theta)
-            if self.direct:
-                lean = parts[0].lean
-                assert lean is not None
-                return unpack(lean(theta))
-            # (every part has its lean call: ``_adopt`` set the session for that alone)
-            return self._summed(theta, cast(list, [part.lean for part in parts]))
+                return unpack(part.evaluate(theta))
+            return unpack(cast(_Lean, part.lean)(theta))
         finally:
             session.leave(took)
-
-    def _summed(self, theta: Any, calls: list[Callable[[np.ndarray], np.ndarray]]
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """Each part's log-likelihood and flat gradient (``calls[i]`` of part ``i``'s
-        entries of ``theta``), summed into the Op's outputs: new arrays, as PyMC keeps
-        them."""
-        assert self.parts is not None
-        # as the Op's input type makes it, before each part takes its entries
-        theta = self.input_type.filter(theta, strict=False, allow_downcast=False)
-        total = np.zeros((), dtype=self.dtype)
-        flat = np.zeros(self.total, dtype=self.dtype)
-        for part, call in zip(self.parts, calls, strict=True):
-            loglik, grad = unpack(call(theta[part.entries]))
-            total += loglik
-            flat[part.entries] += grad
-        return total, flat
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""
@@ -380,6 +354,6 @@ class RowSum(Op):
     def release(self) -> None:
         """Free the rows' shared memory now (otherwise when the Op is collected)."""
         self.released = True
-        for part in self.parts or ():
-            part.release()
+        if self.part is not None:
+            self.part.release()
 

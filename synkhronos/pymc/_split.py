@@ -26,7 +26,8 @@ from . import _pymc_compat as compat
 
 @dataclasses.dataclass
 class _Group:
-    """Terms divided on the same rows: one ``synk.function`` per group.
+    """Terms divided on the same rows (one group a length; ``_likelihood._join`` runs
+    every group in one ``synk.function``).
 
     ``observed``: observed variables whose log-probability is summed by rows;
     ``potentials``: ``pm.Potential`` terms named in ``split`` (sums over these rows);

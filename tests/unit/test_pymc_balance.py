@@ -43,8 +43,7 @@ def test_rows_follow_measured_speed(monkeypatch):
     try:
         vgf, op = _likelihood.build_logp_dlogp(pm, model, None, None)
         vgf.set_extra_values({})
-        (part,) = op.parts
-        balancer = part.balancer
+        balancer = op.part.balancer
         assert balancer is not None and balancer.in_use is None
         rng = np.random.default_rng(0)
 

@@ -64,11 +64,17 @@ balanced over the even step per round; ``"balance"`` records the shares each bal
 session ended with (``in_use``), the shares its last timings gave (``measured``), and
 how often the split changed.
 
-Each turn starts with ``--untimed-steps`` steps (default 1) that are not timed: a
-process's first step after the seconds its configuration sat idle measured the idle
-(caches the other configurations evicted, on these machines pages the kernel's
-proactive reclaim took back: 43-100 ms against a 31 ms step for synkhronos at n=2,
-32-68 ms against 28.5 for the plain program), not the step.
+Each turn (and each ``--profile`` or ``--phases`` run) first reads one element of every
+page of its configuration's dataset, then
+runs ``--untimed-steps`` steps (default 1), neither timed: a process's first steps after
+the seconds its configuration sat idle measured the idle, not the step. On the 2-core
+machine memory left idle for a few seconds is taken back by the virtual machine's host
+(the guest's own reclaim switched off changed nothing) and each 4 KiB page refaults at
+tens of microseconds: a gather of 256 rows from the dataset in shared memory took 16-22
+ms after 5 s idle against 0.12 ms warm, from the plain program's private copy (huge
+pages) 0.7 against 0.1; synkhronos's first step of a turn took 43-100 ms against 31,
+the plain program's 32-68 against 28.5. A turn's steps walk the whole dataset, so the
+read covers all of it.
 
 Shuffled steps take the next block of a fixed random permutation of the rows (the
 gather ``X[idx]`` is part of the timed step, in every framework); contiguous steps the
@@ -220,6 +226,12 @@ def dataset(rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x, y, rng.permutation(rows).astype("int64")
 
 
+def touch(array: np.ndarray) -> None:
+    """Read one element of every 4 KiB page of ``array`` (see ``--untimed-steps``)."""
+    flat = array.reshape(-1)
+    flat[::max(1, 4096 // flat.itemsize)].sum()
+
+
 class Rows:
     """The rows of successive steps: blocks of a fixed permutation, or of the rows."""
 
@@ -266,6 +278,9 @@ class PlainServer:
     def step(self, variant: dict) -> None:
         rows = self.rows.next(variant["batch"], variant["access"] == "shuffled")
         self.fn(self.x[rows], self.y[rows])
+
+    def touch(self) -> None:
+        touch(self.x)
 
     def profile(self, variant: dict, steps: int) -> dict:
         gather = function = 0.0
@@ -335,6 +350,9 @@ class SynkServer:
             self.train.grad_function(self.x, self.y, np.asarray(total, dtype=self.dtype),
                                      batch=batch)
             self.train.apply_function()
+
+    def touch(self) -> None:
+        touch(self.x.data)  # (the master's read maps the pages back for every process)
 
     def profile(self, variant: dict, steps: int) -> dict:
         with self.synk.profile() as prof:
@@ -497,6 +515,9 @@ class TorchServer:
         loss.backward()
         self.optimizer.step()
 
+    def touch(self) -> None:
+        touch(self.x.numpy())
+
     def barrier(self) -> None:
         if self.world > 1:
             self.dist.barrier()
@@ -523,6 +544,8 @@ def serve(spec: dict) -> None:
             break
         variant = command.get("variant")
         if op in ("warmup", "run"):
+            if op == "run":
+                getattr(server, "touch", lambda: None)()
             for _ in range(command.get("untimed", 0)):
                 server.step(variant)
             barrier()
@@ -531,10 +554,12 @@ def serve(spec: dict) -> None:
                 server.step(variant)
             reply = {"seconds": time.perf_counter() - start}
         elif op == "profile":
+            getattr(server, "touch", lambda: None)()
             reply = server.profile(variant, command["steps"])
         elif op == "balance":
             reply = server.balance()
         elif op == "phases":
+            getattr(server, "touch", lambda: None)()
             reply = server.phases(variant, command["steps"], command["commands"])
         else:
             reply = {"error": f"unknown op {op!r}"}

@@ -537,6 +537,7 @@ def serve(spec: dict) -> None:
               "torch": TorchServer}[kind](spec)
     channel.write(json.dumps({"ready": True, "info": server.info()}) + "\n")
     barrier = getattr(server, "barrier", lambda: None)
+    touch_data = getattr(server, "touch", lambda: None)
     for line in sys.stdin:
         command = json.loads(line)
         op = command["op"]
@@ -545,7 +546,7 @@ def serve(spec: dict) -> None:
         variant = command.get("variant")
         if op in ("warmup", "run"):
             if op == "run":
-                getattr(server, "touch", lambda: None)()
+                touch_data()
             for _ in range(command.get("untimed", 0)):
                 server.step(variant)
             barrier()
@@ -554,12 +555,12 @@ def serve(spec: dict) -> None:
                 server.step(variant)
             reply = {"seconds": time.perf_counter() - start}
         elif op == "profile":
-            getattr(server, "touch", lambda: None)()
+            touch_data()
             reply = server.profile(variant, command["steps"])
         elif op == "balance":
             reply = server.balance()
         elif op == "phases":
-            getattr(server, "touch", lambda: None)()
+            touch_data()
             reply = server.phases(variant, command["steps"], command["commands"])
         else:
             reply = {"error": f"unknown op {op!r}"}

@@ -134,6 +134,15 @@ def all_gather_pieces(shared_vars: Any, common: bool = False) -> Step:
                 f"all_gather_pieces common={common}")
 
 
+def _need_views(session: Session, name: str) -> None:
+    """``ValueError`` where the session's values cannot view one another in place."""
+    if not session.ctx.placement.views:
+        raise ValueError(
+            f"steps.{name} needs values that can view one another in place; on "
+            f"device={session.ctx.device!r} they are JAX arrays, which cannot"
+        )
+
+
 def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:
     """Each process's ``variables`` become views of their places in its ``flat``.
 
@@ -145,11 +154,7 @@ def views(flat: Any, variables: Sequence[Any], copy_in: bool = True) -> Step:
     Only on ``device="cpu"`` (``ValueError`` elsewhere: JAX arrays view nothing).
     """
     session, front, targets, _ = begin("views", [flat, *variables])
-    if not session.ctx.placement.views:
-        raise ValueError(
-            f"steps.views needs values that can view one another in place; on "
-            f"device={session.ctx.device!r} they are JAX arrays, which cannot"
-        )
+    _need_views(session, "views")
     dtype = targets.dtypes[0]
     if targets.ndims[0] != 1 or any(d != dtype for d in targets.dtypes):
         raise ValueError("steps.views needs a 1-d flat variable and variables of its dtype")
@@ -170,10 +175,7 @@ def piece_view(flat: Any, variable: Any, copy_in: bool = False) -> Step:
     nothing).
     """
     session, front, targets, _ = begin("piece_view", [flat, variable])
-    if not session.ctx.placement.views:
-        raise ValueError(f"steps.piece_view needs values that can view one another in "
-                         f"place; on device={session.ctx.device!r} they are JAX arrays, "
-                         "which cannot")
+    _need_views(session, "piece_view")
     if targets.ndims != (1, 1) or targets.dtypes[0] != targets.dtypes[1]:
         raise ValueError(f"steps.piece_view needs two 1-d variables of one dtype; got "
                          f"{targets.labels}")

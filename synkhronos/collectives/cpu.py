@@ -213,14 +213,16 @@ def rebind(ctx: RankContext, variables: list, results: Sequence[np.ndarray]) -> 
             _pytensor.bind(var, to_device(result))
 
 
-def give_own_piece(ctx: RankContext, group: Group) -> None:
-    """This rank's piece of its values into its slot, where the other ranks read it
-    (before an all-gather of the pieces)."""
-    rank, own = ctx.rank, group.flats[ctx.rank]
-    for i, lo, hi in group.pieces[rank]:
+def give_own_piece(ctx: RankContext, group: Group, owner: int | None = None) -> None:
+    """This rank's piece of its values into the slot of ``owner`` (default: its own),
+    where the other ranks read it (before an all-gather of the pieces); nothing is
+    copied where its values are that slot."""
+    owner = ctx.rank if owner is None else owner
+    target, slots = group.flats[owner], group.slots[owner]
+    for i, lo, hi in group.pieces[ctx.rank]:
         value = host_value(ctx, group.variables[i])
-        if value is not group.slots[rank][i]:
-            own[i][lo:hi] = value.reshape(-1)[lo:hi]
+        if value is not slots[i]:
+            target[i][lo:hi] = value.reshape(-1)[lo:hi]
 
 
 @register_backend("cpu")
@@ -449,13 +451,9 @@ class CpuBackend(Backend[Group]):
         if not ctx.placement.views:  # (device values: each rank needs its own copy)
             self.all_gather(ctx, group)
             return
-        common, flats = group.slots[ctx.master_rank], group.flats[ctx.master_rank]
-        for i, lo, hi in group.pieces[ctx.rank]:
-            value = host_value(ctx, group.variables[i])
-            if value is not common[i]:
-                flats[i][lo:hi] = value.reshape(-1)[lo:hi]
+        give_own_piece(ctx, group, ctx.master_rank)
         ctx.meeting.barrier(ctx)
-        rebind(ctx, group.variables, common)
+        rebind(ctx, group.variables, group.slots[ctx.master_rank])
 
     def reduce(self, ctx: RankContext, group: Group, op: ReduceOp, in_place: bool,
                scratch: Any) -> bool:

@@ -32,6 +32,7 @@ Its interface, besides ``logp_dlogp_function``: ``build_logp_dlogp`` (steps 1-5,
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,8 +50,8 @@ from . import _pymc_compat as compat
 from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
-__all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "session_size",
-           "row_terms", "sliced", "discrete_names"]
+__all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "check_exact",
+           "session_size", "row_terms", "sliced", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
 
@@ -62,6 +63,10 @@ _CHECK_RTOL = 1e-7  # split sum vs whole data: far above rounding, far below a w
 # (30-90 us) made it up to 1.5x slower (benchmarks/pymc_sampling.py).
 _GRAIN_BYTES = 1 << 20
 _SLICE_FROM_BYTES = 16 << 20
+# Exact mode's default chunks (``_exact_chunks``): fixed whatever the number of
+# processes, so it cannot follow the cache; 32 share evenly among 1, 2, 4, 8, 16 and
+# 32 processes, and cost a call each (about 10-30 us of a process's time).
+_EXACT_CHUNKS = 32
 
 
 def session_size() -> int | None:
@@ -158,7 +163,8 @@ def check_grainsize(grainsize) -> int | None:
     return int(grainsize)
 
 
-def _join(plan, built: list) -> tuple[Any, list, list, list[tuple[Any, str]]]:
+def _join(plan, built: list, chunks: int | None = None
+          ) -> tuple[Any, list, list, list[tuple[Any, str]]]:
     """Step 3's one graph: every group's log-likelihood (``built``: each group's graph
     and row inputs), summed, so that one call of one function evaluates them all.
 
@@ -174,18 +180,24 @@ def _join(plan, built: list) -> tuple[Any, list, list, list[tuple[Any, str]]]:
     once: a group with fewer rows than processes leaves some processes none of its
     rows.
 
+    ``chunks`` (exact mode, ``_exact_chunks``): the positions are that many fixed
+    chunks instead, chunk ``c`` standing for rows ``[c L // chunks, (c + 1) L //
+    chunks)`` of every group, whatever the number of processes; a call runs one chunk a
+    slice and gathers each chunk's sums (``Part.total`` adds them in chunk order).
+
     Returns ``(loglik, scattered, whole, arrays)``: the graph, its scattered and its
     whole row inputs, and the array of each (with its label), in call order.
     """
-    if len(plan.groups) == 1:
+    if len(plan.groups) == 1 and chunks is None:
         (group,), ((loglik, rows),) = plan.groups, built
         return loglik, list(rows.values()), [], [(_data_value(var), group.roots[var])
                                                  for var in rows]
-    longest = max(group.rows for group in plan.groups)
-    positions = pt.vector(dtype="int64", shape=(None,), name="positions")
+    longest = chunks or max(group.rows for group in plan.groups)
+    positions = pt.vector(dtype="int64", shape=(None,), name="chunks" if chunks else "positions")
     start, stop = positions[0], positions[-1] + 1
     terms, whole = [], []
-    arrays: list[tuple[Any, str]] = [(np.arange(longest, dtype="int64"), "positions")]
+    arrays: list[tuple[Any, str]] = [(np.arange(longest, dtype="int64"),
+                                      "chunks" if chunks else "positions")]
     for group, (loglik, rows) in zip(plan.groups, built, strict=True):
         if group.rows == longest:
             first, last = start, stop
@@ -198,6 +210,12 @@ def _join(plan, built: list) -> tuple[Any, list, list, list[tuple[Any, str]]]:
             arrays.append((_data_value(var), group.roots[var]))
         terms.append(graph_replace(loglik, mine))
     return pt.add(*terms), [positions], whole, arrays
+
+
+def check_exact(exact) -> bool:
+    if not isinstance(exact, bool | np.bool_):
+        raise TypeError(f"exact must be True or False; got {exact!r}")
+    return bool(exact)
 
 
 def _lengths(plan) -> list[tuple[int, int]]:
@@ -230,6 +248,15 @@ def _one_block(plan, grainsize: int | None, n: int = 1) -> bool:
     return _num_slices(_lengths(plan), n, grainsize) == 1
 
 
+def _exact_chunks(plan, grainsize: int | None) -> int:
+    """Exact mode's fixed chunks: the longest group's rows in blocks of ``grainsize``
+    (default ``_EXACT_CHUNKS`` blocks), never more chunks than rows. The same at every
+    number of processes, so the sums are too."""
+    longest = max(group.rows for group in plan.groups)
+    wanted = _EXACT_CHUNKS if grainsize is None else -(-longest // grainsize)
+    return max(1, min(longest, wanted))
+
+
 def discrete_names(model) -> list[str]:
     """The names of the model's discrete free variables (which NUTS cannot sample)."""
     return [v.name for v in model.value_vars if v not in model.continuous_value_vars]
@@ -243,12 +270,14 @@ def sliced(model, split, grainsize: int | None, n: int) -> bool:
 
 # -- 4. the one-time check -----------------------------------------------------------------
 def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
-                groups: list[_Group], n: int, slices: int) -> None:
+                groups: list[_Group], n: int, slices: int,
+                total: Callable[[np.ndarray], np.ndarray]) -> None:
     """Step 4: the sum over processes must equal the same graph on the whole data.
 
     Compared at jittered points, where a term that mixes rows (a mean or a lag over the
     data inside the model) shows. The whole-data value is the master's own compiled
-    function (``as_pytensor``): no extra compile.
+    function (``as_pytensor``): no extra compile. ``total``: the call's output summed
+    (``Part.total``).
     """
     moved = [rv for group in groups for rv in group.observed
              if group.graphs.get(rv, rv) is not rv]
@@ -277,7 +306,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
                     f"the observed rows it gives {float(whole_loglik)!r}, PyMC "
                     f"{float(want)!r}; pass split=[...] without them")
         try:
-            loglik, grad = unpack(fn(*row_data, point, num_slices=slices))
+            loglik, grad = unpack(total(fn(*row_data, point, num_slices=slices)))
         except WorkerError as exc:
             divided = sorted(label for group in groups for label in group.roots.values())
             raise ValueError(
@@ -303,9 +332,10 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
 
 # -- 3-5. the part and the Op, in PyMC's function --------------------------------------------
 def _build_part(model, plan, joined: tuple, values: Values, size: int,
-                grainsize: int | None, mode: Any = None) -> Part:
+                grainsize: int | None, mode: Any = None, chunks: int | None = None) -> Part:
     """Steps 3-4 for the joined row graph (``_join``): its function, rows in shared
-    memory, slices and check.
+    memory, slices and check. ``chunks``: exact mode's (``_join``), one a slice, each
+    chunk's sums gathered rather than summed over the processes.
 
     The function takes the values as one flat vector (``theta``: the Op's input), one
     array to stage and send a call rather than one a value variable. In its graph each
@@ -325,21 +355,25 @@ def _build_part(model, plan, joined: tuple, values: Values, size: int,
     both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
-    fn = function(inputs=scattered, bcast_inputs=[*whole, theta], outputs=(both, "sum"),
+    fn = function(inputs=scattered, bcast_inputs=[*whole, theta],
+                  outputs=(both, "gather" if chunks else "sum"),
                   mode=compat.pymc_mode(model, mode), name="pymc_loglik")
     distribute()
     row_data: list[Data] = []
     try:  # (the rows' shared memory is freed at once if anything here fails)
         for array, label in arrays:
             row_data.append(data(array, name=label))
-        slices = _num_slices(_lengths(plan), size, grainsize)
-        _check_rows(fn, row_data, values, model, plan.groups, size, slices)
+        # (exact: a process's chunks, at most all of them, one a slice)
+        slices = chunks or _num_slices(_lengths(plan), size, grainsize)
+        _check_rows(fn, row_data, values, model, plan.groups, size, slices,
+                    functools.partial(Part.total_of, chunks=chunks))
         for group in plan.groups:  # (several: one call, a process's slices cut them all)
-            log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %d slices "
-                     "each", group.rows, ", ".join(sorted(group.roots.values())), size,
-                     slices)
+            log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %s",
+                     group.rows, ", ".join(sorted(group.roots.values())), size,
+                     f"exact: {chunks} fixed chunks" if chunks else f"{slices} slices each")
         part = Part.of(fn, row_data, len(scattered), slices, both.dtype,
-                       tuple(group.rows for group in plan.groups), in_place=size == 1)
+                       tuple(group.rows for group in plan.groups), in_place=size == 1,
+                       chunks=chunks)
         if size > 1:
             part.balance(values.flat(model.initial_point()), size)
     except BaseException:
@@ -361,7 +395,7 @@ def _read_by(model, group: _Group, loglik, rows: dict) -> list:
 def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
                      open_session: Callable[[], int] | None = None,
                      processes: int | None = None, caller: str = "logp_dlogp_function",
-                     compile_kwargs: dict | None = None):
+                     compile_kwargs: dict | None = None, exact: bool = False):
     """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
     (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
     Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
@@ -374,6 +408,9 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
     are raised there; at one process in one block no session is forked at all.
     ``caller``: the public function named in errors; ``compile_kwargs``: PyMC's
     (``pytensor.function``'s), for the master's function and the rows' mode.
+    ``exact``: the rows in fixed chunks summed in a fixed order (``_exact_chunks``),
+    the same sums at every number of processes, one process included (never PyMC's
+    own function then).
     """
     size = session_size()
     if size is None and open_session is None:
@@ -392,7 +429,7 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
             raise ValueError("the observed log-likelihood depends on no free variable")
         point = model.initial_point()
         one_process = size == 1 if open_session is None else processes == 1
-        if one_process and _one_block(plan, grainsize):
+        if one_process and not exact and _one_block(plan, grainsize):
             # One process, one block: nothing to divide or slice, so PyMC's own graph
             # in PyMC's own function. The Op's boundary alone (a second compiled
             # function, a Python Op, on Numba its object mode) costs about 10 us an
@@ -404,13 +441,14 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
 
-        joined = _join(plan, built)
+        chunks = _exact_chunks(plan, grainsize) if exact else None
+        joined = _join(plan, built, chunks)
 
         def connect() -> Part:
             size = open_session() if open_session is not None else n_parallel()
             with model:
                 return _build_part(model, plan, joined, flat, size, grainsize,
-                                   compile_kwargs.get("mode"))
+                                   compile_kwargs.get("mode"), chunks)
 
         sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
@@ -427,7 +465,7 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
     return vgf, op
 
 
-def logp_dlogp_function(model=None, *, split=None, grainsize=None):
+def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False):
     """PyMC's ``ValueGradFunction`` for ``model``, with the likelihood on every process.
 
     The observed log-likelihood and its gradient are summed over the session's
@@ -452,6 +490,15 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
         beyond that slices of about 1 MiB of row data. Pass a number at least the rows
         per process for one block. With observed variables of several lengths, rows of
         the longest: every slice holds the same fraction of each one's rows.
+    exact : bool, default False
+        Sums that do not depend on the number of processes: the rows are cut into
+        fixed chunks (of ``grainsize`` rows; default 32 chunks), whichever process
+        evaluates a chunk, and the chunks' sums are added in chunk order in the master.
+        The value and gradient are then bit for bit the same at every ``n_parallel``
+        (one process included, which runs the same chunks), so NUTS draws are too; they
+        differ from PyMC's own function by rounding, as the divided sums always do
+        (PyMC adds all rows in one pass). It costs a call a chunk on each process and a
+        gathered vector a chunk.
 
     Returns
     -------
@@ -483,7 +530,8 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None):
     in place, without a command.
     """
     grainsize = check_grainsize(grainsize)
+    exact = check_exact(exact)
     pm = compat.import_pymc()
     model = pm.modelcontext(model)
-    vgf, _ = build_logp_dlogp(pm, model, split, grainsize)
+    vgf, _ = build_logp_dlogp(pm, model, split, grainsize, exact=exact)
     return vgf

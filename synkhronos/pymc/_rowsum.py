@@ -111,18 +111,37 @@ class Part:
     # shares of the scattered rows (for several lengths, of the positions: the same
     # share of every group's rows), from their measured seconds (``steps.Balancer``).
     balancer: steps.Balancer | None = None
+    # Exact mode: the fixed chunks of the rows, one a slice, each one's sums gathered
+    # and added here in chunk order (``total``); None: summed over the processes.
+    chunks: int | None = None
     _calls: int = 0
 
     @classmethod
     def of(cls, fn: Function, row_data: list[Data], scattered: int, slices: int,
-           dtype: str, lengths: tuple[int, ...], in_place: bool) -> Part:
+           dtype: str, lengths: tuple[int, ...], in_place: bool,
+           chunks: int | None = None) -> Part:
         """The part of ``fn`` (its inputs, then ``theta``; one output of ``dtype``) over
         ``row_data`` (the first ``scattered`` divided by rows) in ``slices`` blocks a
         process; ``in_place``: the session has no workers, so the compiled function is
-        called in place where it can be."""
+        called in place where it can be; ``chunks``: exact mode's."""
         lean = _Lean.of(fn, row_data, scattered, slices) if in_place else None
         return cls(fn, row_data, scattered, slices, dtype, lengths,
-                   fn.bind(tuple(row_data), slices), lean)
+                   fn.bind(tuple(row_data), slices), lean, chunks=chunks)
+
+    @staticmethod
+    def total_of(out: np.ndarray, chunks: int | None) -> np.ndarray:
+        """A call's output as one vector (``unpack``): as it is where the processes
+        summed it; in exact mode the chunks' gathered vectors, end to end in chunk order
+        (every process's slices in order, the processes in rank order), added one after
+        another, as one process adds its slices (``_Lean``): the same additions
+        whatever process evaluated which chunk."""
+        if chunks is None:
+            return out
+        rows = out.reshape(chunks, -1)
+        total = rows[0].copy()
+        for row in rows[1:]:
+            total += row
+        return total
 
     def balance(self, theta: np.ndarray, size: int) -> None:
         """Balance its rows by measured speed where an evaluation at ``theta`` takes
@@ -140,14 +159,15 @@ class Part:
         process's rows, summed (``unpack``)."""
         balancer = self.balancer
         if balancer is None:
-            return self.bound(theta)
+            return self.total_of(self.bound(theta), self.chunks)
         shares = balancer.shares()
         self._calls += 1
         if shares is None and self._calls % _MEASURE_EVERY:
-            return self.bound(theta)  # the even split, replayed, between measurements
+            # the even split, replayed, between measurements
+            return self.total_of(self.bound(theta), self.chunks)
         step = steps.call(self.fn, *self.row_data, theta, num_slices=self.slices,
                           shares=shares, timings=balancer.record)
-        return steps.run([step])[0]
+        return self.total_of(steps.run([step])[0], self.chunks)
 
     def release(self) -> None:
         """Free its rows' shared memory now (otherwise when they are collected)."""

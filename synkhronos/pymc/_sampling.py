@@ -38,7 +38,14 @@ import numpy as np
 from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
-from ._likelihood import build_logp_dlogp, check_grainsize, discrete_names, session_size, sliced
+from ._likelihood import (
+    build_logp_dlogp,
+    check_exact,
+    check_grainsize,
+    discrete_names,
+    session_size,
+    sliced,
+)
 
 __all__ = ["sample"]
 
@@ -46,7 +53,7 @@ log = logging.getLogger("synkhronos")
 
 
 def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_chain=None,
-           divide=None, **kwargs):
+           divide=None, exact=False, **kwargs):
     """``pm.sample`` with the observed log-likelihood evaluated on every process.
 
     The rows of the observed data are divided among a session's processes and the
@@ -86,6 +93,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         (PyMC's compound step, nothing divided) unless ``divide=True``, which refuses
         it.
         The choice and its figures are logged (logger ``"synkhronos"``, INFO).
+    exact : bool, default False
+        Sums that do not depend on the number of processes (see
+        :func:`logp_dlogp_function`): with the same ``random_seed`` the draws are then
+        the same bit for bit at every ``processes_per_chain`` (and from one run to the
+        next), though not ``pm.sample``'s. Always divided (``divide=False`` is refused).
     **kwargs
         Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
         ``random_seed``, ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``,
@@ -146,6 +158,12 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     kwargs = dict(kwargs, draws=int(draws))
     asked = dict(kwargs, nuts_sampler=kwargs.get("nuts_sampler") or "pymc")  # for pm.sample
     divide = _check_divide(divide)
+    exact = check_exact(exact)
+    if exact:
+        if divide is False:
+            raise ValueError("exact=True sums the divided rows in fixed chunks; it cannot "
+                             "be had with divide=False (PyMC's own function)")
+        divide = True
     if "step" in kwargs:
         raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for another "
                         "step, fork a session (synk.fork()), build the step over "
@@ -183,7 +201,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     usable = len(os.sched_getaffinity(0))
     discrete = discrete_names(model)
     if discrete and divide:
-        raise ValueError(f"divide=True: the divided likelihood is sampled by NUTS alone, "
+        raise ValueError(f"{'exact' if exact else 'divide'}=True: the divided likelihood is "
+                         f"sampled by NUTS alone, "
                          f"whose free variables are all continuous; {discrete[0]!r} is "
                          "discrete (divide=None samples it with pm.sample's compound step)")
     if discrete:
@@ -204,7 +223,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
                           lambda vgf: pm.sample(model=model, **asked), own, divide is None,
-                          compile_kwargs=compile_kwargs)
+                          compile_kwargs=compile_kwargs, exact=exact)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
         random_seed = int(np.random.default_rng().integers(2**30))
@@ -241,7 +260,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                           functools.partial(_sample_nuts, pm, model, sampling=sampling,
                                             running=1, init=init),
                           lambda vgf: _sample_nuts(pm, model, None, sampling, 1, init),
-                          own, measure, compile_kwargs=compile_kwargs)
+                          own, measure, compile_kwargs=compile_kwargs, exact=exact)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
@@ -255,7 +274,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     vgf, op = build_logp_dlogp(pm, model, split, grainsize,
                                open_session=_chain_session(processes, spin),
                                processes=processes, caller="sample",
-                               compile_kwargs=sampling.compile_kwargs)
+                               compile_kwargs=sampling.compile_kwargs, exact=exact)
     try:
         return _sample_nuts(pm, model, vgf, sampling, running, init)
     except Exception as exc:
@@ -287,19 +306,20 @@ def _before_forking(model, split, grainsize, divide, size, processes, evaluation
 
 
 def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own,
-               measure: bool, compile_kwargs: dict | None = None):
+               measure: bool, compile_kwargs: dict | None = None, exact: bool = False):
     """``run(vgf)`` with the chains in this process: over the open session, or over one
     forked here (``processes``) and closed at the end.
     With ``measure`` the divided function is kept only if it is measured faster than
     PyMC's own (``own``, measured before forking; None: measured now), otherwise the
-    session is closed and ``undivided(vgf)`` samples with PyMC's own function."""
+    session is closed and ``undivided(vgf)`` samples with PyMC's own function.
+    ``exact``: ``build_logp_dlogp``'s (never measured: always divided)."""
     own_session = size is None
     if own_session:
         fork(processes)
     try:
         if not measure:
             vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
-                                       compile_kwargs=compile_kwargs)
+                                       compile_kwargs=compile_kwargs, exact=exact)
             divided = True
         else:
             vgf, op, choice = _choice.build_chosen(pm, model, split, grainsize, own,

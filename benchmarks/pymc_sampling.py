@@ -442,8 +442,9 @@ def layout_runs(model: pm.Model, layouts: list[tuple[int, int]] | None, options:
 
 # -- against the peers: effective draws a second --------------------------------------------------
 # The samplers compared (their labels): synkhronos.pymc.sample choosing by measurement
-# whether to divide (its default), always dividing, and the NUTS samplers pm.sample offers.
-SYNKHRONOS = ("synkhronos", "synkhronos_divide")
+# whether to divide (its default), always dividing, always dividing with nutpie's NUTS
+# driving it (nuts_sampler="nutpie"), and the NUTS samplers pm.sample offers.
+SYNKHRONOS = ("synkhronos", "synkhronos_divide", "synkhronos_nutpie")
 PEERS = ("pymc", "nutpie", "numpyro")
 SAMPLERS = SYNKHRONOS + PEERS
 # What each sampler's own sampling_time covers (``ess_per_s_sampling`` divides by it).
@@ -452,6 +453,8 @@ SAMPLING_TIME_COVERS = {
                   "function (or PyMC's own, where synkhronos chose not to divide); "
                   "measuring, forking and building before it are excluded",
     "synkhronos_divide": "pm.sample's loop over tuning and draws, driving the divided "
+                         "function; forking and building before it are excluded",
+    "synkhronos_nutpie": "the nutpie.sample call (tuning and draws) over the divided "
                          "function; forking and building before it are excluded",
     "pymc": "PyMC's loop over tuning and draws, after compiling and initialisation",
     "nutpie": "the nutpie.sample call (tuning and draws), after nutpie.compile_pymc_model",
@@ -472,6 +475,8 @@ def takes_divide() -> bool:
 
 def unavailable(sampler: str) -> str | None:
     """Why ``sampler`` cannot run here, or None."""
+    if sampler == "synkhronos_nutpie" and importlib.util.find_spec("nutpie") is None:
+        return f"nutpie is not installed (PyMC {pm.__version__})"
     if sampler in SYNKHRONOS:
         return None if takes_divide() else (
             "this synkhronos.pymc.sample takes no divide= (an earlier revision: it always "
@@ -489,6 +494,9 @@ def call_for(sampler: str, model: pm.Model, options: dict):
         return lambda: synk_pymc.sample(model=model, **options)
     if sampler == "synkhronos_divide":
         return lambda: synk_pymc.sample(model=model, divide=True, **options)
+    if sampler == "synkhronos_nutpie":
+        return lambda: synk_pymc.sample(model=model, divide=True, nuts_sampler="nutpie",
+                                        **options)
     return lambda: pm.sample(model=model, nuts_sampler=sampler, **options)
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pymc as pm
 
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
-DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, **QUIET)
+# PyMC's own NUTS named: PyMC 6 would otherwise pick nutpie where it is installed
+DRAWS = dict(draws=20, tune=20, chains=2, cores=1, random_seed=11, nuts_sampler="pymc", **QUIET)
 
 
 def regression(rows=150, seed=3):

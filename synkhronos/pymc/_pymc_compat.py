@@ -37,6 +37,10 @@ __all__ = [
     "sample_parameters",
     "minibatch_variables",
     "nutpie_from_pyfunc",
+    "nutpie_seed",
+    "patch_nutpie_idata",
+    "pymc_default_sampler_is_auto",
+    "default_nuts_sampler",
     "nutpie_sample_parameters",
     "bind_arguments",
     "resolved_compile_kwargs",
@@ -218,6 +222,79 @@ def nutpie_from_pyfunc() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ImportError("nuts_sampler='nutpie' needs nutpie: pip install nutpie") from exc
     return nutpie, from_pyfunc
+
+
+def nutpie_seed(random_seed: Any, chains: int) -> int:
+    """The seed ``pm.sample``'s nutpie route hands ``nutpie.sample`` for ``random_seed``:
+    PyMC 6 spawns one generator a chain and takes the first one's draw below 2**30;
+    PyMC 5 draws one seed for the whole run (``_get_seeds_per_chain``)."""
+    from pymc.util import _get_seeds_per_chain, get_random_generator
+
+    if pymc_default_sampler_is_auto():
+        return int(get_random_generator(random_seed).spawn(chains)[0].integers(2**30))
+    return int(_get_seeds_per_chain(random_seed, 1)[0])
+
+
+def pymc_default_sampler_is_auto() -> bool:
+    """Whether ``pm.sample``'s ``nuts_sampler`` defaults to None, PyMC 6's choice of
+    nutpie where it is installed (PyMC 5: ``"pymc"``)."""
+    return sample_parameters()["nuts_sampler"].default is None
+
+
+def default_nuts_sampler(kwargs: dict, compile_kwargs: dict, nutpie_keywords: set[str]
+                         ) -> str:
+    """The sampler ``pm.sample(nuts_sampler=None, **kwargs)`` picks for a model whose
+    free variables are all continuous: PyMC 6 takes nutpie where it is installed (at
+    the version PyMC asks for), ``init`` is "auto", InferenceData is returned, there
+    is no ``trace`` or ``callback``, ``initvals`` is one dict or none, and the mode
+    compiles with Numba or JAX; PyMC 5 always its own NUTS. Here also only where
+    every keyword has an equivalent on the nutpie route (``nutpie_keywords``)."""
+    if not pymc_default_sampler_is_auto():
+        return "pymc"
+    from pymc.sampling import mcmc
+    from pytensor.compile.mode import get_mode
+    from pytensor.link.jax.linker import JAXLinker
+    from pytensor.link.numba.linker import NumbaLinker
+
+    meets = getattr(mcmc, "_nutpie_meets_min_version", None)
+    if not getattr(mcmc, "NUTPIE_INSTALLED", False) or meets is None or not meets():
+        return "pymc"
+    initvals = kwargs.get("initvals")
+    usable = (kwargs.get("init", "auto") == "auto"
+              and kwargs.get("return_inferencedata", True)
+              and kwargs.get("trace") is None and kwargs.get("callback") is None
+              and (initvals is None or isinstance(initvals, dict))
+              and isinstance(get_mode(compile_kwargs.get("mode")).linker,
+                             NumbaLinker | JAXLinker)
+              and set(kwargs) <= nutpie_keywords)
+    return "nutpie" if usable else "pymc"
+
+
+def patch_nutpie_idata(idata: Any, model: Any, sampling_time: float, tune: int) -> None:
+    """Complete ``nutpie.sample``'s InferenceData in place as ``pm.sample``'s nutpie
+    route does: the model's ``constant_data`` and ``observed_data`` groups, and the
+    posterior's ``sampling_time`` and ``tuning_steps`` (PyMC 6: its own function; PyMC
+    5: the same steps, written inline there)."""
+    from pymc.backends import arviz as pm_arviz
+
+    patch = getattr(pm_arviz, "patch_nutpie_idata", None)
+    if patch is not None:
+        patch(idata, model, sampling_time=sampling_time)
+        return
+    import nutpie
+    import pymc
+    from arviz import dict_to_dataset
+    from arviz.data.base import make_attrs
+
+    coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
+    groups = {name: dict_to_dataset(found(model), library=pymc, coords=coords, dims=dims,
+                                    default_dims=[])
+              for name, found in (("constant_data", pm_arviz.find_constants),
+                                  ("observed_data", pm_arviz.find_observations))}
+    for key, value in make_attrs({"sampling_time": sampling_time, "tuning_steps": tune},
+                                 library=nutpie).items():
+        idata.posterior.attrs[key] = value
+    idata.add_groups(groups, coords=coords, dims=dims)
 
 
 def nutpie_sample_parameters() -> set[str]:

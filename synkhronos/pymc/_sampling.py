@@ -1,5 +1,8 @@
 """Sampling: PyMC's NUTS or nutpie driving the divided log-density.
 
+Which one: ``nuts_sampler``, or where it is not given the one ``pm.sample`` would pick
+(``compat.default_nuts_sampler``: PyMC 6 takes nutpie where it is installed).
+
 ``sample`` runs PyMC's ``pm.init_nuts`` (jitter, mass matrix) and ``pm.sample`` with a
 NUTS step over :func:`~synkhronos.pymc.logp_dlogp_function`'s function, with the seeds
 ``pm.sample`` would use, so the draws equal ``pm.sample``'s up to rounding. Where the
@@ -107,9 +110,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         the logical CPUs, at most 4, at most the usable cores; with
         ``processes_per_chain`` given, no more than fit in the usable cores), and so is
         the default of ``chains``. With a session already forked the chains run one
-        after another in this process. ``nuts_sampler=None`` (PyMC 6's default) is
-        PyMC's NUTS here; PyMC 6's ``backend`` and ``compile_kwargs`` give the mode
-        of the likelihood's functions too.
+        after another in this process. ``nuts_sampler=None`` (the default) picks
+        the sampler ``pm.sample`` would (PyMC 6: nutpie where it is installed and
+        the other keywords allow it; PyMC 5: its own NUTS), and keeps PyMC's NUTS
+        where a keyword has no equivalent on the nutpie route; PyMC 6's ``backend``
+        and ``compile_kwargs`` give the mode of the likelihood's functions too.
         ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
         chains one after another in this process: then only the keywords nutpie has
         an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
@@ -156,7 +161,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         raise TypeError(f"draws must be a whole number of draws; got {draws!r}")
     model = pm.modelcontext(model)
     kwargs = dict(kwargs, draws=int(draws))
-    asked = dict(kwargs, nuts_sampler=kwargs.get("nuts_sampler") or "pymc")  # for pm.sample
+    asked = dict(kwargs)  # for pm.sample itself, with the sampler resolved below
     divide = _check_divide(divide)
     exact = check_exact(exact)
     if exact:
@@ -169,8 +174,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                         "step, fork a session (synk.fork()), build the step over "
                         "synkhronos.pymc.logp_dlogp_function(model) (e.g. pm.NUTS("
                         "logp_dlogp_func=...)) and call pm.sample(step=..., cores=1)")
-    sampler = kwargs.pop("nuts_sampler", None) or "pymc"
-    if sampler not in ("pymc", "nutpie"):
+    sampler = kwargs.pop("nuts_sampler", None)
+    if sampler not in (None, "pymc", "nutpie"):
         raise ValueError(f"nuts_sampler must be 'pymc' or 'nutpie' with synkhronos.pymc; "
                          f"got {sampler!r}")
     if sampler == "nutpie":
@@ -194,6 +199,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         kwargs.get("compile_kwargs"))
     if compile_kwargs:
         kwargs["compile_kwargs"] = compile_kwargs
+    if sampler is None:  # pm.sample's own choice (PyMC 6: nutpie where installed)
+        sampler = ("pymc" if discrete_names(model) else
+                   compat.default_nuts_sampler(kwargs, compile_kwargs, _NUTPIE_KEYWORDS))
+    asked["nuts_sampler"] = sampler
     cores = _check_count("cores", kwargs.pop("cores", None))
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
     size = session_size()
@@ -543,7 +552,7 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
     kwargs.pop("return_inferencedata", None)
     if chains is None:
         chains, _ = _chains_and_seeds(0, None, cores)
-    seed = int(np.random.default_rng(random_seed).integers(2**30))
+    seed = compat.nutpie_seed(random_seed, chains)  # (pm.sample's, for the same draws)
 
     values = model.continuous_value_vars
     point = model.initial_point()
@@ -593,5 +602,8 @@ def _sample_nutpie(pm, model, vgf, cores, kwargs):
         dims={var.name: tuple(model.named_vars_to_dims[var.name]) for var in traced
               if var.name in model.named_vars_to_dims},
     )
-    return nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=1, seed=seed,
-                         save_warmup=save_warmup, progress_bar=progress, **options)
+    start_time = time.time()
+    idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=1, seed=seed,
+                          save_warmup=save_warmup, progress_bar=progress, **options)
+    compat.patch_nutpie_idata(idata, model, time.time() - start_time, tune)
+    return idata

@@ -44,6 +44,7 @@ from synkhronos.testing import session_open  # noqa: E402
 
 DEMO = pathlib.Path(__file__).parents[2] / "demos" / "pymc_sampling.py"
 SAMPLE = dict(draws=300, tune=300, chains=2, progressbar=False, compute_convergence_checks=False)
+PYMC_NUTS = {"nuts_sampler": "pymc"}  # (PyMC 6 would pick nutpie where installed)
 
 
 def logistic_model(rows=1001, features=3, seed=1):
@@ -129,7 +130,7 @@ def assert_within_mcse(got, want, names, limit=3.0):
 def test_sample_matches_pm_sample(two, build):
     model = build()
     names = [rv.name for rv in model.free_RVs]
-    got = synk_pymc.sample(divide=True, model=model, random_seed=5, **SAMPLE)
+    got = synk_pymc.sample(divide=True, model=model, random_seed=5, **SAMPLE, **PYMC_NUTS)
     want = pm.sample(model=model, random_seed=5, nuts_sampler="pymc", cores=1, **SAMPLE)
     assert_within_mcse(got, want, names)
     # Another seed: independent chains. With ten components (the hierarchical model) a
@@ -204,7 +205,7 @@ def test_sample_takes_draws_positionally_and_keeps_coords():
     # its own session of processes_per_chain processes; pm.sample's keywords pass through
     model = hierarchical_model(rows=101)
     idata = synk_pymc.sample(40, divide=True, model=model, tune=40, chains=1, random_seed=2,
-                             processes_per_chain=2, progressbar=False,
+                             processes_per_chain=2, progressbar=False, nuts_sampler="pymc",
                              compute_convergence_checks=False, var_names=["a", "b"],
                              idata_kwargs={"log_likelihood": False})
     assert idata.posterior["a"].dims == ("chain", "draw", "group")

@@ -124,7 +124,7 @@ def test_chains_at_once_refuse_what_they_cannot_run():
     # the check runs in each chain's process, at its first evaluation
     with pytest.raises(ValueError, match="not a sum over the divided rows"):
         synk_pymc.sample(10, divide=True, model=mixing, tune=10, chains=2, cores=2,
-                         processes_per_chain=2, **QUIET)
+                         processes_per_chain=2, nuts_sampler="pymc", **QUIET)
     assert not session_open()
     model = logistic_model(rows=11)
     with pytest.raises(ValueError, match="mp_ctx='spawn'.*cores=1"):

@@ -37,7 +37,33 @@ def test_a_small_model_is_pm_sample(caplog):
     assert not session_open()
     assert any("before forking, PyMC's own function" in line for line in said(caplog))
     assert not any("divided over" in line for line in said(caplog))
-    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+    assert_same_draws(got, pm.sample(model=model, **DRAWS))
+
+
+@pytest.mark.timeout(600)
+def test_without_nuts_sampler_it_is_pm_sample_with_its_default():
+    # PyMC 6 samples with nutpie where it is installed, PyMC 5 with its own NUTS:
+    # sample() chooses as pm.sample() does, and a small model is then pm.sample itself
+    model = regression()
+    options = {key: value for key, value in DRAWS.items() if key != "nuts_sampler"}
+    got = synk_pymc.sample(model=model, **options)
+    want = pm.sample(model=model, **options)
+    assert got.posterior.attrs.get("inference_library") == want.posterior.attrs.get(
+        "inference_library")
+    assert_same_draws(got, want)
+    # divided, the same sampler drives the divided function
+    divided = synk_pymc.sample(model=model, divide=True, processes_per_chain=2, **options)
+    assert not session_open()
+    assert divided.posterior.attrs.get("inference_library") == want.posterior.attrs.get(
+        "inference_library")
+    assert set(divided.posterior.data_vars) == set(want.posterior.data_vars)
+    assert _groups(divided) == _groups(want)
+
+
+def _groups(idata) -> set[str]:
+    """An InferenceData's groups (ArviZ 1's DataTree: its children)."""
+    children = getattr(idata, "children", None)
+    return set(children) if children is not None else set(idata.groups())
 
 
 @pytest.mark.timeout(600)
@@ -49,7 +75,7 @@ def test_divide_false_is_pm_sample_in_a_session():
         assert synk.n_parallel() == 3  # the user's session is left as it was
     finally:
         synk.close()
-    assert_same_draws(got, pm.sample(model=model, nuts_sampler="pymc", **DRAWS))
+    assert_same_draws(got, pm.sample(model=model, **DRAWS))
     with pytest.raises(TypeError, match="divide must be True, False or None"):
         synk_pymc.sample(model=model, divide="yes", **DRAWS)
 
@@ -62,7 +88,7 @@ def test_a_discrete_variable_is_pm_sample():
         mu = pm.Normal("mu", 0, 1)
         pm.Normal("y", mu + switch, 1, observed=rng.normal(1.0, 1.0, size=200))
     got = synk_pymc.sample(model=model, **DRAWS)
-    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
+    want = pm.sample(model=model, **DRAWS)
     for name in ("switch", "mu"):
         np.testing.assert_array_equal(got.posterior[name].values, want.posterior[name].values)
     with pytest.raises(ValueError, match="'switch' is discrete"):

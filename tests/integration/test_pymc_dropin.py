@@ -201,7 +201,7 @@ def test_one_process_a_chain_draws_as_pm_sample_bit_for_bit():
     options = dict(draws=25, tune=25, chains=2, random_seed=7, **QUIET)
     for cores in (2, 1):
         got = synk_pymc.sample(divide=True, model=model, cores=cores, processes_per_chain=1,
-                               **options)
+                               nuts_sampler="pymc", **options)
         want = pm.sample(model=model, cores=cores, nuts_sampler="pymc", **options)
         for name in ("b", "sigma"):
             np.testing.assert_array_equal(got.posterior[name].values,

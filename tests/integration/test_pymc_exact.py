@@ -111,7 +111,8 @@ def test_exact_same_bits_at_every_size(case):
 def test_exact_draws_same_at_every_layout():
     model = hierarchical()[0]
     options = dict(draws=30, tune=30, chains=2, random_seed=11, progressbar=False,
-                   compute_convergence_checks=False, model=model, exact=True)
+                   compute_convergence_checks=False, model=model, exact=True,
+                   nuts_sampler="pymc")
     names = list(model.initial_point())
     draws = {}
     for n in SIZES:

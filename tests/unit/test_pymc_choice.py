@@ -66,7 +66,7 @@ def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):
     # the timing forced: [PyMC's own, divided] seconds per evaluation
     figures = [1e-3, 5e-4] if divided_faster else [1e-3, 2e-3]
     monkeypatch.setattr(_choice, "seconds_per_evaluation", lambda fns, x: figures[-len(fns):])
-    want = pm.sample(model=model, nuts_sampler="pymc", **DRAWS)
+    want = pm.sample(model=model, **DRAWS)
     synk.fork(3)
     try:
         with caplog.at_level(logging.INFO, logger="synkhronos"), synk.profile() as prof:

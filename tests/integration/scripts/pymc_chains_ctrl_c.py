@@ -46,7 +46,8 @@ for round_ in range(2):
 
     idata = synk_pymc.sample(100_000, divide=True, model=model, tune=20, chains=2, cores=2,
                              processes_per_chain=2, random_seed=round_, callback=callback,
-                             progressbar=False, compute_convergence_checks=False)
+                             progressbar=False, compute_convergence_checks=False,
+                             nuts_sampler="pymc")
     kept = [int(n) for n in np.isfinite(idata.posterior["b"].values[..., 0]).sum(axis=1)]
     print(json.dumps({"round": round_, "draws": kept}), flush=True)
 sys.exit(0)

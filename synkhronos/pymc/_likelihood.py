@@ -15,7 +15,8 @@ is ``_rowsum``'s). Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is
    ``grainsize`` rows (``num_slices``), small enough that a block's data and
    temporaries stay in the core's cache between the log-likelihood and its gradient
    (Stan's ``grainsize``; by default only when a process's rows outgrow the shared
-   cache);
+   cache); in exact mode the rows are fixed chunks instead, one a slice, whose sums
+   the master adds in chunk order (``_exact_chunks``);
 4. check once, at a jittered point, that the sum over processes equals the same graph
    on the whole data: a term that mixes rows (a mean over the data inside the model)
    is refused instead of sampled wrongly;

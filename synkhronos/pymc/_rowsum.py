@@ -14,6 +14,7 @@ rows in shared memory, the check). One evaluation, as PyMC's graph asks for it::
                                   speed (``balancer``)
       or part.lean(theta)         no workers (n_parallel 1): the master's compiled
                                   function on the rows in place, slice by slice
+      (exact mode: every chunk's sums gathered, added in chunk order: ``total_of``)
       -> unpack
     <- (log-likelihood, flat gradient)
 
@@ -112,7 +113,7 @@ class Part:
     # share of every group's rows), from their measured seconds (``steps.Balancer``).
     balancer: steps.Balancer | None = None
     # Exact mode: the fixed chunks of the rows, one a slice, each one's sums gathered
-    # and added here in chunk order (``total``); None: summed over the processes.
+    # and added here in chunk order (``total_of``); None: summed over the processes.
     chunks: int | None = None
     _calls: int = 0
 

@@ -424,6 +424,29 @@ def test_nutpie_posterior_matches_pm_sample(two):
     assert idata.posterior.sizes["draw"] == 30
 
 
+@pytest.mark.timeout(900)
+def test_nutpie_route_draws_as_pm_samples_nutpie_route():
+    # nutpie seeded as pm.sample seeds it, from the same jittered start: at one process
+    # (PyMC's own function, which nutpie compiles separately for pm.sample) the draws
+    # agree to rounding (PyMC 5's C function against nutpie's Numba one: 3e-6 apart
+    # after 25 steps), and the InferenceData has pm.sample's groups and attributes
+    pytest.importorskip("nutpie", reason="nutpie is not installed here (optional; CI's "
+                        "Python 3.12 environment has it)")
+    model = hierarchical_model(rows=101)
+    options = dict(draws=5, tune=20, chains=2, random_seed=8, progressbar=False,
+                   nuts_sampler="nutpie", model=model)
+    got = synk_pymc.sample(divide=True, processes_per_chain=1, **options)
+    want = pm.sample(**options)
+    for name in ("a", "b", "sigma"):
+        a, b = got.posterior[name].values, want.posterior[name].values
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * b.std(), err_msg=name)
+    for group in ("observed_data", "constant_data"):
+        assert group in got and group in want
+    for key in ("inference_library", "tuning_steps"):
+        assert got.posterior.attrs[key] == want.posterior.attrs[key]
+    assert got.posterior.attrs["sampling_time"] > 0
+
+
 # -- the demo --------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_pymc_sampling_demo():

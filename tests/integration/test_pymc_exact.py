@@ -17,6 +17,7 @@ with the ``pymc`` extra.
 from __future__ import annotations
 
 import numpy as np
+import pytensor
 import pytest
 
 from ..conftest import sizes_to_run
@@ -125,6 +126,47 @@ def test_exact_draws_same_at_every_layout():
     for layout, values in draws.items():
         for got, want in zip(values, first, strict=True):
             assert got.tobytes() == want.tobytes(), layout
+
+
+def _float32_model():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3001, 3)).astype("float32")
+    y = (x @ np.array([0.5, -1.0, 2.0]) + rng.normal(size=3001)).astype("float32")
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1, shape=3)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", xd @ b, s, observed=y)
+    return model
+
+
+@pytest.mark.timeout(900)
+def test_float32_model_divided_and_exact():
+    # floatX float32 throughout: the sums are float32, the check of the split allows
+    # float32's rounding (it refused a right split before), exact mode stays exact
+    with pytensor.config.change_flags(floatX="float32"):
+        model = _float32_model()
+        own = model.logp_dlogp_function(ravel_inputs=True)
+        own.set_extra_values({})
+        point = np.array([0.3, -0.2, 0.1, 0.05], dtype="float32")
+        want_logp, want_dlogp = own(point)
+        first = None
+        for n in SIZES:
+            synk.fork(n)
+            try:
+                for exact in (False, True):
+                    fn = synk_pymc.logp_dlogp_function(model, exact=exact)
+                    fn.set_extra_values({})
+                    logp, dlogp = (np.array(v) for v in fn(point))
+                    assert logp.dtype == dlogp.dtype == np.float32
+                    np.testing.assert_allclose(logp, want_logp, rtol=1e-5)
+                    np.testing.assert_allclose(dlogp, want_dlogp, rtol=1e-4,
+                                               atol=1e-5 * np.abs(want_dlogp).max())
+                    if exact:
+                        first = first or (logp.tobytes(), dlogp.tobytes())
+                        assert (logp.tobytes(), dlogp.tobytes()) == first, n
+            finally:
+                synk.close()
 
 
 def test_exact_checked_before_forking():

@@ -61,11 +61,6 @@ log = logging.getLogger("synkhronos")
 # float32, a right split of 3001 rows in 32 chunks failed 1e-7 (PyMC 5, C backend).
 _CHECK_RTOL = 1e-7
 _CHECK_EPSILONS = 1000
-
-
-def _check_rtol(dtype) -> float:
-    """The check's relative tolerance for sums in ``dtype``."""
-    return max(_CHECK_RTOL, _CHECK_EPSILONS * float(np.finfo(dtype).eps))
 # The default grain: slices of about 1 MiB of row data (a core's L2 cache here), once a
 # process's rows pass 16 MiB (half this machine's shared 32 MiB L3). At 10^6 rows on 2
 # cores (32-44 MiB a process) slicing made an evaluation 1.2-1.6x faster than one block;
@@ -77,6 +72,11 @@ _SLICE_FROM_BYTES = 16 << 20
 # processes, so it cannot follow the cache; 32 share evenly among 1, 2, 4, 8, 16 and
 # 32 processes, and cost a call each (about 10-30 us of a process's time).
 _EXACT_CHUNKS = 32
+
+
+def _check_rtol(dtype) -> float:
+    """The check's relative tolerance for sums in ``dtype``."""
+    return max(_CHECK_RTOL, _CHECK_EPSILONS * float(np.finfo(dtype).eps))
 
 
 def session_size() -> int | None:
@@ -193,7 +193,7 @@ def _join(plan, built: list, chunks: int | None = None
     ``chunks`` (exact mode, ``_exact_chunks``): the positions are that many fixed
     chunks instead, chunk ``c`` standing for rows ``[c L // chunks, (c + 1) L //
     chunks)`` of every group, whatever the number of processes; a call runs one chunk a
-    slice and gathers each chunk's sums (``Part.total`` adds them in chunk order).
+    slice and gathers each chunk's sums (``Part.total_of`` adds them in chunk order).
 
     Returns ``(loglik, scattered, whole, arrays)``: the graph, its scattered and its
     whole row inputs, and the array of each (with its label), in call order.
@@ -203,11 +203,11 @@ def _join(plan, built: list, chunks: int | None = None
         return loglik, list(rows.values()), [], [(_data_value(var), group.roots[var])
                                                  for var in rows]
     longest = chunks or max(group.rows for group in plan.groups)
-    positions = pt.vector(dtype="int64", shape=(None,), name="chunks" if chunks else "positions")
+    label = "chunks" if chunks else "positions"
+    positions = pt.vector(dtype="int64", shape=(None,), name=label)
     start, stop = positions[0], positions[-1] + 1
     terms, whole = [], []
-    arrays: list[tuple[Any, str]] = [(np.arange(longest, dtype="int64"),
-                                      "chunks" if chunks else "positions")]
+    arrays: list[tuple[Any, str]] = [(np.arange(longest, dtype="int64"), label)]
     for group, (loglik, rows) in zip(plan.groups, built, strict=True):
         if group.rows == longest:
             first, last = start, stop
@@ -287,7 +287,7 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
     Compared at jittered points, where a term that mixes rows (a mean or a lag over the
     data inside the model) shows. The whole-data value is the master's own compiled
     function (``as_pytensor``): no extra compile. ``total``: the call's output summed
-    (``Part.total``).
+    (``Part.total_of``).
     """
     moved = [rv for group in groups for rv in group.observed
              if group.graphs.get(rv, rv) is not rv]

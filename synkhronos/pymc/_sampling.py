@@ -199,8 +199,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         kwargs.get("compile_kwargs"))
     if compile_kwargs:
         kwargs["compile_kwargs"] = compile_kwargs
+    discrete = discrete_names(model)
     if sampler is None:  # pm.sample's own choice (PyMC 6: nutpie where installed)
-        sampler = ("pymc" if discrete_names(model) else
+        sampler = ("pymc" if discrete else
                    compat.default_nuts_sampler(kwargs, compile_kwargs, _NUTPIE_KEYWORDS))
     asked["nuts_sampler"] = sampler
     cores = _check_count("cores", kwargs.pop("cores", None))
@@ -208,7 +209,6 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
     usable = len(os.sched_getaffinity(0))
-    discrete = discrete_names(model)
     if discrete and divide:
         raise ValueError(f"{'exact' if exact else 'divide'}=True: the divided likelihood is "
                          f"sampled by NUTS alone, "

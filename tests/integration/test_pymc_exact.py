@@ -31,18 +31,12 @@ import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 
 from .pymc_zoo import hierarchical  # noqa: E402
-from .test_pymc_groups import SPLIT, several_lengths  # noqa: E402
+from .test_pymc_groups import SPLIT, _row_sum, several_lengths  # noqa: E402
 
 SIZES = [param.values[0] for param in sizes_to_run((1, 2, 3))]
 if len(SIZES) < 2:
     pytest.skip("exact mode is compared across session sizes; SYNKHRONOS_TEST_SIZES "
                 "names one", allow_module_level=True)
-
-
-def _row_sum(fn):
-    ops = [node.op for node in fn._pytensor_function.maker.fgraph.apply_nodes
-           if type(node.op).__name__ == "RowSum"]
-    return ops[0] if ops else None
 
 
 def _points(model, count=3, seed=3):

@@ -59,6 +59,33 @@ def test_the_check_after_building_keeps_the_faster():
     assert "PyMC's own function" in str(choice)
 
 
+class _Lazy:
+    """A result computed when read, as a JAX array is (its function returned at once)."""
+
+    def __array__(self, dtype=None, copy=None):
+        time.sleep(0.002)
+        return np.zeros(1)
+
+
+def test_a_function_is_timed_until_its_results_are_read():
+    # PyMC's function compiled with JAX returns before computing: unread, it was timed
+    # at its dispatch, a fraction of its cost, and kept over a faster divided one
+    lazy = lambda x: (_Lazy(), _Lazy())  # noqa: E731
+    (seconds,) = _choice.seconds_per_evaluation([lazy], np.zeros(1))
+    assert seconds >= 0.004
+
+
+def test_functions_are_timed_at_a_jittered_start():
+    # where pm.init_nuts starts a chain (uniform jitter in [-1, 1]), not at the initial
+    # point, where a logistic regression's rows are uncommonly cheap; the same point
+    # every time
+    model = regression()
+    x, start = _choice.measuring_point(model), _choice.initial_vector(model)
+    assert x.shape == start.shape and np.all(x != start)
+    assert np.all(np.abs(x - start) <= 1)
+    np.testing.assert_array_equal(x, _choice.measuring_point(model))
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("divided_faster", [False, True])
 def test_the_measured_check_in_a_session(monkeypatch, caplog, divided_faster):

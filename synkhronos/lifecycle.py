@@ -198,10 +198,11 @@ def fork(
         spin = _DEFAULT_SPIN if n_parallel <= len(cores) else 0.0
     if devices.jax_initialised():
         raise RuntimeError(
-            "JAX was initialised before synk.fork() (by the program, or by an earlier "
-            "device='gpu' session in this process): forked children of a JAX process "
-            "hang; call synk.fork() before any JAX computation, and fork a device='gpu' "
-            "session once per program (in a notebook: once per kernel)"
+            "JAX was initialised before synk.fork() (by the program, by an earlier "
+            "device='gpu' session in this process, or by sampling with numpyro or "
+            "blackjax): forked children of a JAX process hang; call synk.fork() before "
+            "any JAX computation, and fork a device='gpu' session once per program (in "
+            "a notebook: once per kernel)"
         )
     if several:
         mpi.check_not_initialized()

@@ -8,8 +8,14 @@ Imported only by test modules that have already skipped where PyMC is missing
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pymc as pm
+
+ROOT = pathlib.Path(__file__).parents[1]
 
 QUIET = dict(progressbar=False, compute_convergence_checks=False)
 # PyMC's own NUTS named: PyMC 6 would otherwise pick nutpie where it is installed
@@ -37,3 +43,14 @@ def said(caplog) -> list[str]:
     """The ``synkhronos.pymc:`` log lines ``caplog`` caught."""
     return [r.getMessage() for r in caplog.records if "synkhronos.pymc:" in r.getMessage()]
 
+
+
+def in_fresh_python(module: str, check: str, *args) -> None:
+    """``check(*args)``, a function of the test module ``module`` (dotted, from the
+    repository's root), run in a new Python process: for checks that start JAX's
+    runtime, after which no later test of this run could fork a session."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            f"from {module} import {check}; {check}(*{args!r})")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=800, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

@@ -29,9 +29,12 @@ The modules, each one concern:
 - ``_choice``: whether dividing pays at all, measured against PyMC's own function
   (``sample(divide=None)``);
 - ``_sampling``: ``sample``, with PyMC's NUTS or nutpie;
+- ``_jax_samplers``: numpyro's and blackjax's NUTS over the divided function, a JAX
+  host callback in ``pm.sample``'s own JAX route;
 - ``_loglik``: ``compute_log_likelihood`` (pointwise, for LOO and WAIC);
 - ``_map``: ``find_MAP`` over the divided log-density;
-- ``_pymc_compat``: every access to PyMC's (and nutpie's) internals.
+- ``_pymc_compat``: every access to PyMC's (and nutpie's) internals (the JAX route's
+  log-density hook among them).
 
 PyMC is imported only when these functions are called.
 """

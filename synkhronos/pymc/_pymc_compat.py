@@ -4,8 +4,9 @@ PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTenso
 where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
 cores and chain count of ``pm.sample``, the error its parallel sampler raises for a
 chain, the initial-point function it jitters with, the rewrites its compile adds for
-parameter checks, the imputation it builds for masked observations, and nutpie's
-``from_pyfunc`` hook; and of PyTensor, what the likelihood's Op needs: a shared
+parameter checks, the imputation it builds for masked observations, nutpie's
+``from_pyfunc`` hook, and the function ``pm.sample``'s numpyro and blackjax route
+compiles the log-density with; and of PyTensor, what the likelihood's Op needs: a shared
 variable's value cell and the Numba backend's dispatch of a Python Op. The rest of
 :mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
 PyMC is imported only when one of these functions runs. (``sample`` also relies on
@@ -15,8 +16,10 @@ processes inherit the step instead of unpickling it.)
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,6 +41,8 @@ __all__ = [
     "minibatch_variables",
     "nutpie_from_pyfunc",
     "nutpie_seed",
+    "check_jax_sampler",
+    "jaxified_logp_replaced",
     "patch_nutpie_idata",
     "pymc_default_sampler_is_auto",
     "default_nuts_sampler",
@@ -222,6 +227,41 @@ def nutpie_from_pyfunc() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ImportError("nuts_sampler='nutpie' needs nutpie: pip install nutpie") from exc
     return nutpie, from_pyfunc
+
+
+def check_jax_sampler(sampler: str) -> None:
+    """An ImportError saying how to install ``nuts_sampler`` "numpyro" or "blackjax"
+    where it or JAX is missing (``pm.sample`` finds out only once sampling starts).
+    Looked up, not imported: importing blackjax starts JAX's runtime, after which
+    forking a session is refused."""
+    import importlib.util
+
+    missing = [name for name in ("jax", sampler) if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"nuts_sampler={sampler!r} needs {' and '.join(missing)}: "
+                          f"pip install {' '.join(missing)}")
+
+
+@contextlib.contextmanager
+def jaxified_logp_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
+    """While inside: ``pm.sample``'s numpyro and blackjax route takes its log-density
+    from ``replacement(model, negative_logp)`` instead of compiling the model's with
+    JAX. PyMC has no keyword for it: its ``sample_jax_nuts`` calls the module's
+    ``get_jaxified_logp`` (the flag as PyMC names it: False gives minus the
+    log-density, numpyro's potential energy). One at a time: the replacement is the
+    module's for everyone while it stands."""
+    from pymc.sampling import jax as pymc_jax
+
+    with _JAXIFIED_LOGP_LOCK:
+        original = pymc_jax.get_jaxified_logp
+        pymc_jax.get_jaxified_logp = replacement
+        try:
+            yield
+        finally:
+            pymc_jax.get_jaxified_logp = original
+
+
+_JAXIFIED_LOGP_LOCK = threading.Lock()
 
 
 def nutpie_seed(random_seed: Any, chains: int) -> int:

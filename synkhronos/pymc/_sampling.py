@@ -1,4 +1,4 @@
-"""Sampling: PyMC's NUTS or nutpie driving the divided log-density.
+"""Sampling: PyMC's NUTS, nutpie, numpyro or blackjax driving the divided log-density.
 
 Which one: ``nuts_sampler``, or where it is not given the one ``pm.sample`` would pick
 (``compat.default_nuts_sampler``: PyMC 6 takes nutpie where it is installed).
@@ -20,7 +20,8 @@ chains run:
 - one at a time, in this process (one running chain, a session already open, or
   nutpie): the session (the user's, or one ``sample`` forks and closes) evaluates
   every chain's likelihood. ``nuts_sampler="nutpie"`` hands the function to nutpie
-  through its ``from_pyfunc`` hook.
+  through its ``from_pyfunc`` hook; "numpyro" and "blackjax" run ``pm.sample`` with
+  the function as their JAX log-density (``_jax_samplers``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
+from ._jax_samplers import sample_jax
 from ._likelihood import (
     build_logp_dlogp,
     check_exact,
@@ -122,6 +124,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         ``discard_tuned_samples``, ``target_accept``, ``max_treedepth``, ``nuts``,
         ``nuts_sampler_kwargs``, ``var_names``, ``compute_convergence_checks``,
         ``idata_kwargs``, ``return_inferencedata``, ``backend``, ``compile_kwargs``).
+        ``nuts_sampler="numpyro"`` or ``"blackjax"`` is ``pm.sample`` with that
+        sampler, its log-density the divided function (a JAX callback) with
+        ``divide=True`` or ``exact=True``, otherwise PyMC's own JAX function (not
+        divided: not chosen by measurement, see the docs' "numpyro and blackjax").
 
     Returns
     -------
@@ -138,10 +144,14 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         before any process is forked.
     ValueError
         See :func:`logp_dlogp_function` (raised from the chain's process where chains
-        run at once); ``nuts_sampler`` is not "pymc" or "nutpie"; the model reads
+        run at once); ``nuts_sampler`` is not one of pm.sample's ("pymc", "nutpie",
+        "numpyro", "blackjax"); the model reads
         ``pm.Minibatch`` data; ``cores`` or ``processes_per_chain`` is below 1;
         ``processes_per_chain`` differs from the open session's size; ``mp_ctx`` is
         not ``"fork"`` while chains run at once.
+    ImportError
+        ``nuts_sampler`` names a sampler (or JAX) that is not installed, before any
+        process is forked.
 
     Notes
     -----
@@ -175,9 +185,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                         "synkhronos.pymc.logp_dlogp_function(model) (e.g. pm.NUTS("
                         "logp_dlogp_func=...)) and call pm.sample(step=..., cores=1)")
     sampler = kwargs.pop("nuts_sampler", None)
-    if sampler not in (None, "pymc", "nutpie"):
-        raise ValueError(f"nuts_sampler must be 'pymc' or 'nutpie' with synkhronos.pymc; "
-                         f"got {sampler!r}")
+    if sampler not in (None, *_SAMPLERS):
+        raise ValueError(f"nuts_sampler must be one of {', '.join(map(repr, _SAMPLERS))} "
+                         f"(pm.sample's); got {sampler!r}")
+    if sampler in _JAX_SAMPLERS:
+        compat.check_jax_sampler(sampler)  # (ImportError before anything is forked)
     if sampler == "nutpie":
         unknown = sorted(set(kwargs) - _NUTPIE_KEYWORDS)
         if unknown:
@@ -232,6 +244,18 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
                           lambda vgf: pm.sample(model=model, **asked), own, divide is None,
+                          compile_kwargs=compile_kwargs, exact=exact)
+    if sampler in _JAX_SAMPLERS:
+        if not divide:
+            # pm.sample itself: JAX's compiled sampler loop runs PyMC's function faster
+            # than timing it alone predicts (docs: "numpyro and blackjax"), so no
+            # measurement here can say that dividing pays
+            log.info("synkhronos.pymc: nuts_sampler=%r: pm.sample's own JAX function (not "
+                     "divided; divide=True divides)", sampler)
+            return pm.sample(model=model, **asked)
+        return _in_master(pm, model, split, grainsize, processes, size,
+                          lambda vgf: sample_jax(pm, model, vgf, asked),
+                          lambda vgf: pm.sample(model=model, **asked), None, False,
                           compile_kwargs=compile_kwargs, exact=exact)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
@@ -383,6 +407,11 @@ def _chain_session(processes: int, spin: float | None):
 
     return open_session
 
+
+# pm.sample's NUTS samplers; those whose loop JAX compiles (their log-density is a
+# callback, _jax_samplers).
+_SAMPLERS = ("pymc", "nutpie", "numpyro", "blackjax")
+_JAX_SAMPLERS = ("numpyro", "blackjax")
 
 # The pm.sample keywords with an equivalent on the nutpie route.
 _NUTPIE_KEYWORDS = {

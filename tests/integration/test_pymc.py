@@ -172,8 +172,9 @@ def test_sample_forks_and_closes_its_own_session():
 def test_sample_refuses_a_step(two):
     with pytest.raises(TypeError, match="builds its own NUTS step"):
         synk_pymc.sample(model=logistic_model(rows=11), step=object())
-    with pytest.raises(ValueError, match="nuts_sampler must be 'pymc' or 'nutpie'"):
-        synk_pymc.sample(model=logistic_model(rows=11), nuts_sampler="numpyro")
+    with pytest.raises(ValueError, match="nuts_sampler must be one of 'pymc', 'nutpie', "
+                       "'numpyro', 'blackjax'"):
+        synk_pymc.sample(model=logistic_model(rows=11), nuts_sampler="stan")
 
 
 @pytest.mark.timeout(900)

@@ -1,0 +1,128 @@
+"""``sample(nuts_sampler="numpyro")`` and ``"blackjax"``: ``pm.sample``'s JAX route
+with the divided log-density as a host callback, checked against that route itself.
+
+- divided over two processes, the draws agree with ``pm.sample``'s to rounding over a
+  short run, and the InferenceData has ``pm.sample``'s groups and attributes;
+- without ``divide=True`` it is ``pm.sample`` itself: the same draws bit for bit;
+- exact mode gives the same draws at one process and two;
+- a sampler that is not installed is an ImportError before anything is forked.
+
+Each check runs in a fresh Python (``_in_fresh_python``): sampling starts JAX's
+runtime, after which a program can fork no session (``synk.fork`` refuses), and the
+other tests of this run fork theirs. numpyro and blackjax are optional (CI's Python
+3.12 environment installs both).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip(
+    "pymc", reason="PyMC is not installed here; .ci/run runs this module in its environments "
+    "with the pymc extra"
+)
+
+import synkhronos.pymc as synk_pymc  # noqa: E402
+from tests.pymc_common import (  # noqa: E402
+    QUIET,
+    assert_same_draws,
+    in_fresh_python,
+    regression,
+)
+
+SHORT = dict(draws=5, tune=20, chains=2, random_seed=8, **QUIET)
+
+
+def _installed(sampler):
+    pytest.importorskip(sampler, reason=f"{sampler} is not installed here (optional; CI's "
+                        "Python 3.12 environment has it)")
+
+
+@pytest.fixture(params=["numpyro", "blackjax"])
+def sampler(request):
+    _installed(request.param)
+    return request.param
+
+
+def _in_fresh_python(check: str, *args) -> None:
+    in_fresh_python(__name__, check, *args)
+
+
+def _log_lines() -> list[str]:
+    """From now on, the ``synkhronos.pymc:`` log lines of this process."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if "synkhronos.pymc:" in record.getMessage():
+                lines.append(record.getMessage())
+
+    logger = logging.getLogger("synkhronos")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(Keep())
+    return lines
+
+
+def _close_draws(got, want, names=("b", "sigma"), rel=1e-4):
+    for name in names:
+        a, b = got.posterior[name].values, want.posterior[name].values
+        np.testing.assert_allclose(a, b, rtol=0, atol=rel * b.std(), err_msg=name)
+
+
+# -- the checks, each run in a fresh process ---------------------------------------------
+def check_sampler(sampler):
+    # divided first: once pm.sample has run, JAX has started and no session can fork
+    lines = _log_lines()
+    model = regression(rows=301)
+    divided = synk_pymc.sample(model=model, nuts_sampler=sampler, divide=True,
+                               processes_per_chain=2, **SHORT)
+    assert any("divided over 2 processes" in line for line in lines), lines
+    want = pm.sample(model=model, nuts_sampler=sampler, **SHORT)
+    _close_draws(divided, want)
+    for group in ("posterior", "sample_stats", "observed_data"):
+        assert group in divided and group in want, group
+    assert (divided.posterior.attrs["inference_library"]
+            == want.posterior.attrs["inference_library"])
+    assert divided.posterior.attrs["tuning_steps"] == 20
+    del lines[:]
+    assert_same_draws(synk_pymc.sample(model=model, nuts_sampler=sampler, **SHORT), want)
+    assert any("not divided" in line for line in lines), lines
+
+
+def check_exact(sampler, processes, path):
+    model = regression(rows=301)
+    idata = synk_pymc.sample(model=model, nuts_sampler=sampler, exact=True,
+                             processes_per_chain=processes, **SHORT)
+    np.savez(path, **{name: idata.posterior[name].values for name in ("b", "sigma")})
+
+
+# -- the tests --------------------------------------------------------------------------------
+@pytest.mark.timeout(900)
+def test_divided_draws_as_pm_samples_and_undivided_pm_sample_itself(sampler):
+    _in_fresh_python("check_sampler", sampler)
+
+
+@pytest.mark.timeout(900)
+def test_exact_draws_are_the_same_at_one_process_and_two(tmp_path):
+    # (one program each: the second would fork after JAX has started in the first)
+    _installed("numpyro")
+    draws = []
+    for processes in (1, 2):
+        path = tmp_path / f"draws{processes}.npz"
+        _in_fresh_python("check_exact", "numpyro", processes, str(path))
+        draws.append(np.load(path))
+    for name in ("b", "sigma"):
+        np.testing.assert_array_equal(draws[0][name], draws[1][name], err_msg=name)
+
+
+def test_a_sampler_not_installed_is_an_import_error_before_forking(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numpyro" else find_spec(name, *a))
+    with pytest.raises(ImportError, match="pip install numpyro"):
+        synk_pymc.sample(model=regression(), nuts_sampler="numpyro", divide=True, **SHORT)

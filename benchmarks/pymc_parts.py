@@ -272,15 +272,17 @@ class CommandCounter:
         profile.command = counted
 
 
-def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
+def movie_sampling(model, split, n: int, draws: int, which: str,
+                   sampler: str = "pymc") -> dict:
     """One chain of ``pm.sample`` (``which`` "pymc") or of ``synkhronos.pymc.sample``
-    divided over ``n`` processes: wall seconds (compile included), PyMC's own
-    sampling-loop seconds, and the posterior's summary."""
+    divided over ``n`` processes, both with ``sampler`` (``nuts_sampler``): wall
+    seconds (compile included), the sampler's own sampling-loop seconds, and the
+    posterior's summary."""
     import pymc as pm
 
-    # PyMC's NUTS in both: PyMC 6's pm.sample takes nutpie where it is installed
+    # the sampler named in both: PyMC 6's pm.sample takes nutpie where it is installed
     options = dict(draws=draws, tune=draws, chains=1, cores=1, random_seed=7,
-                   nuts_sampler="pymc", progressbar=False, compute_convergence_checks=False,
+                   nuts_sampler=sampler, progressbar=False, compute_convergence_checks=False,
                    discard_tuned_samples=False)  # (the tuning steps' leapfrog steps)
     start = time.perf_counter()
     if which == "pymc":
@@ -295,7 +297,8 @@ def movie_sampling(model, split, n: int, draws: int, which: str) -> dict:
             "summary": pymc_sampling.posterior_summary(idata)}
 
 
-def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int) -> dict:
+def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int,
+                  sampler: str = "pymc") -> dict:
     """The ``--movie`` figures (see the module docstring)."""
     model, split = movie(rows)
     points = pymc_sampling.points_for(model)
@@ -317,7 +320,7 @@ def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int) -> dic
                     series[name].append(value)
             else:
                 got = movie_sampling(model, split, n, draws,
-                                     "pymc" if step == "pm_sample" else "ours")
+                                     "pymc" if step == "pm_sample" else "ours", sampler)
                 series[f"{step}_wall_s"].append(got["wall_s"])
                 series[f"{step}_sampling_s"].append(got["sampling_s"])
                 series[f"{step}_leapfrog_steps"].append(got["leapfrog_steps"])
@@ -333,6 +336,7 @@ def measure_movie(rows: int, n: int, rounds: int, calls: int, draws: int) -> dic
 
     return {
         "rows": [max(1, round(rows * share)) for share in MOVIE_SHARES], "n": n,
+        "nuts_sampler": sampler,
         "draws": draws, "tune": draws, "chains": 1, "calls": calls,
         "median": {name: round(statistics.median(values), 6)
                    for name, values in series.items()},
@@ -364,13 +368,15 @@ def main() -> None:
     parser.add_argument("--movie-rows", type=int, default=100_000)
     parser.add_argument("--draws", type=int, default=300,
                         help="--movie: draws, and as many tuning steps")
+    parser.add_argument("--nuts-sampler", default="pymc", choices=["pymc", "nutpie"],
+                        help="--movie: the sampler of both pm.sample and synkhronos's")
     args = parser.parse_args()
     report: dict = {"benchmark": "pymc_parts", "machine": pymc_sampling.machine(),
                     "rounds": args.rounds, "calls": args.calls, "models": {}}
     with threadpool_limits(limits=1):
         if args.movie:
             report["movie"] = measure_movie(args.movie_rows, args.n, args.rounds,
-                                            args.calls, args.draws)
+                                            args.calls, args.draws, args.nuts_sampler)
         for name in [] if args.movie else args.models:
             report["models"][name] = [
                 measure(pymc_sampling.MODELS[name], rows, args.n, args.rounds, args.calls)

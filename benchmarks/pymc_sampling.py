@@ -8,8 +8,9 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). In one run:
   ``--no-peers`` skips it): ``synkhronos.pymc.sample`` as a PyMC user calls it (no
   session of one's own), with its default ``divide=None`` (it measures whether dividing
   pays and otherwise runs ``pm.sample`` itself) and with ``divide=True`` (always
-  divided), against ``pm.sample(nuts_sampler="pymc")``, ``"nutpie"`` and ``"numpyro"``,
-  each with its own defaults (cores, BLAS and JAX threads); a sampler that is not
+  divided; also with nutpie's, numpyro's or blackjax's NUTS driving the divided
+  function), against ``pm.sample(nuts_sampler="pymc")``, ``"nutpie"``, ``"numpyro"`` and
+  ``"blackjax"``, each with its own defaults (cores, BLAS and JAX threads); a sampler that is not
   installed (or an earlier synkhronos without ``divide``) is skipped with the reason
   recorded (``--samplers`` picks some). Each at every ``--chains`` (default 2 and 1)
   and, with ``--busy``, also with one busy core beside it: a separate process spinning
@@ -19,8 +20,8 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). In one run:
   smallest over every scalar of the posterior) per second of wall time (the whole call:
   compiling and initialisation included) and per second of sampling alone (the time
   the sampler itself records in the posterior's ``sampling_time``: PyMC's loop over
-  tuning and draws; nutpie's ``nutpie.sample`` call, after its compile; numpyro's
-  whole sampler call, JAX's compiling of it included; where a sampler records none,
+  tuning and draws; nutpie's ``nutpie.sample`` call, after its compile; numpyro's and
+  blackjax's whole sampler call, JAX's compiling of it included; where a sampler records none,
   the JSON says so and that figure is null). Every run of a row count (every sampler x
   chains x busy) is made once per round (``--rounds``), in a random order drawn per
   round (recorded), each with its load average before and after, the busy process's
@@ -33,7 +34,7 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). In one run:
   2 chains and 1, five samplers) takes about 1.5-2 hours, most of it at 10^5 and 10^6
   rows; ``--busy`` doubles it. The JSON's ``headline`` has one entry per model x rows x chains x
   busy: each sampler's median ESS/s over rounds (wall and sampling), the best peer
-  (PyMC, nutpie, numpyro) and synkhronos's ratio to it (> 1: synkhronos gives more
+  (PyMC, nutpie, numpyro, blackjax) and synkhronos's ratio to it (> 1: synkhronos gives more
   effective draws a second), and what synkhronos chose in each round;
 - **per evaluation of logp + gradient** (``--rows``, default 10^3 .. 10^6;
   ``--no-evaluations`` skips it): PyMC's own compiled function
@@ -442,10 +443,12 @@ def layout_runs(model: pm.Model, layouts: list[tuple[int, int]] | None, options:
 
 # -- against the peers: effective draws a second --------------------------------------------------
 # The samplers compared (their labels): synkhronos.pymc.sample choosing by measurement
-# whether to divide (its default), always dividing, always dividing with nutpie's NUTS
-# driving it (nuts_sampler="nutpie"), and the NUTS samplers pm.sample offers.
-SYNKHRONOS = ("synkhronos", "synkhronos_divide", "synkhronos_nutpie")
-PEERS = ("pymc", "nutpie", "numpyro")
+# whether to divide (its default), always dividing, always dividing with nutpie's,
+# numpyro's or blackjax's NUTS driving it (nuts_sampler=...), and the NUTS samplers
+# pm.sample offers.
+SYNKHRONOS = ("synkhronos", "synkhronos_divide", "synkhronos_nutpie", "synkhronos_numpyro",
+              "synkhronos_blackjax")
+PEERS = ("pymc", "nutpie", "numpyro", "blackjax")
 SAMPLERS = SYNKHRONOS + PEERS
 # What each sampler's own sampling_time covers (``ess_per_s_sampling`` divides by it).
 SAMPLING_TIME_COVERS = {
@@ -456,11 +459,22 @@ SAMPLING_TIME_COVERS = {
                          "function; forking and building before it are excluded",
     "synkhronos_nutpie": "the nutpie.sample call (tuning and draws) over the divided "
                          "function; forking and building before it are excluded",
+    "synkhronos_numpyro": "PyMC's sample_jax_nuts around numpyro's sampler, its "
+                          "log-density a callback into the divided function; forking "
+                          "and building before it are excluded",
+    "synkhronos_blackjax": "PyMC's sample_jax_nuts around blackjax's sampler, its "
+                           "log-density a callback into the divided function; forking "
+                           "and building before it are excluded",
     "pymc": "PyMC's loop over tuning and draws, after compiling and initialisation",
     "nutpie": "the nutpie.sample call (tuning and draws), after nutpie.compile_pymc_model",
     "numpyro": "PyMC's sample_jax_nuts around numpyro's sampler: JAX's compiling of the "
                "sampler is included, the model's conversion to JAX is not",
+    "blackjax": "PyMC's sample_jax_nuts around blackjax's sampler: JAX's compiling of the "
+                "sampler is included, the model's conversion to JAX is not",
 }
+# The sampler library each synkhronos label drives (pm.sample's nuts_sampler).
+DRIVES = {"synkhronos_nutpie": "nutpie", "synkhronos_numpyro": "numpyro",
+          "synkhronos_blackjax": "blackjax"}
 # Rows from which --large-draws / --large-tune apply.
 LARGE_ROWS = 1_000_000
 # The busy core: a process spinning a pure-Python loop for as long as it lives.
@@ -475,8 +489,8 @@ def takes_divide() -> bool:
 
 def unavailable(sampler: str) -> str | None:
     """Why ``sampler`` cannot run here, or None."""
-    if sampler == "synkhronos_nutpie" and importlib.util.find_spec("nutpie") is None:
-        return f"nutpie is not installed (PyMC {pm.__version__})"
+    if sampler in DRIVES and importlib.util.find_spec(DRIVES[sampler]) is None:
+        return f"{DRIVES[sampler]} is not installed (PyMC {pm.__version__})"
     if sampler in SYNKHRONOS:
         return None if takes_divide() else (
             "this synkhronos.pymc.sample takes no divide= (an earlier revision: it always "
@@ -494,9 +508,9 @@ def call_for(sampler: str, model: pm.Model, options: dict):
         return lambda: synk_pymc.sample(model=model, **options)
     if sampler == "synkhronos_divide":
         return lambda: synk_pymc.sample(model=model, divide=True, **options)
-    if sampler == "synkhronos_nutpie":
-        return lambda: synk_pymc.sample(model=model, divide=True, nuts_sampler="nutpie",
-                                        **options)
+    if sampler in DRIVES:
+        return lambda: synk_pymc.sample(model=model, divide=True,
+                                        nuts_sampler=DRIVES[sampler], **options)
     return lambda: pm.sample(model=model, nuts_sampler=sampler, **options)
 
 
@@ -892,7 +906,7 @@ def main() -> None:
                                  "loop (not pinned), started before each timed call and "
                                  "killed after it", **common},
                     "versions": _harness.versions("pymc", "pytensor", "nutpie", "numpyro",
-                                                  "jax", "arviz", "numba"),
+                                                  "blackjax", "jax", "arviz", "numba"),
                     "models": {}, "headline": {}}
     for name in args.models:
         result: dict = {"evaluations": {}, "peers": {}, "layouts": {}}

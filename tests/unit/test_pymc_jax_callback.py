@@ -9,11 +9,13 @@ against PyMC's own JAX function and the ``ValueGradFunction`` it calls back:
   reports a runtime error of its callback), here from numpyro's sampling loop.
 
 Each check runs in a fresh Python (``in_fresh_python``): JAX's runtime, once started,
-would keep the later tests of this run from forking their sessions. numpyro is
-optional (CI's Python 3.12 environment has it).
+would keep the later tests of this run from forking their sessions (so nothing here
+imports JAX's samplers either). numpyro is optional (CI's PyMC environments have it).
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ pm = pytest.importorskip(
     "pymc", reason="PyMC is not installed here; .ci/run runs this module in its environments "
     "with the pymc extra"
 )
-pytest.importorskip("jax", reason="JAX is not installed here (the test extra has it)")
+if importlib.util.find_spec("jax") is None:
+    pytest.skip("JAX is not installed here (the test extra has it)", allow_module_level=True)
 
 from tests.pymc_common import in_fresh_python, regression  # noqa: E402
 
@@ -109,7 +112,8 @@ def test_value_and_gradient_are_the_functions():
 
 @pytest.mark.timeout(600)
 def test_an_evaluations_error_is_raised_as_itself():
-    pytest.importorskip("numpyro", reason="numpyro is not installed here (optional; CI's "
-                        "Python 3.12 environment has it)")
+    if importlib.util.find_spec("numpyro") is None:  # (looked up: imported, JAX starts)
+        pytest.skip("numpyro is not installed here (optional; CI's PyMC environments "
+                    "have it)")
     in_fresh_python(__name__, "check_an_error_is_raised_as_itself")
 

@@ -1,10 +1,10 @@
 """``sample(nuts_sampler="numpyro")`` and ``"blackjax"``: ``pm.sample``'s JAX route
 with the divided log-density as a host callback, checked against that route itself.
 
-- divided over two processes, the draws agree with ``pm.sample``'s to rounding over a
-  short run, and the InferenceData has ``pm.sample``'s groups and attributes;
+- divided over two processes, by default and (numpyro) in exact mode, the draws agree with
+  ``pm.sample``'s to rounding over a short run, and the InferenceData has
+  ``pm.sample``'s groups and attributes;
 - without ``divide=True`` it is ``pm.sample`` itself: the same draws bit for bit;
-- exact mode gives the same draws at one process and two;
 - a sampler that is not installed is an ImportError before anything is forked.
 
 Each check runs in a fresh Python (``_in_fresh_python``): sampling starts JAX's
@@ -26,6 +26,7 @@ pm = pytest.importorskip(
     "with the pymc extra"
 )
 
+import synkhronos as synk  # noqa: E402
 import synkhronos.pymc as synk_pymc  # noqa: E402
 from tests.pymc_common import (  # noqa: E402
     QUIET,
@@ -78,14 +79,23 @@ def _close_draws(got, want, names=("b", "sigma"), rel=1e-4):
 
 # -- the checks, each run in a fresh process ---------------------------------------------
 def check_sampler(sampler):
-    # divided first: once pm.sample has run, JAX has started and no session can fork
+    # One session forked first, as the docs say: once a sampler has run, JAX has
+    # started and no session can fork; both samplings run in it.
     lines = _log_lines()
     model = regression(rows=301)
-    divided = synk_pymc.sample(model=model, nuts_sampler=sampler, divide=True,
-                               processes_per_chain=2, **SHORT)
-    assert any("divided over 2 processes" in line for line in lines), lines
+    synk.fork(2)
+    try:
+        divided = synk_pymc.sample(model=model, nuts_sampler=sampler, divide=True, **SHORT)
+        assert any("divided over 2 processes" in line for line in lines), lines
+        # exact mode too, once (its sums the same at every n: test_pymc_exact.py)
+        exact = (synk_pymc.sample(model=model, nuts_sampler=sampler, exact=True, **SHORT)
+                 if sampler == "numpyro" else None)
+    finally:
+        synk.close()
     want = pm.sample(model=model, nuts_sampler=sampler, **SHORT)
     _close_draws(divided, want)
+    if exact is not None:
+        _close_draws(exact, want)
     for group in ("posterior", "sample_stats", "observed_data"):
         assert group in divided and group in want, group
     assert (divided.posterior.attrs["inference_library"]
@@ -96,30 +106,10 @@ def check_sampler(sampler):
     assert any("not divided" in line for line in lines), lines
 
 
-def check_exact(sampler, processes, path):
-    model = regression(rows=301)
-    idata = synk_pymc.sample(model=model, nuts_sampler=sampler, exact=True,
-                             processes_per_chain=processes, **SHORT)
-    np.savez(path, **{name: idata.posterior[name].values for name in ("b", "sigma")})
-
-
 # -- the tests --------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_divided_draws_as_pm_samples_and_undivided_pm_sample_itself(sampler):
     _in_fresh_python("check_sampler", sampler)
-
-
-@pytest.mark.timeout(900)
-def test_exact_draws_are_the_same_at_one_process_and_two(tmp_path):
-    # (one program each: the second would fork after JAX has started in the first)
-    _installed("numpyro")
-    draws = []
-    for processes in (1, 2):
-        path = tmp_path / f"draws{processes}.npz"
-        _in_fresh_python("check_exact", "numpyro", processes, str(path))
-        draws.append(np.load(path))
-    for name in ("b", "sigma"):
-        np.testing.assert_array_equal(draws[0][name], draws[1][name], err_msg=name)
 
 
 def test_a_sampler_not_installed_is_an_import_error_before_forking(monkeypatch):

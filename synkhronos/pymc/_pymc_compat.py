@@ -242,6 +242,10 @@ def check_jax_sampler(sampler: str) -> None:
                           f"pip install {' '.join(missing)}")
 
 
+# One replacement of PyMC's JAX log-density at a time (jaxified_logp_replaced).
+_JAXIFIED_LOGP_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def jaxified_logp_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
     """While inside: ``pm.sample``'s numpyro and blackjax route takes its log-density
@@ -259,9 +263,6 @@ def jaxified_logp_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
             yield
         finally:
             pymc_jax.get_jaxified_logp = original
-
-
-_JAXIFIED_LOGP_LOCK = threading.Lock()
 
 
 def nutpie_seed(random_seed: Any, chains: int) -> int:

@@ -254,8 +254,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                      "divided; divide=True divides)", sampler)
             return pm.sample(model=model, **asked)
         return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: sample_jax(pm, model, vgf, asked),
-                          lambda vgf: pm.sample(model=model, **asked), None, False,
+                          lambda vgf: sample_jax(pm, model, vgf, asked), None, None, False,
                           compile_kwargs=compile_kwargs, exact=exact)
     random_seed = kwargs.pop("random_seed", None)
     if random_seed is None:  # one seed for init_nuts and pm.sample alike
@@ -344,7 +343,8 @@ def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own
     forked here (``processes``) and closed at the end.
     With ``measure`` the divided function is kept only if it is measured faster than
     PyMC's own (``own``, measured before forking; None: measured now), otherwise the
-    session is closed and ``undivided(vgf)`` samples with PyMC's own function.
+    session is closed and ``undivided(vgf)`` samples with PyMC's own function
+    (``undivided`` is None where nothing is measured).
     ``exact``: ``build_logp_dlogp``'s (never measured: always divided)."""
     own_session = size is None
     if own_session:

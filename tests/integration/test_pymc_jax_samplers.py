@@ -7,7 +7,7 @@ with the divided log-density as a host callback, checked against that route itse
 - without ``divide=True`` it is ``pm.sample`` itself: the same draws bit for bit;
 - a sampler that is not installed is an ImportError before anything is forked.
 
-Each check runs in a fresh Python (``_in_fresh_python``): sampling starts JAX's
+Each check runs in a fresh Python (``in_fresh_python``): sampling starts JAX's
 runtime, after which a program can fork no session (``synk.fork`` refuses), and the
 other tests of this run fork theirs. numpyro and blackjax are optional (CI's PyMC
 environments install both).
@@ -50,10 +50,6 @@ def _installed(sampler):
 def sampler(request):
     _installed(request.param)
     return request.param
-
-
-def _in_fresh_python(check: str, *args) -> None:
-    in_fresh_python(__name__, check, *args)
 
 
 def _log_lines() -> list[str]:
@@ -109,7 +105,7 @@ def check_sampler(sampler):
 # -- the tests --------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_divided_draws_as_pm_samples_and_undivided_pm_sample_itself(sampler):
-    _in_fresh_python("check_sampler", sampler)
+    in_fresh_python(__name__, "check_sampler", sampler)
 
 
 def test_a_sampler_not_installed_is_an_import_error_before_forking(monkeypatch):

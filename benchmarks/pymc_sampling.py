@@ -22,7 +22,11 @@ a hierarchical GLM (100 groups, 5 features, a Normal likelihood). In one run:
   the sampler itself records in the posterior's ``sampling_time``: PyMC's loop over
   tuning and draws; nutpie's ``nutpie.sample`` call, after its compile; numpyro's and
   blackjax's whole sampler call, JAX's compiling of it included; where a sampler records none,
-  the JSON says so and that figure is null). Every run of a row count (every sampler x
+  the JSON says so and that figure is null). The clock stops once every array of the
+  InferenceData is computed: PyMC 6's blackjax route returns while its sampler still
+  runs (JAX's asynchronous dispatch), and its ``sampling_time`` stops there too, so for
+  such a run the JSON keeps that figure as ``sampling_time_stopped_at_return`` and
+  sampling alone is null. Every run of a row count (every sampler x
   chains x busy) is made once per round (``--rounds``), in a random order drawn per
   round (recorded), each with its load average before and after, the busy process's
   CPU seconds, the divergences, the posterior means' gap to ``pm.sample``'s of the same
@@ -367,6 +371,20 @@ def sampling_time(idata) -> float | None:
     return None if value is None else float(value)
 
 
+def computed(idata) -> bool:
+    """Waits until every array of ``idata`` is computed, and says whether all were
+    when it was called. PyMC 6's blackjax route returns while its sampler still runs
+    (JAX's asynchronous dispatch: the InferenceData holds JAX arrays not yet computed),
+    so a clock stopped at its return misses the sampling, and the ``sampling_time`` it
+    records stops as early."""
+    groups = idata.groups() if callable(idata.groups) else idata.groups
+    arrays = [var.data for name in groups for var in idata[name].data_vars.values()]
+    ready = all(getattr(array, "is_ready", lambda: True)() for array in arrays)
+    for array in arrays:
+        np.asarray(array)
+    return ready
+
+
 def layouts_for(cores: int, chains: int) -> list[tuple[int, int]]:
     """The chains x processes layouts that fill the machine: each number of chains at
     once that divides ``chains`` (no round half empty), up to the cores, with the cores
@@ -399,8 +417,9 @@ def layout_runs(model: pm.Model, layouts: list[tuple[int, int]] | None, options:
     def run(label, call):
         start = time.perf_counter()
         idata = call()
+        ready = computed(idata)
         record["wall_s"][label] = round(time.perf_counter() - start, 3)
-        record["sampling_loop_s"][label] = sampling_time(idata)
+        record["sampling_loop_s"][label] = sampling_time(idata) if ready else None
         record.setdefault("load", {})[label] = load()
         return idata
 
@@ -464,13 +483,18 @@ SAMPLING_TIME_COVERS = {
                           "and building before it are excluded",
     "synkhronos_blackjax": "PyMC's sample_jax_nuts around blackjax's sampler, its "
                            "log-density a callback into the divided function; forking "
-                           "and building before it are excluded",
+                           "and building before it are excluded. PyMC 6 stops this "
+                           "clock once the sampler is dispatched, with chains at once "
+                           "before it ends (sample waits for it after): compare wall "
+                           "times",
     "pymc": "PyMC's loop over tuning and draws, after compiling and initialisation",
     "nutpie": "the nutpie.sample call (tuning and draws), after nutpie.compile_pymc_model",
     "numpyro": "PyMC's sample_jax_nuts around numpyro's sampler: JAX's compiling of the "
                "sampler is included, the model's conversion to JAX is not",
     "blackjax": "PyMC's sample_jax_nuts around blackjax's sampler: JAX's compiling of the "
-                "sampler is included, the model's conversion to JAX is not",
+                "sampler is included, the model's conversion to JAX is not. PyMC 6 "
+                "stops this clock before the sampler ends (then null: the run's "
+                "sampling_time_stopped_at_return)",
 }
 # The sampler library each synkhronos label drives (pm.sample's nuts_sampler).
 DRIVES = {"synkhronos_nutpie": "nutpie", "synkhronos_numpyro": "numpyro",
@@ -597,6 +621,7 @@ def peer_run(sampler: str, model: pm.Model, options: dict, busy: bool) -> tuple[
             with spinner or contextlib.nullcontext():
                 start = time.perf_counter()
                 idata = call_for(sampler, model, options)()
+                ready = computed(idata)
                 wall = time.perf_counter() - start
         except Exception as exc:  # a peer's failure is a figure to record, not the end
             record["error"] = f"{type(exc).__name__}: {exc}"
@@ -611,6 +636,9 @@ def peer_run(sampler: str, model: pm.Model, options: dict, busy: bool) -> tuple[
         record["chose"] = chosen(lines.lines)
     ess = min_bulk_ess(idata)
     sampling_s = sampling_time(idata)
+    if not ready:
+        record["sampling_time_stopped_at_return"] = sampling_s
+        sampling_s = None  # (the sampler's clock stopped before its work ended)
     record.update(
         wall_s=round(wall, 3), sampling_s=None if sampling_s is None else round(sampling_s, 3),
         min_bulk_ess=round(ess, 1), ess_per_s_wall=round(ess / wall, 3),

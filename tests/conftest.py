@@ -212,13 +212,29 @@ def no_cyclic_gc():
     """No garbage collection of reference cycles inside the test: a test that counts
     which calls replay must not see the epoch moved on by the release of a ``Data``
     left in a cycle by an earlier test of the same session (that is correct, but it
-    would make the count depend on when the collector runs)."""
-    gc.collect()
+    would make the count depend on when the collector runs). Earlier garbage waits for
+    a later collection (collecting it first would cost about 2 s: see
+    ``gc_of_this_test``)."""
     gc.disable()
     try:
         yield
     finally:
         gc.enable()
+
+
+@pytest.fixture
+def gc_of_this_test():
+    """Inside the test (and the teardown of fixtures set up after this one),
+    ``gc.collect()`` looks only at what the test made: every older object is frozen
+    (``gc.freeze``) until the test ends. Late in a run a full collection takes about
+    2 s (the compiled functions the tests share are millions of objects), and a test
+    that collects to release its own objects needs no more. Older garbage is left to a
+    later collection."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture(params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")

@@ -211,7 +211,7 @@ def test_free_memory_then_set_value(forked):
     assert x.shape == (2, 2) and x.alloc_size == 4 and (x.data == 0).all()
 
 
-def test_garbage_collection_unlinks(forked):
+def test_garbage_collection_unlinks(gc_of_this_test, forked):
     x = synk.data(np.ones(100, dtype=np.float32))
     segment = x.ref().segment
     _everywhere(_read, x.ref())
@@ -277,7 +277,7 @@ def test_data_in_a_worker_is_refused(forked_workers):
 
 
 # -- pickling -------------------------------------------------------------------------------
-def test_pickled_into_workers_is_a_non_owner_handle(forked):
+def test_pickled_into_workers_is_a_non_owner_handle(gc_of_this_test, forked):
     x = synk.data(np.arange(4, dtype=np.int16), name="x")
     if forked > 1:
         for is_owner, values in _on_workers(_read_pickled, x):

@@ -37,7 +37,7 @@ def _open_fds() -> int:
 
 
 @pytest.fixture
-def make_block():
+def make_block(gc_of_this_test):
     """Build control blocks; afterwards drop them and check that nothing is left."""
     made: list[tuple[str, C.ControlBlock]] = []
 
@@ -78,8 +78,8 @@ def test_block_leaves_no_names_behind(make_block):
     assert not any(block.failed(r) for r in range(3))
 
 
-def test_block_releases_its_fd_when_dropped():
-    gc.collect()  # earlier tests' garbage must not close fds during the measurement
+def test_block_releases_its_fd_when_dropped(gc_of_this_test):
+    # (earlier tests' garbage, frozen, cannot close fds during the measurement)
     before = _open_fds()
     prefix = shmem.new_session_prefix()
     block = C.ControlBlock(prefix, 2, 0.0)

@@ -66,7 +66,7 @@ def test_repeated_calls_copy_only_where_a_worker_reads(n, rows, monkeypatch):
         synk.close()
 
 
-def test_no_reference_to_the_callers_arrays_stays():
+def test_no_reference_to_the_callers_arrays_stays(gc_of_this_test):
     """As PyTensor's own call, a call read in place keeps nothing of the caller's."""
     f = _session(1)
     try:

@@ -47,7 +47,7 @@ def test_a_single_output_comes_back_in_a_list():
     assert [a.tolist() for a in _pytensor.trusted_call(fn)(np.zeros(2))] == [[1.0, 1.0]]
 
 
-def test_no_reference_to_the_arguments_stays():
+def test_no_reference_to_the_arguments_stays(gc_of_this_test):
     fn, _ = _compiled()
     run = _pytensor.trusted_call(fn)
     x = np.ones((4, 3))

@@ -71,7 +71,7 @@ DEFAULT_TIER = "not (sizes or slow or demo or mpi)"
 # "faults/test_group_kill.py::*[3-in_command]" one. Every matching row adds its
 # markers; a marker written "-name" takes away one that an earlier row added.
 # What each marker means, and the steps of CI that select it: pyproject.toml.
-_STACK_MODULES = ["test_pymc*", "test_tutorials", "test_docs_examples", "test_function",
+_STACK_MODULES = ["test_pymc*", "test_tutorials", "test_function",
                   "test_function_errors", "test_distribute_opfromgraph",
                   "test_distribute_ops", "test_checkpoint", "test_gpu"]
 _DEVICE_MODULES = ["test_function", "test_function_errors", "test_data", "test_collectives",
@@ -91,6 +91,9 @@ TIERS: list[tuple[str, set[str]]] = [
     # what else depends on the stack: CI runs these on PyMC 5's older PyTensor too
     *((f"integration/{m}.py::*", {"stack"}) for m in _STACK_MODULES),
     ("unit/test_pymc_*", {"stack"}),
+    # the docs' PyMC examples; the others take the library paths of the stack suites
+    # above (functions, collectives, steps) and run on the two newer PyTensors
+    ("integration/test_docs_examples.py::test_docs_example_runs[pymc_*", {"stack"}),
     # run again on device="gpu" (the stand-in; a GPU in benchmarks/device_check.py)
     *((f"integration/{m}.py::*", {"device"}) for m in _DEVICE_MODULES),
     ("unit/test_nccl.py::*", {"nccl"}),

@@ -3,8 +3,11 @@
 This module owns the choice between the divided log-density and PyMC's own function
 (``model.logp_dlogp_function``: "do not divide"), made when the function is built, by
 measurement, so that ``sample`` is never slower than ``pm.sample`` on the same machine
-at any data size. Two steps:
+at any data size. A pre-check and two steps:
 
+0. where timing PyMC's own function would first compile it for nothing else (the
+   nutpie route: nutpie compiles its own from the model), rows too small to repay
+   the compile are neither measured nor divided (``worth_measuring``);
 1. before any process is forked (``sample`` without a session): PyMC's own function is
    timed per evaluation at the model's initial point: the one ``pm.init_nuts``
    compiled for its step (``Own.of``), or, where nothing compiled it (the nutpie
@@ -36,8 +39,8 @@ import numpy as np
 
 from . import _pymc_compat as compat
 
-__all__ = ["Own", "Choice", "worth_forking", "expected_evaluations", "keep_divided",
-           "build_chosen", "seconds_per_evaluation", "initial_vector",
+__all__ = ["Own", "Choice", "worth_measuring", "worth_forking", "expected_evaluations",
+           "keep_divided", "build_chosen", "seconds_per_evaluation", "initial_vector",
            "measuring_point"]
 
 log = logging.getLogger("synkhronos")
@@ -59,6 +62,15 @@ _ROUNDS = 3
 # (forking, copying the rows, the check): at 10^4 rows of the logistic model the
 # divided run spent 0.86 s more outside its sampling loop where pm.init_nuts took 0.78.
 _EFFICIENCY = 0.8
+# Step 0. Compiling PyMC's function to time it took 0.5-1.3 s (Numba, hierarchical
+# model, 10^3 rows, a fresh process), a sixth of a whole nutpie run at 10^3 rows, where
+# PyMC's evaluation took 10-54 us and dividing saves nothing below about 75 us (at any
+# n: the fixed cost of a parallel call). Over 1000 + 1000 draws dividing repays its
+# building from about 150 us. PyMC's evaluation cost 0.12-0.62 ns a byte of the rows
+# (both benchmark models, 10^3 to 10^5 rows: pymc_peers_*_2core.json), so rows under
+# _MEASURE_FROM_BYTES stand for 20-100 us: only rows several times dearer a byte than
+# a logistic regression's could pay there, and then by little.
+_MEASURE_FROM_BYTES = 160_000
 _CALL_S = 20e-6
 _CALL_PER_PROCESS_S = 3e-6
 _LEAPFROGS = 16
@@ -163,6 +175,16 @@ class Choice:
             figures.append(f"dividing predicted to save {self.predicted_saving_s:.2f} s "
                            f"for {self.predicted_cost_s:.2f} s of building")
         return f"{said}: {', '.join(figures)}"
+
+
+def worth_measuring(row_bytes: int) -> bool:
+    """Step 0: whether rows of ``row_bytes`` (the data to divide) are worth compiling
+    PyMC's function to time it; logged when not."""
+    if row_bytes >= _MEASURE_FROM_BYTES:
+        return True
+    log.info("synkhronos.pymc: before forking, PyMC's own function (not divided): "
+             "%.1f kB of rows, too few to repay measuring", row_bytes / 1e3)
+    return False
 
 
 def worth_forking(own: Own, processes: int, evaluations: int, sliced: bool) -> Choice:

@@ -52,7 +52,7 @@ from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "check_exact",
-           "session_size", "row_terms", "sliced", "discrete_names"]
+           "session_size", "row_terms", "sliced", "row_bytes", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
 
@@ -276,6 +276,11 @@ def sliced(model, split, grainsize: int | None, n: int) -> bool:
     """Whether ``n`` processes would run their rows of ``model`` in slices (rows
     outgrowing the cache, or ``grainsize``), before anything is built."""
     return not _one_block(_choose_split(model, split), grainsize, n)
+
+
+def row_bytes(model, split) -> int:
+    """The bytes of the data ``split`` would divide (every group's rows)."""
+    return sum(rows * size for rows, size in _lengths(_choose_split(model, split)))
 
 
 # -- 4. the one-time check -----------------------------------------------------------------

@@ -48,6 +48,7 @@ from ._likelihood import (
     check_exact,
     check_grainsize,
     discrete_names,
+    row_bytes,
     session_size,
     sliced,
 )
@@ -238,7 +239,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         own, worth = _before_forking(
             model, split, grainsize, divide, size, processes or usable,
             _choice.expected_evaluations(kwargs, chains, 1),
-            lambda: _choice.Own.measure(model, compile_kwargs=compile_kwargs))
+            lambda: _choice.Own.measure(model, compile_kwargs=compile_kwargs),
+            compiles=True)
         if not worth:  # (nutpie compiles its own model from PyMC's: nothing to reuse)
             return pm.sample(model=model, **asked)
         return _in_master(pm, model, split, grainsize, processes, size,
@@ -321,17 +323,21 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
-                    measure_own: Callable[[], _choice.Own]
+                    measure_own: Callable[[], _choice.Own], compiles: bool = False
                     ) -> tuple[_choice.Own | None, bool]:
-    """Step 1 of ``_choice``, where a measured choice is asked and nothing is forked
-    yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or None
-    where nothing was measured) and whether to go on to build the divided one. Nothing
-    is measured with ``divide`` True or a session open (step 2 measures in it), or at
-    one process in one block (nothing to divide: not worth it)."""
+    """Steps 0 and 1 of ``_choice``, where a measured choice is asked and nothing is
+    forked yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or
+    None where nothing was measured) and whether to go on to build the divided one.
+    Nothing is measured with ``divide`` True or a session open (step 2 measures in
+    it), at one process in one block (nothing to divide: not worth it), or where
+    ``measure_own`` ``compiles`` PyMC's function for the measurement alone and the rows
+    are too few to repay it (step 0)."""
     if divide or size is not None:
         return None, True
     in_slices = sliced(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
+        return None, False
+    if compiles and not in_slices and not _choice.worth_measuring(row_bytes(model, split)):
         return None, False
     own = measure_own()
     return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided

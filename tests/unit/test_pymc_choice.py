@@ -1,5 +1,6 @@
 """The choice of ``synkhronos.pymc.sample(divide=None)`` (``synkhronos.pymc._choice``),
-driven directly: the prediction made before forking (``worth_forking``): PyMC's
+driven directly: rows too few to repay compiling PyMC's function to time it, not
+measured; the prediction made before forking (``worth_forking``): PyMC's
 evaluation too short for the saving to pay for building, no; long enough, yes; rows in
 slices, yes at one process; the measured check after building (``keep_divided``) keeps
 the faster of two functions; and in a session, both outcomes of that check (its timing
@@ -46,6 +47,33 @@ def test_the_prediction_before_forking():
     assert _choice.worth_forking(own(4e-3), 1, 16_000, sliced=True).divided
     # the evaluations one running chain makes: its share of the chains
     assert _choice.expected_evaluations({"draws": 100, "tune": 50}, 4, 2) == 2 * 150 * 16
+
+
+def test_rows_too_few_to_repay_a_compile_are_not_measured(caplog):
+    # where timing PyMC's function would compile it for nothing else (the nutpie
+    # route), rows under 160 kB are neither measured nor divided; otherwise measured
+    from synkhronos.pymc._likelihood import row_bytes
+    from synkhronos.pymc._sampling import _before_forking
+
+    def measured_with(model, compiles):
+        calls = []
+
+        def measure():
+            calls.append(model)
+            return _choice.Own(vgf=None, compile_s=0.5, seconds=4e-3, x=np.zeros(1))
+
+        own, worth = _before_forking(model, None, None, None, None, 2, 16_000, measure,
+                                     compiles=compiles)
+        return len(calls), worth
+
+    small, large = regression(rows=150), regression(rows=8_000)
+    assert row_bytes(small, None) == 150 * 3 * 8 and row_bytes(large, None) == 192_000
+    with caplog.at_level(logging.INFO, logger="synkhronos"):
+        assert measured_with(small, compiles=True) == (0, False)
+    assert any("3.6 kB of rows, too few to repay measuring" in line for line in said(caplog))
+    assert measured_with(large, compiles=True) == (1, True)
+    # PyMC's NUTS route times the function pm.init_nuts compiled anyway: measured
+    assert measured_with(small, compiles=False) == (1, True)
 
 
 def test_the_check_after_building_keeps_the_faster():

@@ -420,6 +420,9 @@ def layout_runs(model: pm.Model, layouts: list[tuple[int, int]] | None, options:
         ready = computed(idata)
         record["wall_s"][label] = round(time.perf_counter() - start, 3)
         record["sampling_loop_s"][label] = sampling_time(idata) if ready else None
+        if not ready:  # as in peer_run: PyMC's figure, which stopped at the return
+            record.setdefault("sampling_time_stopped_at_return", {})[label] = (
+                sampling_time(idata))
         record.setdefault("load", {})[label] = load()
         return idata
 

@@ -62,6 +62,10 @@ _ROUNDS = 3
 # (forking, copying the rows, the check): at 10^4 rows of the logistic model the
 # divided run spent 0.86 s more outside its sampling loop where pm.init_nuts took 0.78.
 _EFFICIENCY = 0.8
+_CALL_S = 20e-6
+_CALL_PER_PROCESS_S = 3e-6
+_LEAPFROGS = 16
+_BUILD_S = 0.1
 # Step 0. Compiling PyMC's function to time it took 0.5-1.3 s (Numba, hierarchical
 # model, 10^3 rows, a fresh process), a sixth of a whole nutpie run at 10^3 rows, where
 # PyMC's evaluation took 10-54 us and dividing saves nothing below about 75 us (at any
@@ -71,10 +75,6 @@ _EFFICIENCY = 0.8
 # _MEASURE_FROM_BYTES stand for 20-100 us: only rows several times dearer a byte than
 # a logistic regression's could pay there, and then by little.
 _MEASURE_FROM_BYTES = 160_000
-_CALL_S = 20e-6
-_CALL_PER_PROCESS_S = 3e-6
-_LEAPFROGS = 16
-_BUILD_S = 0.1
 
 
 def initial_vector(model: Any) -> np.ndarray:

@@ -93,6 +93,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         initial point before anything is forked, and a session is forked only where
         dividing is predicted to save more than building it costs over the run; once
         built, the divided function is timed against PyMC's and kept only if faster.
+        On the nutpie route, where PyMC's function would be compiled only to be
+        timed, rows under 160 kB of data are not measured (too few to repay it).
         Where it is not kept, this is ``pm.sample`` itself (same draws, same speed).
         True: always divided (the earlier behaviour); False: ``pm.sample`` itself.
         A model with discrete free variables is sampled by ``pm.sample`` itself

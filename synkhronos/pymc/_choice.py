@@ -68,12 +68,13 @@ _LEAPFROGS = 16
 _BUILD_S = 0.1
 # Step 0. Compiling PyMC's function to time it took 0.5-1.3 s (Numba, hierarchical
 # model, 10^3 rows, a fresh process), a sixth of a whole nutpie run at 10^3 rows, where
-# PyMC's evaluation took 10-54 us and dividing saves nothing below about 75 us (at any
-# n: the fixed cost of a parallel call). Over 1000 + 1000 draws dividing repays its
-# building from about 150 us. PyMC's evaluation cost 0.12-0.62 ns a byte of the rows
-# (both benchmark models, 10^3 to 10^5 rows: pymc_peers_*_2core.json), so rows under
-# _MEASURE_FROM_BYTES stand for 20-100 us: only rows several times dearer a byte than
-# a logistic regression's could pay there, and then by little.
+# PyMC's evaluation took 10-54 us and dividing saves nothing below 47-74 us (step 1's
+# prediction at n = 2 to 16: the fixed cost of a parallel call). Over 1000 + 1000
+# draws at n=2 dividing repays its building from about 150 us. PyMC's evaluation cost
+# 0.10-0.62 ns a byte of the rows (both benchmark models, 10^3 to 10^5 rows:
+# pymc_peers_*_2core.json), so rows under _MEASURE_FROM_BYTES stand for 16-100 us:
+# only rows several times dearer a byte than a logistic regression's could pay there,
+# and then by little.
 _MEASURE_FROM_BYTES = 160_000
 
 

@@ -52,7 +52,7 @@ from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "check_exact",
-           "session_size", "row_terms", "sliced", "row_bytes", "discrete_names"]
+           "session_size", "row_terms", "planned_rows", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
 
@@ -272,15 +272,14 @@ def discrete_names(model) -> list[str]:
     return [v.name for v in model.value_vars if v not in model.continuous_value_vars]
 
 
-def sliced(model, split, grainsize: int | None, n: int) -> bool:
-    """Whether ``n`` processes would run their rows of ``model`` in slices (rows
-    outgrowing the cache, or ``grainsize``), before anything is built."""
-    return not _one_block(_choose_split(model, split), grainsize, n)
-
-
-def row_bytes(model, split) -> int:
-    """The bytes of the data ``split`` would divide (every group's rows)."""
-    return sum(rows * size for rows, size in _lengths(_choose_split(model, split)))
+def planned_rows(model, split, grainsize: int | None, n: int) -> tuple[bool, int]:
+    """Before anything is built, from one plan of the split: whether ``n`` processes
+    would run their rows of ``model`` in slices (rows outgrowing the cache, or
+    ``grainsize``), and the bytes of the data ``split`` would divide (every group's
+    rows)."""
+    lengths = _lengths(_choose_split(model, split))
+    return (_num_slices(lengths, n, grainsize) != 1,
+            sum(rows * size for rows, size in lengths))
 
 
 # -- 4. the one-time check -----------------------------------------------------------------

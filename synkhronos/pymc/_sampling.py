@@ -48,9 +48,8 @@ from ._likelihood import (
     check_exact,
     check_grainsize,
     discrete_names,
-    row_bytes,
+    planned_rows,
     session_size,
-    sliced,
 )
 
 __all__ = ["sample"]
@@ -336,10 +335,10 @@ def _before_forking(model, split, grainsize, divide, size, processes, evaluation
     are too few to repay it (step 0)."""
     if divide or size is not None:
         return None, True
-    in_slices = sliced(model, split, grainsize, processes)
+    in_slices, row_bytes = planned_rows(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
         return None, False
-    if compiles and not in_slices and not _choice.worth_measuring(row_bytes(model, split)):
+    if compiles and not in_slices and not _choice.worth_measuring(row_bytes):
         return None, False
     own = measure_own()
     return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided

@@ -52,7 +52,7 @@ def test_the_prediction_before_forking():
 def test_rows_too_few_to_repay_a_compile_are_not_measured(caplog):
     # where timing PyMC's function would compile it for nothing else (the nutpie
     # route), rows under 160 kB are neither measured nor divided; otherwise measured
-    from synkhronos.pymc._likelihood import row_bytes
+    from synkhronos.pymc._likelihood import planned_rows
     from synkhronos.pymc._sampling import _before_forking
 
     def measured_with(model, compiles):
@@ -62,12 +62,14 @@ def test_rows_too_few_to_repay_a_compile_are_not_measured(caplog):
             calls.append(model)
             return _choice.Own(vgf=None, compile_s=0.5, seconds=4e-3, x=np.zeros(1))
 
-        own, worth = _before_forking(model, None, None, None, None, 2, 16_000, measure,
-                                     compiles=compiles)
+        _, worth = _before_forking(model, None, None, None, None, 2, 16_000, measure,
+                                   compiles=compiles)
         return len(calls), worth
 
     small, large = regression(rows=150), regression(rows=8_000)
-    assert row_bytes(small, None) == 150 * 3 * 8 and row_bytes(large, None) == 192_000
+    # (rows in one block each, and their bytes: 3 float64 a row)
+    assert planned_rows(small, None, None, 2) == (False, 150 * 3 * 8)
+    assert planned_rows(large, None, None, 2) == (False, 192_000)
     with caplog.at_level(logging.INFO, logger="synkhronos"):
         assert measured_with(small, compiles=True) == (0, False)
     assert any("3.6 kB of rows, too few to repay measuring" in line for line in said(caplog))

@@ -582,7 +582,12 @@ class SynkLines(logging.Handler):
 
 
 def chosen(lines: list[str]) -> str:
-    """What synkhronos's log lines say it chose: "divided" or "not divided"."""
+    """What synkhronos's log lines say it chose: "divided" or "not divided" (on the
+    nutpie route, with what nutpie sampled: "over PyMC's function" or "pm.sample")."""
+    over = [line for line in lines if "not divided, " in line]
+    if over:
+        return ("not divided, over PyMC's function" if "nutpie over PyMC's" in over[-1]
+                else "not divided, pm.sample")
     for line in reversed(lines):  # the last choice stands (measured after building)
         if "measured," in line or "before forking," in line:
             return "not divided" if "(not divided)" in line else "divided"

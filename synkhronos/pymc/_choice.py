@@ -3,11 +3,9 @@
 This module owns the choice between the divided log-density and PyMC's own function
 (``model.logp_dlogp_function``: "do not divide"), made when the function is built, by
 measurement, so that ``sample`` is never slower than ``pm.sample`` on the same machine
-at any data size. A pre-check and two steps:
+at any data size; and, on the nutpie route, which function nutpie samples when the
+rows are not divided. Three steps:
 
-0. where timing PyMC's own function would first compile it for nothing else (the
-   nutpie route: nutpie compiles its own from the model), rows too small to repay
-   the compile are neither measured nor divided (``worth_measuring``);
 1. before any process is forked (``sample`` without a session): PyMC's own function is
    timed per evaluation at the model's initial point: the one ``pm.init_nuts``
    compiled for its step (``Own.of``), or, where nothing compiled it (the nutpie
@@ -23,7 +21,11 @@ at any data size. A pre-check and two steps:
    the divided one is kept only if it is faster (``keep_divided``; ``build_chosen``
    builds and decides). A machine whose cores are busy with other work shows here:
    the divided evaluation waits for its slowest process, PyMC's own runs on whichever
-   core is free.
+   core is free;
+3. not divided, on the nutpie route: nutpie's NUTS over PyMC's function that step 1
+   compiled and timed (a call into Python at every evaluation, the chains one after
+   another), or nutpie compiling its own from the model (``pm.sample``: seconds of
+   compiling, the chains at once), whichever ``nutpie_over_own`` predicts faster.
 
 The figures and the choice are logged (logger ``"synkhronos"``, INFO).
 """
@@ -39,7 +41,7 @@ import numpy as np
 
 from . import _pymc_compat as compat
 
-__all__ = ["Own", "Choice", "worth_measuring", "worth_forking", "expected_evaluations",
+__all__ = ["Own", "Choice", "worth_forking", "expected_evaluations", "nutpie_over_own",
            "keep_divided", "build_chosen", "seconds_per_evaluation", "initial_vector",
            "measuring_point"]
 
@@ -66,16 +68,19 @@ _CALL_S = 20e-6
 _CALL_PER_PROCESS_S = 3e-6
 _LEAPFROGS = 16
 _BUILD_S = 0.1
-# Step 0. Compiling PyMC's function to time it took 0.5-1.3 s (Numba, hierarchical
-# model, 10^3 rows, a fresh process), a sixth of a whole nutpie run at 10^3 rows, where
-# PyMC's evaluation took 10-54 us and dividing saves nothing below 47-74 us (step 1's
-# prediction at n = 2 to 16: the fixed cost of a parallel call). Over 1000 + 1000
-# draws at n=2 dividing repays its building from about 150 us. PyMC's evaluation cost
-# 0.10-0.62 ns a byte of the rows (both benchmark models, 10^3 to 10^5 rows:
-# pymc_peers_*_2core.json), so rows under _MEASURE_FROM_BYTES stand for 16-100 us:
-# only rows several times dearer a byte than a logistic regression's could pay there,
-# and then by little.
-_MEASURE_FROM_BYTES = 160_000
+# Step 3. pm.sample's nutpie route compiled nutpie's own function in 3.2-5.5 s (wall
+# time less sampling time, fresh processes, both benchmark models at 10^3-10^4 rows),
+# PyMC's own compiled and timed in 0.3-1.5 s. nutpie over PyMC's function (the
+# same draws, to rounding) then cost a call into Python of about _OVER_OWN_CALL_S an
+# evaluation, and PyMC's function took up to _OVER_OWN_SLOWER times nutpie's own
+# (logistic, 10^4 rows: 640 against 532 us a leapfrog step). NUTS made 5.4-7 steps a
+# kept draw there, more while tuning: _NUTPIE_LEAPFROGS a draw. pm.sample runs its
+# chains ``cores`` at a time (PyMC's default: half the logical CPUs, at most 4: one on
+# a 2-CPU machine), taken as a perfect speed-up.
+_NUTPIE_COMPILE_S = 3.0
+_OVER_OWN_CALL_S = 30e-6
+_OVER_OWN_SLOWER = 1.2
+_NUTPIE_LEAPFROGS = 8
 
 
 def initial_vector(model: Any) -> np.ndarray:
@@ -178,16 +183,6 @@ class Choice:
         return f"{said}: {', '.join(figures)}"
 
 
-def worth_measuring(row_bytes: int) -> bool:
-    """Step 0: whether rows of ``row_bytes`` (the data to divide) are worth compiling
-    PyMC's function to time it; logged when not."""
-    if row_bytes >= _MEASURE_FROM_BYTES:
-        return True
-    log.info("synkhronos.pymc: before forking, PyMC's own function (not divided): "
-             "%.1f kB of rows, too few to repay measuring", row_bytes / 1e3)
-    return False
-
-
 def worth_forking(own: Own, processes: int, evaluations: int, sliced: bool) -> Choice:
     """Step 1: whether dividing over ``processes`` is predicted to pay over a run of
     ``evaluations`` evaluations of one running chain. ``sliced``: each process would
@@ -204,13 +199,36 @@ def worth_forking(own: Own, processes: int, evaluations: int, sliced: bool) -> C
     return choice
 
 
-def expected_evaluations(sample_kwargs: dict, chains: int, running: int) -> int:
-    """The evaluations one running chain's function is expected to make in a
-    ``pm.sample`` run of these keywords, ``chains`` of them ``running`` at once."""
+def draws_per_chain(sample_kwargs: dict) -> int:
+    """The draws, tuning included, of one chain of a ``pm.sample`` run of these
+    keywords."""
     tune = sample_kwargs.get("tune", compat.sample_parameters()["tune"].default)
     if tune is None:  # PyMC 6: the step's own default, 1000 for NUTS
         tune = 1000
-    return -(-chains // running) * (int(sample_kwargs["draws"]) + int(tune)) * _LEAPFROGS
+    draws = sample_kwargs.get("draws", compat.sample_parameters()["draws"].default)
+    return int(draws) + int(tune)
+
+
+def expected_evaluations(sample_kwargs: dict, chains: int, running: int) -> int:
+    """The evaluations one running chain's function is expected to make in a
+    ``pm.sample`` run of these keywords, ``chains`` of them ``running`` at once."""
+    return -(-chains // running) * draws_per_chain(sample_kwargs) * _LEAPFROGS
+
+
+def nutpie_over_own(own: Own, sample_kwargs: dict, chains: int, parallel: int) -> bool:
+    """Step 3: whether nutpie should sample over PyMC's own function ``own`` (compiled
+    and timed already; ``chains`` one after another) rather than compile its own
+    (``pm.sample``: ``parallel`` chains at once); logged."""
+    evaluations = chains * draws_per_chain(sample_kwargs) * _NUTPIE_LEAPFROGS
+    over_own = evaluations * (own.seconds * _OVER_OWN_SLOWER + _OVER_OWN_CALL_S)
+    compiling = _NUTPIE_COMPILE_S + evaluations * own.seconds / max(1, parallel)
+    chosen = over_own < compiling
+    said = ("nutpie over PyMC's own function" if chosen
+            else "pm.sample, nutpie compiling its own function")
+    log.info("synkhronos.pymc: not divided, %s: predicted %.1f s over PyMC's own function "
+             "(%.1f us an evaluation), %.1f s compiling nutpie's own", said, over_own,
+             own.seconds * 1e6, compiling)
+    return chosen
 
 
 def keep_divided(own: Own, divided: Any, processes: int) -> Choice:
@@ -223,17 +241,18 @@ def keep_divided(own: Own, divided: Any, processes: int) -> Choice:
 
 def build_chosen(pm: Any, model: Any, split: Any, grainsize: int | None,
                  own: Own | None = None, jacobian: bool = True, caller: str = "sample",
-                 compile_kwargs: dict | None = None) -> tuple[Any, Any, Choice]:
+                 compile_kwargs: dict | None = None) -> tuple[Any, Any, Own | None]:
     """The divided function built in the open session (``build_logp_dlogp``), kept only
     if it is measured faster than PyMC's own (``own``, measured here if None): returns
-    ``(vgf, op, choice)``, with ``op`` None where PyMC's own function was kept."""
+    ``(vgf, op, None)`` where it was kept, ``(None, None, own)`` where PyMC's own
+    function (measured) was."""
     from ._likelihood import build_logp_dlogp, session_size
 
     processes = session_size() or 1
     vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=jacobian,
                                caller=caller, compile_kwargs=compile_kwargs)
     if op is None:  # one process, one block: PyMC's own function already
-        return vgf, None, Choice(False, processes, None)
+        return None, None, Own.of(vgf, 0.0, model)
     try:
         own = own if own is not None else Own.measure(model, jacobian, compile_kwargs)
         vgf.set_extra_values({})
@@ -242,6 +261,6 @@ def build_chosen(pm: Any, model: Any, split: Any, grainsize: int | None,
         op.release()
         raise
     if choice.divided:
-        return vgf, op, choice
+        return vgf, op, None
     op.release()
-    return own.vgf, None, choice
+    return None, None, own

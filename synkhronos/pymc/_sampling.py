@@ -48,7 +48,7 @@ from ._likelihood import (
     check_exact,
     check_grainsize,
     discrete_names,
-    planned_rows,
+    runs_in_slices,
     session_size,
 )
 
@@ -92,9 +92,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         initial point before anything is forked, and a session is forked only where
         dividing is predicted to save more than building it costs over the run; once
         built, the divided function is timed against PyMC's and kept only if faster.
-        On the nutpie route, where PyMC's function would be compiled only to be
-        timed, rows under 160 kB of data are not measured (too few to repay it).
-        Where it is not kept, this is ``pm.sample`` itself (same draws, same speed).
+        Where it is not kept, this is ``pm.sample`` itself (same draws, same speed);
+        on the nutpie route, nutpie's NUTS over PyMC's function measured there, where
+        that is predicted faster than nutpie compiling its own (the same draws, to
+        rounding; its chains one after another).
         True: always divided (the earlier behaviour); False: ``pm.sample`` itself.
         A model with discrete free variables is sampled by ``pm.sample`` itself
         (PyMC's compound step, nothing divided) unless ``divide=True``, which refuses
@@ -237,16 +238,24 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return pm.sample(model=model, **asked)
     if sampler == "nutpie":
         chains = _check_count("chains", kwargs.get("chains")) or compat.default_chains(cores)
+        measure_own = functools.partial(_choice.Own.measure, model,
+                                        compile_kwargs=compile_kwargs)
         own, worth = _before_forking(
             model, split, grainsize, divide, size, processes or usable,
-            _choice.expected_evaluations(kwargs, chains, 1),
-            lambda: _choice.Own.measure(model, compile_kwargs=compile_kwargs),
-            compiles=True)
-        if not worth:  # (nutpie compiles its own model from PyMC's: nothing to reuse)
+            _choice.expected_evaluations(kwargs, chains, 1), measure_own)
+        # not divided: nutpie over PyMC's function (measured), or pm.sample itself
+        parallel = min(chains, cores or compat.default_cores(), usable)
+
+        def undivided(own):
+            if _choice.nutpie_over_own(own, kwargs, chains, parallel):
+                return _sample_nutpie(pm, model, own.vgf, cores, kwargs)
             return pm.sample(model=model, **asked)
+
+        if not worth:
+            return undivided(own if own is not None else measure_own())
         return _in_master(pm, model, split, grainsize, processes, size,
                           lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
-                          lambda vgf: pm.sample(model=model, **asked), own, divide is None,
+                          undivided, own, divide is None,
                           compile_kwargs=compile_kwargs, exact=exact)
     if sampler in _JAX_SAMPLERS:
         if not divide:
@@ -294,7 +303,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return _in_master(pm, model, split, grainsize, processes, size,
                           functools.partial(_sample_nuts, pm, model, sampling=sampling,
                                             running=1, init=init),
-                          lambda vgf: _sample_nuts(pm, model, None, sampling, 1, init),
+                          lambda own: _sample_nuts(pm, model, None, sampling, 1, init),
                           own, measure, compile_kwargs=compile_kwargs, exact=exact)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
@@ -324,21 +333,17 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
-                    measure_own: Callable[[], _choice.Own], compiles: bool = False
+                    measure_own: Callable[[], _choice.Own]
                     ) -> tuple[_choice.Own | None, bool]:
-    """Steps 0 and 1 of ``_choice``, where a measured choice is asked and nothing is
-    forked yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or
-    None where nothing was measured) and whether to go on to build the divided one.
+    """Step 1 of ``_choice``, where a measured choice is asked and nothing is forked
+    yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or None
+    where nothing was measured) and whether to go on to build the divided one.
     Nothing is measured with ``divide`` True or a session open (step 2 measures in
-    it), at one process in one block (nothing to divide: not worth it), or where
-    ``measure_own`` ``compiles`` PyMC's function for the measurement alone and the rows
-    are too few to repay it (step 0)."""
+    it), or at one process in one block (nothing to divide: not worth it)."""
     if divide or size is not None:
         return None, True
-    in_slices, row_bytes = planned_rows(model, split, grainsize, processes)
+    in_slices = runs_in_slices(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
-        return None, False
-    if compiles and not in_slices and not _choice.worth_measuring(row_bytes):
         return None, False
     own = measure_own()
     return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided
@@ -350,7 +355,7 @@ def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own
     forked here (``processes``) and closed at the end.
     With ``measure`` the divided function is kept only if it is measured faster than
     PyMC's own (``own``, measured before forking; None: measured now), otherwise the
-    session is closed and ``undivided(vgf)`` samples with PyMC's own function
+    session is closed and ``undivided(own)`` samples with PyMC's own function, measured
     (``undivided`` is None where nothing is measured).
     ``exact``: ``build_logp_dlogp``'s (never measured: always divided)."""
     own_session = size is None
@@ -360,13 +365,11 @@ def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own
         if not measure:
             vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
                                        compile_kwargs=compile_kwargs, exact=exact)
-            divided = True
         else:
-            vgf, op, choice = _choice.build_chosen(pm, model, split, grainsize, own,
-                                                   caller="sample",
-                                                   compile_kwargs=compile_kwargs)
-            divided = choice.divided
-        if divided:
+            vgf, op, own = _choice.build_chosen(pm, model, split, grainsize, own,
+                                                caller="sample",
+                                                compile_kwargs=compile_kwargs)
+        if vgf is not None:
             try:
                 return run(vgf)
             finally:
@@ -375,7 +378,7 @@ def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own
     finally:
         if own_session:
             close()
-    return undivided(vgf)  # (PyMC's own function: build_chosen returned it)
+    return undivided(own)
 
 
 def _layout(chains: int, cores: int | None, processes: int | None, usable: int,

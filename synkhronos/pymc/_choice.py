@@ -225,8 +225,8 @@ def nutpie_over_own(own: Own, sample_kwargs: dict, chains: int, parallel: int) -
     chosen = over_own < compiling
     said = ("nutpie over PyMC's own function" if chosen
             else "pm.sample, nutpie compiling its own function")
-    log.info("synkhronos.pymc: not divided, %s: predicted %.1f s over PyMC's own function "
-             "(%.1f us an evaluation), %.1f s compiling nutpie's own", said, over_own,
+    log.info("synkhronos.pymc: not divided, %s: predicted %.2f s over PyMC's own function "
+             "(%.1f us an evaluation), %.2f s compiling nutpie's own", said, over_own,
              own.seconds * 1e6, compiling)
     return chosen
 
@@ -252,6 +252,7 @@ def build_chosen(pm: Any, model: Any, split: Any, grainsize: int | None,
     vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=jacobian,
                                caller=caller, compile_kwargs=compile_kwargs)
     if op is None:  # one process, one block: PyMC's own function already
+        vgf.set_extra_values({})
         return None, None, Own.of(vgf, 0.0, model)
     try:
         own = own if own is not None else Own.measure(model, jacobian, compile_kwargs)

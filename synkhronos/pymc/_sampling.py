@@ -163,8 +163,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     takes moves, and the rows follow the processes' measured speed) and closes it when
     sampling ends; with
     several, each chain's process forks and closes its own. With a session, it uses
-    that one. Ctrl-C behaves as in ``pm.sample`` (the draws so far come back); every
-    chain process and its session end with it.
+    that one. Ctrl-C behaves as in ``pm.sample`` (the draws so far come back), but
+    stops every chain: with the chains one after another, PyMC's own sampler would go
+    on with the next chain to its end. Every chain process and its session end with it.
     """
     pm = compat.import_pymc()
     if isinstance(draws, pm.Model):
@@ -552,8 +553,35 @@ def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int,
     kwargs = dict(init.kwargs)
     if running > 1 and vgf is not None:
         kwargs["mp_ctx"] = "fork"  # the chain processes inherit the step: no pickling
+    if running == 1 and sampling.chains > 1:
+        kwargs["callback"] = _OneInterruptStopsAll(_choice.draws_per_chain(kwargs),
+                                                   kwargs.get("callback"))
     return pm.sample(model=model, step=step, initvals=init.points, chains=sampling.chains,
                      cores=running, random_seed=sampling.random_seed, **kwargs)
+
+
+class _OneInterruptStopsAll:
+    """``pm.sample``'s callback where its chains run one after another: PyMC ends the
+    chain that a ``KeyboardInterrupt`` (Ctrl-C) reaches and goes on with the next, to
+    its end. Once a chain has ended before its ``per_chain``-th draw, every later chain
+    ends at its first (PyMC then keeps the chains that drew the most, as after any
+    interrupt). ``callback``, the caller's, runs at every draw after it."""
+
+    def __init__(self, per_chain: int, callback: Callable | None):
+        self.per_chain = per_chain
+        self.callback = callback
+        self.chain: int | None = None  # the chain of the last draw seen
+        self.ended = True  # whether that chain has drawn its last
+
+    def __call__(self, trace, draw):
+        if draw.chain != self.chain:
+            cut_short = not self.ended
+            self.chain, self.ended = draw.chain, False
+            if cut_short:
+                raise KeyboardInterrupt  # (PyMC ends this chain: it drew one)
+        self.ended = draw.draw_idx + 1 >= self.per_chain
+        if self.callback is not None:
+            self.callback(trace=trace, draw=draw)
 
 
 def _sample_nutpie(pm, model, vgf, cores, kwargs):

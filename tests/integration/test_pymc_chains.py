@@ -16,7 +16,8 @@ process that forks its own session of ``processes_per_chain`` processes:
 - Ctrl-C (``scripts/pymc_chains_ctrl_c.py``; SIGINT to the whole process group, as a
   terminal sends it, then to the master alone, as a Jupyter interrupt may): ``sample``
   returns the draws so far, as ``pm.sample`` does, and no chain process, worker or
-  segment is left.
+  segment is left; with the chains one after another (a session of 2 processes), one
+  Ctrl-C stops both (PyMC's sequential sampler would run the second to its end).
 
 PyMC is not in the ``test`` extra: CI runs this module in its environments with the
 ``pymc`` extra.
@@ -141,15 +142,16 @@ def test_ctrl_c_stops_every_chain_group():
     proc = subprocess.Popen([sys.executable, str(SCRIPT)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        for round_, target in enumerate(("group", "master")):
+        for round_, target in enumerate(("group", "master", "group")):
             line = json.loads(proc.stdout.readline() or "null")
             assert line is not None, proc.communicate(timeout=60)[1][-3000:]
             assert line["round"] == round_
-            # the chain processes and their workers, while they sample
-            pids = set(line["chains"])
+            # the chain processes and their workers, while they sample (one after
+            # another: the session's workers, the script's children)
+            pids = set(line["chains"]) if round_ < 2 else set(child_pids(proc.pid))
             for pid in line["chains"]:
                 pids.update(child_pids(pid))
-            assert len(pids) >= 4, pids
+            assert len(pids) >= (4 if round_ < 2 else 1), pids
             if target == "group":
                 os.killpg(proc.pid, signal.SIGINT)
             else:
@@ -157,6 +159,9 @@ def test_ctrl_c_stops_every_chain_group():
             line = json.loads(proc.stdout.readline() or "null")
             assert line is not None, proc.communicate(timeout=60)[1][-3000:]
             assert 0 < max(line["draws"]) < 100_000, line  # the draws so far came back
+            if round_ == 2:  # the second chain stopped too: PyMC kept the first alone
+                assert len(line["draws"]) == 1 and line["draws"][0] < 5_000, line
+                assert poll(lambda: leftover_segments(proc.pid) == [], 10)
             assert poll(lambda pids=pids: not any(leader_alive(p) for p in pids), 10), pids
             left = [entry for pid in pids for entry in leftover_segments(pid)]
             assert left == [], left

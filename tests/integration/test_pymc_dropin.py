@@ -11,7 +11,9 @@ function called, and the same draws, checked against the installed PyMC (5.28 or
 - ``find_MAP`` with PyMC's keywords (``progressbar``, ``vars``, ``method``,
   ``return_raw``) and ``compute_log_likelihood`` with its own equal PyMC's;
 - ``sample`` at one process a chain gives ``pm.sample``'s draws bit for bit, chains
-  at once (``cores=2``) and one after another.
+  at once (``cores=2``) and one after another;
+- with the chains one after another, one interrupt stops them all (PyMC's own
+  sequential sampler runs every later chain to its end), divided and not.
 
 PyMC is not in the ``test`` extra: CI runs this module in its environments with the
 ``pymc`` extra.
@@ -209,3 +211,41 @@ def test_one_process_a_chain_draws_as_pm_sample_bit_for_bit():
         np.testing.assert_array_equal(got.sample_stats["tree_depth"].values,
                                       want.sample_stats["tree_depth"].values)
     assert not session_open()
+
+
+class _InterruptAt:
+    """pm.sample's callback: a KeyboardInterrupt (as Ctrl-C) at ``draw_idx`` of chain 0,
+    and every chain it saw a draw of."""
+
+    def __init__(self, draw_idx: int):
+        self.draw_idx = draw_idx
+        self.chains: set[int] = set()
+
+    def __call__(self, trace, draw):
+        self.chains.add(draw.chain)
+        if draw.chain == 0 and draw.draw_idx == self.draw_idx:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("divide", [None, True], ids=["pm_sample_route", "divided"])
+def test_one_interrupt_stops_chains_run_one_after_another(divide):
+    # PyMC's sequential sampler ends the chain an interrupt reaches and runs the next
+    # ones to their end; sample() stops them all, and the draws so far come back
+    model = regression(rows=120, seed=1)
+    options = dict(draws=30, tune=10, chains=3, cores=1, random_seed=7,
+                   nuts_sampler="pymc", **QUIET)
+    interrupt = _InterruptAt(10 + 5)  # the sixth draw after tuning
+    got = synk_pymc.sample(divide=divide, model=model, callback=interrupt,
+                           processes_per_chain=2 if divide else None, **options)
+    assert not session_open()
+    assert interrupt.chains == {0}  # chains 1 and 2 ended at their first draw
+    assert got.posterior.sizes["chain"] == 1 and got.posterior.sizes["draw"] == 6
+    # pm.sample itself: the later chains ran to their end (and it kept those two)
+    pymcs = _InterruptAt(10 + 5)
+    pm.sample(model=model, callback=pymcs, **options)
+    assert pymcs.chains == {0, 1, 2}
+    if divide is None:  # PyMC's own function: the draws of pm.sample's chain 0
+        want = pm.sample(model=model, **options)
+        np.testing.assert_array_equal(got.posterior["b"].values[0],
+                                      want.posterior["b"].values[0][:6])

@@ -1,14 +1,17 @@
-"""Ctrl-C during ``synkhronos.pymc.sample`` with chains at once (2 chains x 2 processes).
+"""Ctrl-C during ``synkhronos.pymc.sample`` with chains at once (2 chains x 2 processes),
+then with the chains one after another (2 chains over one session of 2 processes).
 
 Ctrl-C is made deliverable first (Python's default SIGINT handler), whatever this
 process inherited: a test suite started in the background has SIGINT ignored.
 
-Samples twice, each time far more draws than the test waits for. Once every chain has
-sent a draw after tuning (PyMC's ``callback``, in this process), prints
-``{"round": k, "chains": [pid, ...]}`` (PyMC's chain processes) as one JSON line and
-waits for the test's SIGINT; ``sample`` then returns the draws so far, as
-``pm.sample`` does, and the script prints ``{"round": k, "draws": [...]}``, the draws
-each chain kept.
+Samples three times, each time far more draws than the test waits for: twice with
+the chains at once, then once with them one after another (``cores=1``, fewer draws:
+PyMC's own sequential sampler would run the second chain to its end). Once every
+running chain has sent a draw after tuning (PyMC's ``callback``, in this process),
+prints ``{"round": k, "chains": [pid, ...]}`` (PyMC's chain processes; none one after
+another) as one JSON line and waits for the test's SIGINT; ``sample`` then returns
+the draws so far, as ``pm.sample`` does, and the script prints ``{"round": k, "draws":
+[...]}``, the draws each chain kept.
 """
 
 from __future__ import annotations
@@ -34,17 +37,17 @@ with pm.Model() as model:
     b = pm.Normal("b", 0, 1, shape=3)
     pm.Bernoulli("y", logit_p=x @ b, observed=y)
 
-for round_ in range(2):
+for round_, (cores, draws) in enumerate([(2, 100_000), (2, 100_000), (1, 5_000)]):
     seen: set[int] = set()
 
-    def callback(trace, draw, round_=round_, seen=seen):
-        if len(seen) < 2 and not draw.tuning:  # (interrupted in tuning, PyMC keeps none)
+    def callback(trace, draw, round_=round_, seen=seen, running=cores):
+        if len(seen) < running and not draw.tuning:  # (in tuning, PyMC keeps none)
             seen.add(draw.chain)
-            if len(seen) == 2:
+            if len(seen) == running:
                 pids = sorted(p.pid for p in multiprocessing.active_children())
                 print(json.dumps({"round": round_, "chains": pids}), flush=True)
 
-    idata = synk_pymc.sample(100_000, divide=True, model=model, tune=20, chains=2, cores=2,
+    idata = synk_pymc.sample(draws, divide=True, model=model, tune=20, chains=2, cores=cores,
                              processes_per_chain=2, random_seed=round_, callback=callback,
                              progressbar=False, compute_convergence_checks=False,
                              nuts_sampler="pymc")

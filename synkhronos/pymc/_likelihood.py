@@ -52,7 +52,7 @@ from ._rowsum import Part, RowSum, Values, unpack
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
 __all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "check_exact",
-           "session_size", "row_terms", "runs_in_slices", "discrete_names"]
+           "session_size", "row_terms", "sliced", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
 
@@ -272,10 +272,10 @@ def discrete_names(model) -> list[str]:
     return [v.name for v in model.value_vars if v not in model.continuous_value_vars]
 
 
-def runs_in_slices(model, split, grainsize: int | None, n: int) -> bool:
-    """Before anything is built: whether ``n`` processes would run their rows of
-    ``model`` in slices (rows outgrowing the cache, or ``grainsize``)."""
-    return _num_slices(_lengths(_choose_split(model, split)), n, grainsize) != 1
+def sliced(model, split, grainsize: int | None, n: int) -> bool:
+    """Whether ``n`` processes would run their rows of ``model`` in slices (rows
+    outgrowing the cache, or ``grainsize``), before anything is built."""
+    return not _one_block(_choose_split(model, split), grainsize, n)
 
 
 # -- 4. the one-time check -----------------------------------------------------------------

@@ -48,8 +48,8 @@ from ._likelihood import (
     check_exact,
     check_grainsize,
     discrete_names,
-    runs_in_slices,
     session_size,
+    sliced,
 )
 
 __all__ = ["sample"]
@@ -343,7 +343,7 @@ def _before_forking(model, split, grainsize, divide, size, processes, evaluation
     it), or at one process in one block (nothing to divide: not worth it)."""
     if divide or size is not None:
         return None, True
-    in_slices = runs_in_slices(model, split, grainsize, processes)
+    in_slices = sliced(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
         return None, False
     own = measure_own()

@@ -177,6 +177,10 @@ class ControlBlock:
     def failed(self, rank: int) -> bool:
         return self.header[self._bases[rank] + _STATUS] != STATUS_OK
 
+    def epoch(self, rank: int) -> int:
+        """The last barrier ``rank`` reached (barriers of later commands count higher)."""
+        return self.header[self._epochs[rank]]
+
     # -- waking and waiting ------------------------------------------------------------
     def wake_all(self, except_rank: int) -> None:
         if self._sleepers.tobytes() != self._nobody:

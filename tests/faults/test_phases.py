@@ -40,6 +40,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -409,6 +410,31 @@ def test_fault_in_a_collective(point, action, record_property):
         else:
             _assert_stays_broken(error, lambda: synk.all_reduce(w, op="sum"))
     finally:
+        _close_clean(pids)
+
+
+def test_a_timeout_names_the_rank_that_never_reached_the_barrier(record_property):
+    """Rank 2 stops before the collective's first barrier; rank 1 reaches it and waits,
+    and is stopped there too, so it cannot see the master give up (as a loaded machine
+    may keep it from seeing in time): the timeout still names rank 2, the one that
+    holds the others back, not rank 1, the first late one in rank order."""
+    pids = _fork("sigstop")
+    stop_peer = threading.Timer(TIMEOUT_S / 2, os.kill, (pids[1], signal.SIGSTOP))
+    try:
+        w = pytensor.shared(np.zeros(W_SIZE), name="w")
+        synk.function([], (w.sum(), "sum"), mode="FAST_COMPILE")
+        synk.distribute()
+
+        def trigger():
+            stop_peer.start()
+            synk.all_reduce(w, op="sum")
+
+        with fault_at("collective", "stop", ranks=[CRASH]):
+            error = _expect_failure(trigger, "sigstop", pids, record_property)
+        _assert_stays_broken(error, lambda: synk.all_reduce(w, op="sum"))
+    finally:
+        stop_peer.cancel()
+        stop_peer.join()  # (fired long before the timeout's report: rank 1 is stopped)
         _close_clean(pids)
 
 

@@ -283,14 +283,14 @@ class LocalGroup:
         started, timeout = self._started, self.timeout
         if timeout is not None and started is not None and time.monotonic() - started > timeout:
             control = ctx.control
-            late = [worker for worker in self.workers
-                    if control is not None and control.done(worker.rank) != self.seq]
+            if control is None:
+                return
+            late = [worker for worker in self.workers if control.done(worker.rank) != self.seq]
             if late:
                 # The one furthest behind in the command's barriers: a healthy worker
                 # waits at a barrier that a stopped one never reached (and may not yet
                 # have seen the master give up on it), so the first late one in rank
                 # order is not always the one at fault.
-                assert control is not None
                 worker = min(late, key=lambda late_one: control.epoch(late_one.rank))
                 raise WorkerTimeoutError(offset + worker.rank, worker.pid, timeout, self.host)
 

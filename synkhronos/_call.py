@@ -77,6 +77,8 @@ class Call(Message):
     # of each sliceable shared variable's rows (instead of batch_s)
     offsets: tuple[int, ...] | None = None  # rows split by ``shares``: each rank's
     # first selected row, then the end (``_scatter.offsets``); None: the even split
+    axes: tuple[int, ...] | None = None  # per scattered input, the axis its rows lie
+    # along (``in_axes``), each viewed with it first; None: axis 0 for all
 
 
 Split = Callable[[int, int, tuple[int, ...] | None], list[tuple[int, int]]]
@@ -172,9 +174,11 @@ class Staging:
                 self.buffers[(i, 0)]._replicate_rows(rows)
 
     def stage(self, checked: Checked, command: int, n_scattered: int = 0,
-              offsets: tuple[int, ...] | None = None
+              offsets: tuple[int, ...] | None = None, axes: tuple[int, ...] | None = None
               ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
-        """Refs for every input and the batch indices; numpy values are copied in."""
+        """Refs for every input and the batch indices; numpy values are copied in
+        (``axes``: the row axis of each scattered input, None: 0 for all; an input
+        whose rows are not its axis 0 goes to every machine whole)."""
         selection = checked.batch
         rows = None
         if (self.split is not None and selection is not None
@@ -182,7 +186,8 @@ class Staging:
             rows = self.split(selection.start, selection.stop, offsets)
         refs = [
             value.ref() if isinstance(value, Data)
-            else self.put(i, value, command, rows if i < n_scattered else None)
+            else self.put(i, value, command, rows if i < n_scattered and not (
+                axes and axes[i]) else None)
             for i, value in enumerate(checked.values)
         ]
         if selection is None or selection.indices is None:
@@ -202,13 +207,14 @@ class PreparedCall:
 
     def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
                  labels: list[str], prefix: str, split: Split | None = None,
-                 reads_in_place: bool = False):
+                 reads_in_place: bool = False, axes: tuple[int, ...] | None = None):
         self.id = prepared_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
         self._n_scattered = n_scattered
         self._labels = labels
         self._prefix = prefix
+        self._axes = axes  # each scattered input's row axis (``in_axes``), or None
         self.staging = Staging(split=split)  # (split: several machines, their replicas)
         # (slices, key) -> the ``_replay.Record`` a plain call kept for its repeats
         self.records: dict[tuple, Any] = {}
@@ -218,7 +224,7 @@ class PreparedCall:
 
     @classmethod
     def of(cls, session: Session, prepared: Prepared, n_scattered: int,
-           labels: list[str]) -> PreparedCall:
+           labels: list[str], axes: tuple[int, ...] | None = None) -> PreparedCall:
         """The prepared calls of a variant in ``session``."""
         return cls(
             prepared.fn_id, prepared, n_scattered, labels, session.ctx.prefix,
@@ -227,6 +233,7 @@ class PreparedCall:
             # placement says that costs less than the copy (CPU cores, a GPU; not
             # JAX's CPU platform standing in for one)
             reads_in_place=session.n == 1 and session.ctx.placement.reads_callers_arrays,
+            axes=axes,
         )
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
@@ -242,7 +249,7 @@ class PreparedCall:
         """
         self._warn_casts(checked.casts)
         refs, span, indices = self.staging.stage(checked, command, self._n_scattered,
-                                                  offsets)
+                                                  offsets, self._axes)
         n = self._n_scattered
         return Call(
             self.id, tuple(refs[:n]), tuple(refs[n:]), checked.casts, span, indices,
@@ -254,6 +261,7 @@ class PreparedCall:
             None if self.registered else self.prepared,
             shared_rows,
             offsets,
+            self._axes,
         )
 
     def _warn_casts(self, casts: tuple) -> None:

@@ -33,8 +33,11 @@ from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.basic import Constant, clone_get_equiv
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.utils import Scratchpad
 from pytensor.link.utils import raise_with_op
+from pytensor.raise_op import CheckAndRaise
+from pytensor.scan.op import Scan
 from pytensor.tensor.random.type import RandomType
 from pytensor.tensor.rewriting.shape import ShapeFeature
 from pytensor.tensor.shape import Shape, Shape_i
@@ -42,8 +45,13 @@ from pytensor.tensor.shape import Shape, Shape_i
 __all__ = [
     "ancestors",
     "substitute",
+    "substitute_all",
     "shape_inference",
     "lengths_read",
+    "simplified",
+    "row_length_of",
+    "scan_steps",
+    "moved_type",
     "storage",
     "value",
     "bound_to",
@@ -74,6 +82,13 @@ def substitute(variable: Any, replace: dict[Any, Any]) -> Any:
     if not any(var in replace for var in ancestors([variable])):
         return variable
     return clone_replace(variable, replace=replace)
+
+
+def substitute_all(variables: list[Any], replace: dict[Any, Any]) -> list[Any]:
+    """``substitute`` over several variables at once: what they share stays shared."""
+    if not any(var in replace for var in ancestors(variables)):
+        return list(variables)
+    return list(clone_replace(list(variables), replace=replace))
 
 
 def shape_inference(roots: list[Any]) -> Any:
@@ -121,6 +136,56 @@ def lengths_read(dims: Iterable[Any], candidates: Iterable[Any]) -> list[Any]:
         found += [c for c in wanted if any(c is s for s in sources) and
                   not any(c is f for f in found)]
     return found
+
+
+def simplified(dims: list[Any]) -> list[Any]:
+    """Symbolic scalars (from ``shape_inference``) rewritten by PyTensor's canonical
+    rewrites with shape tracking: ``Shape_i`` of a view (a transpose, a slice's
+    bounds) becomes ``Shape_i`` of what it views, so each dimension names the inputs
+    it is computed from."""
+    rewritten: Any = rewrite_graph(list(dims), include=("canonicalize", "ShapeOpt"),
+                                   clone=True)
+    return list(rewritten)
+
+
+def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, bool]:
+    """Which of ``rows`` (inputs whose axis 0 holds the rows) a ``simplified``
+    dimension is the length of, and whether it reads such a length at all.
+
+    ``(var, True)``: the dimension is exactly ``var.shape[0]``; ``(None, True)``: it is
+    computed from some row count (``x.shape[0] - 1``, ``2 * x.shape[0]``); ``(None,
+    False)``: it reads none (or only through an op whose shape PyTensor cannot say:
+    then nothing can be told)."""
+    owner = getattr(dim, "owner", None)
+    while owner is not None and isinstance(owner.op, CheckAndRaise):
+        owner = getattr(owner.inputs[0], "owner", None)  # (broadcasting's checks)
+    if owner is not None and isinstance(owner.op, Shape_i) and owner.op.i == 0:
+        read = owner.inputs[0]
+        for var in rows:
+            if var is read:
+                return var, True
+    for var in _ancestors([dim]):
+        node = var.owner
+        if node is not None and isinstance(node.op, Shape_i) and node.op.i == 0:
+            if any(node.inputs[0] is row for row in rows):
+                return None, True
+    return None, False
+
+
+def scan_steps(roots: list[Any]) -> list[Any]:
+    """The number of steps (a symbolic scalar) of every ``scan`` in the graph of
+    ``roots``."""
+    return [var.owner.inputs[0] for var in _ancestors(list(roots))
+            if var.owner is not None and isinstance(var.owner.op, Scan)
+            and var is var.owner.outputs[0]]
+
+
+def moved_type(var: Any, axis: int) -> Any:
+    """A new input like ``var`` with its axis ``axis`` first (its static shape moved
+    too), named as ``var``."""
+    shape = list(var.type.shape)
+    shape.insert(0, shape.pop(axis))
+    return var.type.clone(shape=tuple(shape))(name=var.name)
 
 
 def storage(var: Any) -> list:

@@ -125,9 +125,13 @@ def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
         if weight or call.run_if_empty:
             buffers = call.minibatch or (False,) * len(call.scattered)
             positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
+            axes = call.axes
             for i, ref in enumerate(call.scattered):
                 rows = positions if buffers[i] else mine
-                scattered.append(_cast(select_rows(call_view(ref, ctx), rows), casts[i]))
+                view = call_view(ref, ctx)
+                if axes is not None and axes[i]:  # (``in_axes``) its rows first: a view
+                    view = np.moveaxis(view, axes[i], 0)
+                scattered.append(_cast(select_rows(view, rows), casts[i]))
     offset = len(call.scattered)
     bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
     return scattered, bcast, weight
@@ -287,10 +291,13 @@ def read_in_place(ctx: RankContext, call: Call, positions: Sequence[int],
         fn = REGISTRY.get(ctx).runner(ctx, PREPARED.get(ctx)[call.prepared_id].fn_id)
         arrays = [*scattered, *bcast]
     refs = call.scattered + call.bcast
+    axes = call.axes
     for i in positions:
         arg = args[i]
         if arg.dtype.str != refs[i].dtype or not arg.flags.c_contiguous:
             return None
+        if axes is not None and i < len(axes) and axes[i]:  # its rows first, as the
+            arg = np.moveaxis(arg, axes[i], 0)  # function takes them: a view
         arrays[i] = arg
     # the master keeps every output (nothing to strip)
     plan = views.plan = (call, fn, tuple(arrays), weight, False)

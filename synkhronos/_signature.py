@@ -22,26 +22,29 @@ __all__ = ["parse_outputs", "parse_updates", "variables", "sliceable", "check_us
            "check_sliceable_outputs", "RowInputs", "row_inputs"]
 
 
-def parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool]:
-    """(variables, ops, single) from a variable, a (variable, op) pair, or a list."""
+def parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool, tuple[bool, ...]]:
+    """(variables, ops, single, whether each op was given) from a variable, a
+    (variable, op) pair, or a list."""
     if outputs is None:
-        return [], [], False
+        return [], [], False, ()
     if _is_pair(outputs) or isinstance(outputs, Variable):
-        found, ops, _ = parse_outputs([outputs])
-        return found, ops, True
+        found, ops, _, said = parse_outputs([outputs])
+        return found, ops, True, said
     if not isinstance(outputs, (list, tuple)):
         raise TypeError(
             f"outputs must be a variable, a (variable, op) pair or a list of them; "
             f"got {type(outputs).__name__}"
         )
-    found, ops = [], []
+    found, ops, given = [], [], []
     for i, item in enumerate(outputs):
-        var, op = item if _is_pair(item) else (item, "avg")
+        pair = _is_pair(item)
+        var, op = item if pair else (item, "avg")
         if not isinstance(var, Variable):
             raise TypeError(f"output {i} must be a PyTensor variable; got {type(var).__name__}")
         found.append(var)
         ops.append(parse_op(op, allow_gather=True))
-    return found, ops, False
+        given.append(pair)
+    return found, ops, False, tuple(given)
 
 
 def _is_pair(item: Any) -> bool:

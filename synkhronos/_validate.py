@@ -104,12 +104,12 @@ def trustable(inputs: list, n_scattered: int, n_bcast: int) -> bool:
     return True
 
 
-def _check_static_shape(var: Any, index: int, shape: tuple, scattered: bool) -> None:
+def _check_static_shape(var: Any, index: int, shape: tuple, rows_axis: int | None) -> None:
     static = var.type.shape
     if static.count(None) == len(static):  # the common case, checked cheaply
         return
     for axis, (want, got) in enumerate(zip(static, shape, strict=True)):
-        if want is not None and want != got and not (scattered and axis == 0):
+        if want is not None and want != got and axis != rows_axis:
             raise ValueError(
                 f"{label(var, index)} has static shape {static}; got a Data of shape "
                 f"{shape} (axis {axis} must be {want})"
@@ -117,13 +117,13 @@ def _check_static_shape(var: Any, index: int, shape: tuple, scattered: bool) -> 
 
 
 def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
-                scattered: bool) -> str | None:
+                rows_axis: int | None) -> str | None:
     """Validate a Data input against its variable; return the dtype to cast to, or None."""
     if value.ndim != var.ndim:
         raise TypeError(
             f"{label(var, index)} expects {var.ndim} dimensions; got a Data with {value.ndim}"
         )
-    _check_static_shape(var, index, value.shape, scattered)
+    _check_static_shape(var, index, value.shape, rows_axis)
     if value.dtype == var.type.numpy_dtype:
         return None
     name = label(var, index)
@@ -146,8 +146,10 @@ def _check_data(var: Any, index: int, value: Any, allow_downcast: Any,
 
 
 def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
-                 allow_downcast: Any = None) -> Checked:
+                 allow_downcast: Any = None, axes: tuple[int, ...] | None = None) -> Checked:
     """Validate every input value and ``batch``; nothing is written anywhere.
+
+    ``axes``: the axis each scattered input's rows lie along (``in_axes``), None: 0.
 
     Scattered inputs that are not minibatch Data must agree in length; ``batch``
     selects among their rows. A minibatch ``Data`` is not indexed: it supplies its
@@ -159,8 +161,10 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
     lengths: list[tuple[int, int]] = []  # (input index, length) of indexed inputs
     buffers: list[tuple[int, int]] = []  # the same, of minibatch Data
     for i, (var, value) in enumerate(zip(signature, values, strict=True)):
+        scattered = i < n_scattered
+        axis = (axes[i] if axes is not None else 0) if scattered else None
         if _is_data(value):
-            casts.append(_check_data(var, i, value, allow_downcast, i < n_scattered))
+            casts.append(_check_data(var, i, value, allow_downcast, axis))
             shape = value.shape
         else:
             try:
@@ -172,18 +176,19 @@ def check_inputs(signature: list, n_scattered: int, values: list, batch: Any,
             casts.append(None)
             shape = value.shape
         checked.append(value)
-        if i < n_scattered:
+        if axis is not None:
             if len(shape) == 0:
                 raise ValueError(f"{label(var, i)} is scattered along axis 0 but is a scalar")
             is_buffer = _is_data(value) and value.minibatch
             minibatch.append(is_buffer)
-            (buffers if is_buffer else lengths).append((i, shape[0]))
+            (buffers if is_buffer else lengths).append((i, shape[axis]))
     for group in (lengths, buffers if not lengths and batch is None else []):
         for i, length in group[1:]:
             if length != group[0][1]:
                 first = group[0][0]
+                along = "axis 0" if axes is None else "their axis of rows (in_axes)"
                 raise ValueError(
-                    "scattered inputs must share their length along axis 0; got "
+                    f"scattered inputs must share their length along {along}; got "
                     f"{group[0][1]} for {label(signature[first], first)} and {length} for "
                     f"{label(signature[i], i)}"
                 )

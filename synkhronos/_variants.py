@@ -37,7 +37,8 @@ class Variants:
     def __init__(self, session: Session, name: str | None, signature: list, givens: list,
                  kwargs: dict, trusted: bool, outputs: list, output_ops: list[ReduceOp],
                  updates: list, update_ops: list[ReduceOp], row_shareds: list,
-                 n_scattered: int, labels: list[str]):
+                 n_scattered: int, labels: list[str], axes: tuple[int, ...] | None = None,
+                 sliceable: list | tuple = ()):
         self._session = session
         self._name = name
         self._signature = signature
@@ -49,9 +50,11 @@ class Variants:
         self._row_shareds = row_shareds
         self._n_scattered = n_scattered
         self._labels = labels
+        self._axes = axes  # each scattered input's row axis, where one is not 0
         self._registry = REGISTRY.get(session.ctx)
         self.local = self.compile(outputs, updates, **kwargs)
         fn_id = self._registry.add_function(self.local, row_shareds)
+        self._registry.row_holders.update(id(var) for var in sliceable)
         self._ids: dict[tuple, int] = {(None, False): fn_id}  # -> compiled fn id
         self._prepared: dict[int, PreparedCall] = {}  # fn id -> its prepared calls
         self.plain: PreparedCall | None = None  # the (None, False) variant's, once made
@@ -98,7 +101,7 @@ class Variants:
             tuple(self._update_ops) if sliced else (),
         )
         prepared = self._prepared[fn_id] = PreparedCall.of(
-            self._session, static, self._n_scattered, self._labels)
+            self._session, static, self._n_scattered, self._labels, self._axes)
         if key == (None, False):
             self.plain = prepared
         elif key == (None, True):

@@ -72,6 +72,7 @@ class Registry:
         self.prepared: Distribute | None = None  # another machine's leader: unpickled
         self.prepared_seconds: float | None = None
         self.random_streams: Streams = "independent"  # for generators shipped next, master
+        self.row_holders: set[int] = set()  # id() of sliceable_shareds, master
 
     def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
@@ -258,6 +259,8 @@ def distribute(random_streams: Streams | None = None) -> None:
         reg.shared[uid] = var
         reg.uid_of[id(var)] = uid
     session.ctx.placement.place(new_shared.values())
+    if session.fresh is not None:  # the master's set_value reaches them from now on
+        session.fresh.watch(new_shared.values())
     reg.pending.clear()
 
 

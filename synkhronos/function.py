@@ -36,7 +36,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _fixed_batch, _pytensor, _replay, _validate
+import numpy as np
+from pytensor.graph.basic import Variable
+
+from . import _fixed_batch, _pytensor, _replay, _rows, _validate
 from ._call import Call, combine, repeat_key
 from ._core.session import Session, require
 from ._reducers import ReduceOp
@@ -65,7 +68,7 @@ class Function:
     name : str or None
         The name given to ``synk.function``.
     inputs : list of Variable
-        Inputs scattered along axis 0 across processes.
+        Inputs scattered across processes, along axis 0 or their ``in_axes``.
     bcast_inputs : list of Variable
         Inputs every process uses whole (with givens that slice shared variables,
         the scalar ``inputs`` come first here).
@@ -74,32 +77,50 @@ class Function:
         elementwise view given there, such as a cast, is listed as its variable).
     output_modes : list of str or None
         The reduction of each output: ``"avg"``, ``"sum"``, ``"prod"``, ``"max"``,
-        ``"min"``, ``"gather"``, or None (the master's own result).
+        ``"min"``, ``"gather"``, or None (the master's own result); an output with one
+        entry per row and the default op is ``"gather"``.
     update_modes : list of str
         How each update is accumulated across slices.
     """
 
     def __init__(self, inputs, outputs, bcast_inputs, updates, givens, sliceable_shareds,
-                 name, kwargs):
+                 name, in_axes, kwargs):
         session = require("synk.function()")
         session.check_usable()
         self.name = name
         self.inputs = variables(inputs, "inputs")
         self.bcast_inputs = variables(bcast_inputs, "bcast_inputs")
-        self._outputs, self._output_ops, self._single = parse_outputs(outputs)
+        axes, axes_given = _rows.in_axes(in_axes, self.inputs)
+        self._outputs, self._output_ops, self._single, ops_given = parse_outputs(outputs)
         self._updates, self._update_ops = parse_updates(updates)
         self.sliceable_shareds = sliceable(sliceable_shareds)
         given = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
         check_used(self.sliceable_shareds, self._outputs, self._updates, given)
-        rows = row_inputs(self.inputs, self.bcast_inputs, self.sliceable_shareds, given,
+        moved = _rows.move(self.inputs, axes)
+        if moved.replace:  # the graph reads each such input through its moved one
+            self._outputs, self._updates, given = _moved_graph(
+                moved.replace, self._outputs, self._updates, given)
+        rows = row_inputs(moved.inputs, self.bcast_inputs, self.sliceable_shareds, given,
                           self._outputs + [value for _, value in self._updates],
                           session.ctx.placement.compile_kwargs(dict(kwargs)))
-        self.inputs, self.bcast_inputs, self._kwargs = rows.inputs, rows.bcast_inputs, rows.kwargs
+        if rows.slices is None:  # (the slice pattern's scalar inputs become broadcast)
+            self._axes = axes if moved.replace else None
+        else:
+            self.inputs, self._axes = rows.inputs, None
+        self.bcast_inputs, self._kwargs = rows.bcast_inputs, rows.kwargs
         self._slices = rows.slices
         self._row_shareds, self._slice_inputs = rows.shareds, rows.stand_ins
-        self._signature = self.inputs + self.bcast_inputs
+        self._signature = self.inputs + self.bcast_inputs  # as the caller passes values
+        compiled = rows.inputs + rows.bcast_inputs + rows.stand_ins  # rows first
         self._labels = [_validate.label(var, i) for i, var in enumerate(self._signature)]
-        self._fixed_batch = self._find_fixed_batch(rows.slices)
+        row_vars = rows.inputs + rows.stand_ins
+        per_row = _checked_rows(self._outputs, self._output_ops, ops_given, self._updates,
+                                rows.givens, row_vars, self._labels[:len(rows.inputs)] + [
+                                    f"sliceable shared {var.name!r}" for var in rows.shareds],
+                                axes_given if rows.slices is None else ())
+        self._outputs, self._output_ops, self._out_axes = (
+            per_row.outputs, per_row.ops, per_row.axes)
+        self._fixed_batch = self._find_fixed_batch(rows.slices, rows.inputs)
         first = rows.slices.first_rows() if self._fixed_batch and rows.slices else None
         if first:  # the tutorials' batch size, known now: refuse before compiling
             _fixed_batch.check(self._fixed_batch, first, session.n, None, 1,
@@ -108,20 +129,21 @@ class Function:
         self._binder = _validate.Binder(self._signature, len(self.inputs))
         self._session: Session = session
         self._untrusted = threading.Lock()  # as_pytensor's checked calls, one at a time
-        self._trusted = _validate.trustable(
-            self._signature + self._slice_inputs, len(self.inputs), len(self.bcast_inputs)
-        )
+        self._trusted = _validate.trustable(compiled, len(self.inputs),
+                                            len(self.bcast_inputs))
         self._variants = Variants(
-            session, name, self._signature + self._slice_inputs, rows.givens, self._kwargs,
+            session, name, compiled, rows.givens, self._kwargs,
             self._trusted, self._outputs, self._output_ops, self._updates, self._update_ops,
-            self._row_shareds, len(self.inputs), self._labels)
+            self._row_shareds, len(self.inputs), self._labels, self._axes,
+            self.sliceable_shareds)
         self._local = self._variants.local
 
-    def _find_fixed_batch(self, slices: Any) -> tuple[_fixed_batch.FixedBatch, ...]:
+    def _find_fixed_batch(self, slices: Any, inputs: list
+                          ) -> tuple[_fixed_batch.FixedBatch, ...]:
         """The ops that hard-code the whole batch's row count (``_fixed_batch.py``):
-        in the graph the user wrote, on the scattered inputs or the variables the
-        slice pattern gives rows."""
-        rows = list(self.inputs)
+        in the graph the user wrote, on the scattered inputs (``inputs``: their rows
+        first) or the variables the slice pattern gives rows."""
+        rows = list(inputs)
         labels = self._labels[:len(rows)]
         if slices is not None:
             for key, _, shared in slices.entries:
@@ -251,7 +273,7 @@ class Function:
                              "none; batch_s chooses each process's rows of sliceable_shareds")
         checked = _validate.check_inputs(
             self._signature, len(self.inputs), values, batch,
-            self._kwargs.get("allow_input_downcast"),
+            self._kwargs.get("allow_input_downcast"), self._axes,
         )
         if num_slices > 1:
             check_sliceable_outputs(self._output_ops, subset)
@@ -305,6 +327,8 @@ class Function:
     def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
         results = combine(ops, replies, self._session.ctx.master_rank)
+        if self._out_axes is not None:
+            results = _rows.put_back(results, self._out_axes, subset)
         if self._single and (subset is None or len(subset) == 1):
             return results[0]
         return results
@@ -347,6 +371,10 @@ class Function:
         subset = _validate.check_subset(output_subset, len(self._outputs))
         values = self._binder.bind(args, kwargs)
         values = [v.data if hasattr(v, "ref") else v for v in values]
+        if self._axes is not None:  # the compiled function takes the rows first
+            values = [np.moveaxis(np.asarray(v), axis, 0) if axis else v
+                      for v, axis in zip(values, self._axes + (0,) * len(values),
+                                         strict=False)]
         whole = [var.get_value(borrow=True) for var in self.sliceable_shareds]
         if self._slices is not None:  # the serial function's own slice of each
             spans = self._slices.whole(values)
@@ -358,6 +386,8 @@ class Function:
                 outputs = self._local(*values, *whole)
             finally:
                 self._local.trust_input = self._trusted
+        if self._out_axes is not None:
+            outputs = _rows.put_back(list(outputs), self._out_axes, None)
         if subset is not None:
             outputs = [outputs[i] for i in subset]
             return outputs[0] if self._single and len(subset) == 1 else outputs
@@ -402,19 +432,22 @@ class Function:
 
 
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
-             sliceable_shareds=None, name=None, **kwargs) -> Function:
+             sliceable_shareds=None, name=None, in_axes=None, **kwargs) -> Function:
     """Build a function that runs on every process, like ``pytensor.function``.
 
     Parameters
     ----------
     inputs : list of Variable
-        Scattered along axis 0 across processes; scalars only where ``givens`` slice
-        shared variables (below), which makes them broadcast.
+        Scattered across processes along axis 0 (or ``in_axes``); scalars only where
+        ``givens`` slice shared variables (below), which makes them broadcast.
     outputs : Variable, (Variable, op) or list of these
         ``op`` is ``"avg"`` (default, weighted by rows), ``"sum"``, ``"prod"``,
         ``"max"``, ``"min"``, ``"gather"`` (concatenate in row order), or ``None``: no
         reduction, the master returns its own result and the workers send nothing.
-        ``"c_avg"``, ``"c_sum"``, ... (the original's host-side ops) are aliases.
+        ``"c_avg"``, ``"c_sum"``, ... (the original's host-side ops) are aliases. An
+        output with one entry per row (along any axis, by PyTensor's shape
+        inference) is gathered along that axis under the default op; an explicit
+        reduction of it is refused.
     bcast_inputs : list of Variable
         Used whole by every process.
     updates : dict or list of (shared, new_value[, op])
@@ -430,6 +463,11 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         Shared variables holding data rows, subject to ``batch_s`` and slicing; a
         cast or other elementwise view of one counts as the variable.
     name : str
+    in_axes : int or list of int, optional
+        The axis of each scattered input that holds its rows, as JAX's ``in_axes``:
+        one int for all inputs or one per input (default 0). Time-major sequence
+        data ``(time, batch)`` takes 1. A scattered input whose rows a ``scan``
+        iterates over is refused unless its axis is given here.
     **kwargs
         Passed to ``pytensor.function`` untouched.
 
@@ -444,7 +482,9 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         Before ``synk.fork()`` or after ``synk.close()``.
     TypeError, ValueError
         An output, update or op that is not valid (the message names it); a scalar
-        among ``inputs`` that no given slicing a shared variable makes broadcast.
+        among ``inputs`` that no given slicing a shared variable makes broadcast; an
+        invalid ``in_axes``; a scan over the scattered rows; a reduction of an output
+        with one entry per row.
 
     Examples
     --------
@@ -455,4 +495,39 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     >>> means, total = f(np.ones((1000, 3)))                       # doctest: +SKIP
     """
     return Function(inputs, outputs, bcast_inputs, updates, givens, sliceable_shareds,
-                    name, kwargs)
+                    name, in_axes, kwargs)
+
+
+def _moved_graph(replace: dict, outputs: list, updates: list, givens: list
+                 ) -> tuple[list, list, list]:
+    """Outputs, update values and givens' values reading the moved inputs (``_rows``),
+    cloned together so that what they share stays shared."""
+    given_at = [i for i, (_, value) in enumerate(givens) if isinstance(value, Variable)]
+    roots = outputs + [value for _, value in updates] + [givens[i][1] for i in given_at]
+    new = _pytensor.substitute_all(roots, replace)
+    n_out, n_up = len(outputs), len(updates)
+    givens = list(givens)
+    for i, value in zip(given_at, new[n_out + n_up:], strict=True):
+        givens[i] = (givens[i][0], value)
+    return (new[:n_out], [(var, value) for (var, _), value in
+                          zip(updates, new[n_out:n_out + n_up], strict=True)], givens)
+
+
+def _checked_rows(outputs: list, ops: list, ops_given: tuple, updates: list, givens: list,
+                  rows: list, labels: list[str], axes_given: tuple) -> _rows.PerRow:
+    """The per-row outputs gathered (or refused) and the scans over rows refused, on the
+    graph as each process computes it (``_rows``); only graphs with an output of one
+    or more dimensions, or a scan, are looked at."""
+    if not rows:
+        return _rows.PerRow(list(ops), None, list(outputs))
+    roots = outputs + [value for _, value in updates]
+    shaped = any(op is not ReduceOp.NONE and getattr(out.type, "ndim", 0) > 0
+                 for out, op in zip(outputs, ops, strict=True))
+    scans = bool(_pytensor.scan_steps(roots))
+    if not shaped and not scans:
+        return _rows.PerRow(list(ops), None, list(outputs))
+    replace = {var: value for var, value in givens if isinstance(value, Variable)}
+    analysed = _pytensor.substitute_all(roots, replace) if replace else roots
+    if scans:
+        _rows.check_scans(analysed, rows, labels, axes_given)
+    return _rows.per_row_outputs(outputs, ops, ops_given, analysed[:len(outputs)], rows)

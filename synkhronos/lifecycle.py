@@ -43,6 +43,8 @@ from ._core.protocol import Join
 from ._core.session import Session
 from ._runtime import devices, mpi, shmem
 from ._threads import limit_threads
+from .collectives.fresh import Fresh
+from .distribute import REGISTRY
 
 __all__ = ["fork", "close", "n_parallel", "device", "master_rank", "get_n_gpu"]
 
@@ -251,6 +253,8 @@ def _build(group: LocalGroup, cores: list[int] | None, mpi_job: bool) -> Session
     except BaseException:
         session.close()
         raise
+    if session.n > 1:  # the master's set_value reaches the other processes
+        session.fresh = Fresh(REGISTRY.get(session.ctx).row_holders)
     return session
 
 

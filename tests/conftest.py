@@ -71,12 +71,13 @@ DEFAULT_TIER = "not (sizes or slow or demo or mpi)"
 # "faults/test_group_kill.py::*[3-in_command]" one. Every matching row adds its
 # markers; a marker written "-name" takes away one that an earlier row added.
 # What each marker means, and the steps of CI that select it: pyproject.toml.
-_STACK_MODULES = ["test_pymc*", "test_tutorials", "test_function",
+_STACK_MODULES = ["test_pymc*", "test_tutorials", "test_function", "test_rows",
                   "test_function_errors", "test_distribute_opfromgraph",
                   "test_distribute_ops", "test_checkpoint", "test_gpu"]
 _DEVICE_MODULES = ["test_function", "test_function_errors", "test_data", "test_collectives",
                    "test_steps", "test_train", "test_shares", "test_checkpoint"]
-_REPLAY_MODULES = ["test_function", "test_collectives", "test_steps", "test_data"]
+_REPLAY_MODULES = ["test_function", "test_collectives", "test_steps", "test_data",
+                   "test_rows"]
 TIERS: list[tuple[str, set[str]]] = [
     # the area: by folder; programs run as users run them are "demo"
     ("unit/*", {"unit"}),

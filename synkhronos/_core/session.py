@@ -109,6 +109,19 @@ class Instrument(Protocol):
     def call(self, run: Callable[..., Any], *args: Any) -> Any: ...
 
 
+class Fresh(Protocol):
+    """What keeps every process's shared variables as the master's program set them
+    (``collectives.fresh.Fresh``): the session calls ``before`` as a thread takes the
+    command lock (it may run a command of its own first, or raise) and ``after`` as
+    the thread gives it back."""
+
+    def before(self, session: Session) -> None: ...
+
+    def after(self) -> None: ...
+
+    def watch(self, variables: Any) -> None: ...  # newly distributed shared variables
+
+
 class Session:
     """The master's session: its context, workers, and command state machine.
 
@@ -136,6 +149,9 @@ class Session:
         self.state = _READY
         self.broken: BaseException | None = None
         self.instrument: Instrument | None = None  # ``synk.profile()``, while one runs
+        #: Brings the master's ``set_value`` to every process before each command
+        #: (``collectives.fresh``; None without workers)
+        self.fresh: Fresh | None = None
         self.transport = Transport(group)
         #: Whether ``run_again`` may run a command (the transport has a lane for it).
         self.runs_again = epoch.REPLAY and self.transport.round_again is not None
@@ -242,11 +258,20 @@ class Session:
             except BaseException:
                 self.leave(True)
                 raise
+        if self.fresh is not None:  # the program's set_value since it last left: sent
+            try:  # first (before anything is staged: staging may move the master's
+                self.fresh.before(self)  # values into shared memory), or refused
+            except BaseException:
+                self._holder = None  # (not ``leave``: what it refused stays to be sent)
+                lock.release()
+                raise
         return True
 
     def leave(self, took: bool) -> None:
         """Give back the command lock if ``enter`` took it."""
         if took:
+            if self.fresh is not None:  # what the library left in the master's cells
+                self.fresh.after()
             self._holder = None
             self._command_lock.release()
 
@@ -267,6 +292,8 @@ class Session:
             return self.run_held(message, repeats)
         finally:
             if took:  # ``leave``, written out
+                if self.fresh is not None:
+                    self.fresh.after()
                 self._holder = None
                 self._command_lock.release()
 

@@ -120,8 +120,10 @@ def _resolve(reg: Any, variables: tuple, single: bool, by_name: bool = False) ->
         uid = reg.uid(var)
         if uid is None:
             raise ValueError(
-                f"{label} is not used by any distributed function; build a synk.function "
-                "that uses it and call synk.distribute() first"
+                f"{label} is not used by any distributed function, so the workers have "
+                "no copy of it and collectives have nothing to act on; once a "
+                "synk.function that uses it is distributed, the master's set_value "
+                "reaches every process by itself before the next call"
             )
         if uid in uids:
             raise ValueError(f"{label} appears more than once in shared_vars")

@@ -97,6 +97,14 @@ def _run(session: Any, backend: Any, build: Any, *args: Any) -> Any:
         session.leave(took)
 
 
+def _overwritten(session: Any, targets: Any) -> None:
+    """These variables get a value in every process (or, from ``set_value``, in the
+    master alone, by request): the master's ``set_value`` before it needs no broadcast
+    (``fresh.py``)."""
+    if session.fresh is not None:
+        session.fresh.overwritten(targets.variables)
+
+
 def _shapes(session: Any, backend: Any, targets: Any) -> list:
     return _run(session, backend, lambda s, b: shapes_step(targets))
 
@@ -134,6 +142,7 @@ def broadcast(shared_vars: Any, values: Any = None, nccl: bool = True) -> None:
     session, front, targets, single = begin("broadcast", shared_vars)
     if values is not None:
         values = filter_values(targets, values, single, keep_data=False)
+    _overwritten(session, targets)
     _run(session, front.backend, broadcast_step, targets, values)
 
 
@@ -174,6 +183,7 @@ def scatter(shared_vars: Any, values: Any, batch: Any = None) -> None:
     counts = [[selection.part(session.n, r).length for r in range(session.n)]
               for selection in selections]
     check_fixed_length(targets, counts, "scatter")
+    _overwritten(session, targets)
     _run(session, front.backend, place_step, targets, values, selections, None)
 
 
@@ -445,6 +455,7 @@ def set_value(rank: int, shared_vars: Any, values: Any, batch: Any = None) -> No
         for var, value in zip(targets.variables, values, strict=True):
             whole = value if isinstance(value, np.ndarray) else value.data
             store_value(session.ctx, var, np.array(select_rows(whole, selection)))
+        _overwritten(session, targets)
         return
     _run(session, front.backend, place_step, targets, values, (selection,) * len(values), rank)
 

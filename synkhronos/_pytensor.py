@@ -143,9 +143,13 @@ def simplified(dims: list[Any]) -> list[Any]:
     rewrites with shape tracking: ``Shape_i`` of a view (a transpose, a slice's
     bounds) becomes ``Shape_i`` of what it views, so each dimension names the inputs
     it is computed from."""
-    rewritten: Any = rewrite_graph(list(dims), include=("canonicalize", "ShapeOpt"),
-                                   clone=True)
-    return list(rewritten)
+    # A copy whose inputs are the graph's own (``rewrite_graph``'s own copy copies
+    # them too in PyTensor 2.38), rewritten in place
+    inputs = [var for var in _graph_inputs(dims) if not isinstance(var, Constant)]
+    equivalent = clone_get_equiv(inputs, dims, copy_inputs=False, copy_orphans=True)
+    graph = FunctionGraph(inputs, [equivalent[dim] for dim in dims], clone=False)
+    rewrite_graph(graph, include=("canonicalize", "ShapeOpt"))
+    return list(graph.outputs)
 
 
 def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, bool]:
@@ -153,9 +157,10 @@ def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, bool]:
     dimension is the length of, and whether it reads such a length at all.
 
     ``(var, True)``: the dimension is exactly ``var.shape[0]``; ``(None, True)``: it is
-    computed from some row count (``x.shape[0] - 1``, ``2 * x.shape[0]``); ``(None,
-    False)``: it reads none (or only through an op whose shape PyTensor cannot say:
-    then nothing can be told)."""
+    computed from some row count (``x.shape[0] - 1``, ``2 * x.shape[0]``, or a constant
+    written the long way: ``36 * L // max(L, 1)``); ``(None, False)``: it reads none
+    (or only through an op whose shape PyTensor cannot say: then nothing can be
+    told)."""
     owner = getattr(dim, "owner", None)
     while owner is not None and isinstance(owner.op, CheckAndRaise):
         owner = getattr(owner.inputs[0], "owner", None)  # (broadcasting's checks)

@@ -22,10 +22,10 @@ from the graph (PyTensor's shape inference, ``_pytensor.shape_inference`` and
    prediction per row) is not averaged, summed or multiplied across processes:
    with the default op it is gathered (concatenated in row order, along that axis),
    with ``"gather"`` likewise; an explicit reduction is refused with the hint
-   ``"gather"``. An output whose shape is computed from the rows' count without
-   being it (``x.reshape((-1, 16)).sum(axis=1)``, ``x[1:]``) is refused under any op
-   but ``"gather"`` (concatenated along axis 0, as asked) and None: the graph alone
-   cannot tell whether it holds one entry per row.
+   ``"gather"``, and so is any op but None and an explicit ``"gather"`` on an output
+   with the rows along two axes (``x.dot(x.T)``). A dimension merely computed from
+   the rows' count (``x[1:]``) is left to the op given: shape inference also writes
+   constants that way (a gradient's ``36 * L // max(L, 1)``), so it tells nothing.
 """
 
 from __future__ import annotations
@@ -155,26 +155,22 @@ def per_row_outputs(outputs: list, ops: list[ReduceOp], explicit: tuple[bool, ..
         if not symbolic:
             continue
         simple = _pytensor.simplified([dims[k] for k in symbolic])
-        exact, computed = [], []
-        for k, dim in zip(symbolic, simple, strict=True):
-            var, reads = _pytensor.row_length_of(dim, rows)
-            if var is not None:
-                exact.append(k)
-            elif reads:
-                computed.append(k)
-        if not exact and not computed:
+        # Only a dimension that is plainly the rows' count: one merely computed from
+        # it may be shape inference's long way round to a constant (a gradient's
+        # ``36 * L // max(L, 1)``), so it tells nothing.
+        exact = [k for k, dim in zip(symbolic, simple, strict=True)
+                 if _pytensor.row_length_of(dim, rows)[0] is not None]
+        if not exact:
             continue
         what = f"output {i}" + (f" ({outputs[i].name!r})" if outputs[i].name else "")
-        if explicit[i] and ops[i] is ReduceOp.GATHER and (computed or len(exact) > 1):
+        if explicit[i] and ops[i] is ReduceOp.GATHER and len(exact) > 1:
             continue  # concatenated along axis 0, as asked
-        if computed or len(exact) > 1:
-            axis = (computed or exact)[0]
+        if len(exact) > 1:
             raise ValueError(
-                f"{what} has a shape computed from the number of scattered rows along "
-                f"its axis {axis}, so reducing it with op {ops[i].value!r} across "
-                "processes would combine different rows: if it holds one entry per row "
-                "along axis 0, give it the op \"gather\"; else return it with op None "
-                "(the master's own result)")
+                f"{what} has one entry per scattered row along each of its axes "
+                f"{tuple(exact)}, so no reduction of the processes' results (nor a "
+                "gather along one axis) equals the serial one: return it with op None "
+                "(the master's own result), or compute it from per-row values")
         axis = exact[0]
         if explicit[i] and ops[i] is not ReduceOp.GATHER:
             raise ValueError(

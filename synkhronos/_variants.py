@@ -91,6 +91,7 @@ class Variants:
             return prepared
         if not self._registry.is_distributed(fn_id):
             distribute()  # its shared variables get their uids now
+        self._registry.first_call(fn_id)  # compiled now, in the master first
         uid = self._registry.uid  # (every distributed shared variable has one)
         ops = self._output_ops if subset is None else [self._output_ops[i] for i in subset]
         static = Prepared(

@@ -12,15 +12,19 @@ So each process keeps a ``Registry`` (the ``REGISTRY`` rank variable):
 
 ``distribute()`` (master):
 
-1. compiles each pending function (Numba: an explicit compile for the exact signature
-   a call uses), so the on-disk cache is warm and the workers load rather than compile;
-2. pickles ``(functions, new shared variables)`` with a pickler that writes every
+1. pickles ``(functions, new shared variables)`` with a pickler that writes every
    already-distributed variable, its storage cell and its current value as a
    reference (its uid);
-3. runs one ``Distribute`` command: each worker unpickles, resolving references to its
+2. runs one ``Distribute`` command: each worker unpickles, resolving references to its
    own objects, and registers the new functions and variables under the master's ids;
    a new random generator gets the worker's own stream (``_streams``) unless the
    program asked for identical streams.
+
+Nothing is compiled then: a function is compiled when it is first called
+(``Registry.first_call``: the master first, Numba's explicit compile for the exact
+signature calls use, so that the on-disk cache is warm and the workers load rather
+than compile), so a program that builds functions it never calls (the tutorials'
+LSTM: ``f_cost``, ``f_grad``) does not compile them.
 
 Over several machines the same pickle goes to every machine; there the leader first
 unpickles and compiles it (``prepare``, before its workers see the command), so that
@@ -67,7 +71,9 @@ class Registry:
         self.next_function = 0
         self.next_shared = 0
         self.unpickle_seconds: list[float] = []  # each worker's, for the last distribute
-        self.compile_seconds = 0.0  # the master's, for the last distribute
+        self.compile_seconds = 0.0  # the master's, of functions first called since the
+        # last distribute that shipped something
+        self.compiled: set[int] = set()  # ids of the functions compiled (master)
         self.distributed_once = False
         self.prepared: Distribute | None = None  # another machine's leader: unpickled
         self.prepared_seconds: float | None = None
@@ -82,6 +88,16 @@ class Registry:
         self.pending[fn_id] = fn
         self.extras[fn_id] = list(extra_shared)
         return fn_id
+
+    def first_call(self, fn_id: int) -> None:
+        """Compile function ``fn_id`` in the master before its first call reaches the
+        workers, which then load it from the on-disk cache (Numba)."""
+        if fn_id in self.compiled:
+            return
+        start = time.perf_counter()
+        _pytensor.precompile(self.functions[fn_id])
+        self.compile_seconds += time.perf_counter() - start
+        self.compiled.add(fn_id)
 
     def is_distributed(self, fn_id: int) -> bool:
         """True once the workers have it (a failed one is queued again: False)."""
@@ -219,10 +235,7 @@ def distribute(random_streams: Streams | None = None) -> None:
     if not reg.pending:
         return
     functions = dict(reg.pending)
-    start = time.perf_counter()
-    for fn in functions.values():
-        _pytensor.precompile(fn)
-    reg.compile_seconds = time.perf_counter() - start
+    reg.compile_seconds = 0.0
     new_shared: dict[int, Any] = {}
     extras = [v for fn_id in functions for v in reg.extras.get(fn_id, ())]
     for var in [v for fn in functions.values() for v in _pytensor.shared_inputs(fn)] + extras:

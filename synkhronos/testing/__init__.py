@@ -269,8 +269,9 @@ def rank_machines() -> list[int]:
 
 
 def distribute_seconds() -> dict[str, Any]:
-    """What the last ``synk.distribute()`` that shipped something cost: the master's
-    compile time (``"compile"``) and each worker's unpickling time (``"unpickle"``)."""
+    """What the last ``synk.distribute()`` that shipped something cost: each worker's
+    unpickling time (``"unpickle"``), and the master's compile time of the functions
+    first called since (``"compile"``: a function compiles at its first call)."""
     reg = REGISTRY.get(require("synkhronos.testing.distribute_seconds()").ctx)
     return {"compile": reg.compile_seconds, "unpickle": list(reg.unpickle_seconds)}
 

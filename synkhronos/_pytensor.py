@@ -146,7 +146,8 @@ def simplified(dims: list[Any]) -> list[Any]:
     # A copy whose inputs are the graph's own (``rewrite_graph``'s own copy copies
     # them too in PyTensor 2.38), rewritten in place
     inputs = [var for var in _graph_inputs(dims) if not isinstance(var, Constant)]
-    equivalent = clone_get_equiv(inputs, dims, copy_inputs=False, copy_orphans=True)
+    equivalent: dict[Any, Any] = clone_get_equiv(inputs, dims, copy_inputs=False,
+                                                 copy_orphans=True)
     graph = FunctionGraph(inputs, [equivalent[dim] for dim in dims], clone=False)
     rewrite_graph(graph, include=("canonicalize", "ShapeOpt"))
     return list(graph.outputs)

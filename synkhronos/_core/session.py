@@ -315,8 +315,8 @@ class Session:
                     replies, own, first = instrument.command(message, transport.run,
                                                              self._own_share, key)
             except KeyboardInterrupt as exc:
-                if not transport.interrupt_breaks:
-                    raise  # the group left the command pending: the session stays
+                if not transport.interrupt_breaks:  # the group left the command
+                    raise _interrupted(exc) from None  # pending: the session stays
                 self._fail_raise(exc)
             except BaseException as exc:
                 self._fail_raise(exc)
@@ -341,8 +341,8 @@ class Session:
             try:
                 ran = again(message, self._own_share)  # (it forgets earlier signals)
             except KeyboardInterrupt as exc:
-                if not self.transport.interrupt_breaks:
-                    raise  # the group left the command pending: the session stays
+                if not self.transport.interrupt_breaks:  # the group left the command
+                    raise _interrupted(exc) from None  # pending: the session stays
                 self._fail_raise(exc)
             except BaseException as exc:
                 self._fail_raise(exc)
@@ -453,6 +453,14 @@ class Session:
                 if _current is self:
                     install(None)
                 self.transport.end_close(self.broken)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> KeyboardInterrupt:
+    """A Ctrl-C that interrupted a command, raised afresh where the program called: its
+    traceback is the program's frames down to the session, not those of whatever the
+    master's share was running (PyTensor's VM, which may attach a HINT of its own about
+    the node it was in, and this package's layers between)."""
+    return type(exc)(*exc.args)
 
 
 def _raise_root_failure(master: int, own: Outcome, first: First) -> None:

@@ -124,7 +124,8 @@ INTERRUPT_DELAYS = (0.3, 0.43, 0.57)  # after each round's start: different mome
 @pytest.mark.parametrize("backend", [_backend("c"), _backend("numba"), _backend("jax")])
 def test_ctrl_c_inside_a_compiled_kernel_of_the_masters_share(tmp_path, backend, n):
     """SIGINT to a master busy in its share's compiled kernel: ``KeyboardInterrupt``
-    within a second, three times, never a ``WorkerError``; after each the session is
+    within a second, three times, never a ``WorkerError``, its traceback one exception
+    long (not chained to what the kernel raised); after each the session is
     ready and the next call equals numpy's; the program then ends by the interrupt
     and leaves no process and no segment."""
     errors = tmp_path / "stderr"
@@ -148,6 +149,9 @@ def test_ctrl_c_inside_a_compiled_kernel_of_the_masters_share(tmp_path, backend,
             assert 0 <= result["raised"] - sent < 1.0, result
             assert result["state"] == "ready"
             assert abs(result["again"] - result["expected"]) <= 1e-9 * abs(result["expected"])
+            # one short traceback: the interruption alone, raised afresh where the
+            # program called, not chained to what the kernel raised around it
+            assert result["links"] == 1, result
             causes.append(result["cause"])
         if backend == "numba":
             # Numba's dispatcher runs the handler inside the kernel's call and fails

@@ -22,9 +22,9 @@ never a ``WorkerError``, and the session must stay usable: the program catches i
 calls once more (which first waits for the workers still in the interrupted call) and
 prints ``{"round", "raised", "again", "expected", "state", "cause", "links"}``: when
 it was raised (``time.monotonic()``), the result, what numpy gives, the session's
-state, the type of the exception the interruption was raised from (None: the
-handler's own ``KeyboardInterrupt``, raised in Python code) and the length of its
-chain. After the last round it raises the interruption again, so that it ends by
+state, the type of the exception the interruption was raised from inside the call
+(None: the handler's own ``KeyboardInterrupt``, raised in Python code) and the length
+of the chain its traceback shows. After the last round it raises the interruption again, so that it ends by
 ``KeyboardInterrupt`` (the exit handler closes the session).
 """
 
@@ -70,12 +70,14 @@ def build(backend: str):
 
 
 def links(exc: BaseException) -> int:
-    """How many exceptions the traceback of ``exc`` shows (its chain)."""
+    """How many exceptions the traceback of ``exc`` shows (its chain, as Python prints
+    it: a context raised ``from None`` is not shown)."""
     count, seen, current = 0, set(), exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         count += 1
-        current = current.__cause__ or current.__context__
+        context = None if current.__suppress_context__ else current.__context__
+        current = current.__cause__ or context
     return count
 
 
@@ -100,7 +102,10 @@ def main() -> None:
         except KeyboardInterrupt as exc:
             raised = time.monotonic()  # (the same clock in every process)
             again = float(f(rows, shares=shares))  # waits for the workers first
-            cause = exc.__cause__
+            # (the session raises the interruption afresh, ``from None``: the one it
+            # caught is the context it does not show)
+            caught = exc.__context__ if exc.__suppress_context__ else exc
+            cause = caught.__cause__ if caught is not None else None
             print(json.dumps({
                 "round": k, "raised": raised, "again": again,
                 "expected": expected(rows.data),

@@ -22,8 +22,9 @@ collective takes the session (``Session.enter``, before anything is staged):
   ``synk.broadcast``, writes every process and is let through: ``overwritten``).
 
 What it cannot see: a write into the master's array in place
-(``get_value(borrow=True)[...] = v``) keeps the object; and random generators are not
-watched (each process draws its own stream: ``_streams``). Both are documented. The
+(``get_value(borrow=True)[...] = v``) keeps the object; and only tensors are watched,
+not random generators (each process draws its own stream: ``_streams``) nor other
+kinds of shared variable (collectives move tensors only). Both are documented. The
 cost is two passes over the watched cells per call, in C (``map``).
 """
 
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import operator
 from typing import Any
+
+from pytensor.tensor.type import TensorType
 
 from .. import _pytensor
 from ._checks import FRONT, _resolve
@@ -57,8 +60,8 @@ class Fresh:
         """Watch newly distributed ``variables`` from now on (their values now are the
         workers')."""
         for var in variables:
-            if _pytensor.is_random_generator(var):
-                continue
+            if not isinstance(var.type, TensorType):  # (random generators among them:
+                continue  # each process draws its own stream)
             self._variables.append(var)
             self._cells.append(_pytensor.storage(var))
         self.after()

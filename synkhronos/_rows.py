@@ -30,6 +30,7 @@ from the graph (PyTensor's shape inference, ``_pytensor.shape_inference`` and
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,10 @@ import numpy as np
 from . import _pytensor
 from ._reducers import ReduceOp
 
-__all__ = ["in_axes", "Moved", "move", "per_row_outputs", "check_scans"]
+__all__ = ["in_axes", "Moved", "move", "check_scans", "PerRow", "per_row_outputs",
+           "put_back"]
+
+log = logging.getLogger("synkhronos")
 
 
 def in_axes(value: Any, inputs: list) -> tuple[tuple[int, ...], tuple[bool, ...]]:
@@ -108,7 +112,12 @@ def check_scans(roots: list, rows: list, labels: list[str], given: tuple[bool, .
     steps = _pytensor.scan_steps(roots)
     if not steps or not rows:
         return
-    for dim in _pytensor.simplified(steps):
+    try:
+        simple = _pytensor.simplified(steps)
+    except Exception as exc:  # a graph PyTensor's rewrites refuse: nothing can be told
+        log.debug("synkhronos: no check of scans over the rows: %s", exc)
+        return
+    for dim in simple:
         var, reads = _pytensor.row_length_of(dim, rows)
         if not reads:
             continue
@@ -146,15 +155,21 @@ def per_row_outputs(outputs: list, ops: list[ReduceOp], explicit: tuple[bool, ..
               if ops[i] is not ReduceOp.NONE and getattr(out.type, "ndim", 0) > 0]
     if not wanted or not rows:
         return PerRow(list(ops), None, list(outputs))
-    shape = _pytensor.shape_inference([analysed[i] for i in wanted])
     ops, outputs = list(ops), list(outputs)
     axes: list[int | None] = [None] * len(outputs)
-    for i in wanted:
-        dims = [d for d in shape(analysed[i])]
-        symbolic = [k for k, d in enumerate(dims) if getattr(d, "owner", None) is not None]
-        if not symbolic:
-            continue
-        simple = _pytensor.simplified([dims[k] for k in symbolic])
+    try:
+        shape = _pytensor.shape_inference([analysed[i] for i in wanted])
+        found = {}
+        for i in wanted:
+            dims = list(shape(analysed[i]))
+            symbolic = [k for k, d in enumerate(dims)
+                        if getattr(d, "owner", None) is not None]
+            if symbolic:
+                found[i] = (symbolic, _pytensor.simplified([dims[k] for k in symbolic]))
+    except Exception as exc:  # a graph PyTensor's inference refuses: nothing can be told
+        log.debug("synkhronos: no shape inference for per-row outputs: %s", exc)
+        return PerRow(ops, None, outputs)
+    for i, (symbolic, simple) in found.items():
         # Only a dimension that is plainly the rows' count: one merely computed from
         # it may be shape inference's long way round to a constant (a gradient's
         # ``36 * L // max(L, 1)``), so it tells nothing.

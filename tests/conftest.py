@@ -92,6 +92,7 @@ TIERS: list[tuple[str, set[str]]] = [
     # what else depends on the stack: CI runs these on PyMC 5's older PyTensor too
     *((f"integration/{m}.py::*", {"stack"}) for m in _STACK_MODULES),
     ("unit/test_pymc_*", {"stack"}),
+    ("unit/test_rows.py::*", {"stack"}),  # PyTensor's shape inference and rewrites
     # the docs' PyMC examples; the others take the library paths of the stack suites
     # above (functions, collectives, steps) and run on the two newer PyTensors
     ("integration/test_docs_examples.py::test_docs_example_runs[pymc_*", {"stack"}),

@@ -54,7 +54,6 @@ class Fresh:
         self._seen: list = []  # what each cell held when the last command ended
         self._rows = rows  # id() of the variables holding each process's rows (the
         # registry's set, filled as functions are built)
-        self._sending = False  # its own broadcast is the command being run
 
     def watch(self, variables: Any) -> None:
         """Watch newly distributed ``variables`` from now on (their values now are the
@@ -67,10 +66,9 @@ class Fresh:
         self.after()
 
     def before(self, session: Any) -> None:
-        """Broadcast the variables the program gave new storage since the last command
-        (or refuse, for rows); the caller holds the session."""
-        if self._sending or not any(map(operator.is_not, map(_HELD, self._cells),
-                                        self._seen)):
+        """Broadcast the variables the program gave new storage since the session was
+        last given back (or refuse, for rows); the caller has just taken it."""
+        if not any(map(operator.is_not, map(_HELD, self._cells), self._seen)):
             return
         stale = [var for var, cell, seen in zip(self._variables, self._cells, self._seen,
                                                 strict=True) if cell[0] is not seen]
@@ -85,15 +83,14 @@ class Fresh:
                     "with synk.broadcast")
         front = FRONT.get(session.ctx)
         targets = _resolve(front.registry, tuple(stale), False)
-        self._sending = True  # (the broadcast is a command too; its staging may move
-        try:  # the master's values into its buffers)
-            run_step(session, front.backend, broadcast_step(session, front.backend,
-                                                            targets, None))
-        finally:
-            self._sending = False
+        # (a command of its own, run under the session the caller took: ``enter`` is
+        # not called again, so this is not either)
+        run_step(session, front.backend, broadcast_step(session, front.backend, targets,
+                                                        None))
 
     def after(self) -> None:
-        """A command ended: what the cells hold now is the library's doing."""
+        """The session is given back: what the cells hold now is the library's
+        doing."""
         self._seen = list(map(_HELD, self._cells))
 
     def overwritten(self, variables: Any) -> None:

@@ -79,6 +79,7 @@ class Registry:
         self.prepared_seconds: float | None = None
         self.random_streams: Streams = "independent"  # for generators shipped next, master
         self.row_holders: set[int] = set()  # id() of sliceable_shareds, master
+        self.fresh: Any = None  # the master's ``collectives.fresh.Fresh`` (with workers)
 
     def add_function(self, fn: Any, extra_shared: Sequence[Any] = ()) -> int:
         """Register a master-built function for the next distribution; return its id."""
@@ -272,8 +273,8 @@ def distribute(random_streams: Streams | None = None) -> None:
         reg.shared[uid] = var
         reg.uid_of[id(var)] = uid
     session.ctx.placement.place(new_shared.values())
-    if session.fresh is not None:  # the master's set_value reaches them from now on
-        session.fresh.watch(new_shared.values())
+    if reg.fresh is not None:  # the master's set_value reaches them from now on
+        reg.fresh.watch(new_shared.values(), session)
     reg.pending.clear()
 
 

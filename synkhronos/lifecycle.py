@@ -253,8 +253,9 @@ def _build(group: LocalGroup, cores: list[int] | None, mpi_job: bool) -> Session
     except BaseException:
         session.close()
         raise
-    if session.n > 1:  # the master's set_value reaches the other processes
-        session.fresh = Fresh(REGISTRY.get(session.ctx).row_holders)
+    if session.n > 1:  # the master's set_value reaches the other processes (the
+        registry = REGISTRY.get(session.ctx)  # session holds it once it watches any)
+        registry.fresh = Fresh(registry.row_holders)
     return session
 
 

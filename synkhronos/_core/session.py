@@ -150,7 +150,8 @@ class Session:
         self.broken: BaseException | None = None
         self.instrument: Instrument | None = None  # ``synk.profile()``, while one runs
         #: Brings the master's ``set_value`` to every process before each command
-        #: (``collectives.fresh``; None without workers)
+        #: (``collectives.fresh``; None without workers, or while no shared variable
+        #: is distributed: then nothing is checked at all)
         self.fresh: Fresh | None = None
         self.transport = Transport(group)
         #: Whether ``run_again`` may run a command (the transport has a lane for it).

@@ -6,8 +6,9 @@ it. After ``synk.distribute()`` every process holds its own copy, and the master
 dropout on with ``use_noise.set_value(1.)`` and restores its best parameters with
 ``set_value``, and its workers went on without either, silently. As torch's DDP
 broadcasts buffers before a forward pass, the session's ``Fresh`` (installed at
-``fork`` where there are workers, held as ``Session.fresh``) does so as each call or
-collective takes the session (``Session.enter``, before anything is staged):
+``fork`` where there are workers, held as ``Session.fresh`` once a shared variable is
+distributed) does so as each call or collective takes the session (``Session.enter``,
+before anything is staged):
 
 - as a call or collective gives the session back (``after``), it notes the object
   each distributed variable's storage cell holds in the master: whatever the library
@@ -25,7 +26,8 @@ What it cannot see: a write into the master's array in place
 (``get_value(borrow=True)[...] = v``) keeps the object; and only tensors are watched,
 not random generators (each process draws its own stream: ``_streams``) nor other
 kinds of shared variable (collectives move tensors only). Both are documented. The
-cost is two passes over the watched cells per call, in C (``map``).
+cost is two passes over the watched cells per call, in C (``map``): 0.1-0.15 us a
+watched variable at each call on 2 cores here, nothing without one.
 """
 
 from __future__ import annotations
@@ -55,15 +57,18 @@ class Fresh:
         self._rows = rows  # id() of the variables holding each process's rows (the
         # registry's set, filled as functions are built)
 
-    def watch(self, variables: Any) -> None:
+    def watch(self, variables: Any, session: Any) -> None:
         """Watch newly distributed ``variables`` from now on (their values now are the
-        workers')."""
+        workers'); the session calls this from its first watched variable on (before
+        it, a call pays nothing)."""
         for var in variables:
             if not isinstance(var.type, TensorType):  # (random generators among them:
                 continue  # each process draws its own stream)
             self._variables.append(var)
             self._cells.append(_pytensor.storage(var))
         self.after()
+        if self._cells:
+            session.fresh = self
 
     def before(self, session: Any) -> None:
         """Broadcast the variables the program gave new storage since the session was

@@ -65,6 +65,7 @@ __all__ = [
     "rank_hosts",
     "rank_machines",
     "distribute_seconds",
+    "compiled",
     "session_open",
     "program_prefix",
     "child_pids",
@@ -266,6 +267,14 @@ def rank_machines() -> list[int]:
     """The machine (0 is the master's) of every rank (one machine: all 0)."""
     session = require("synkhronos.testing.rank_machines()")
     return [session.ctx.machine_of(rank) for rank in range(session.n)]
+
+
+def compiled(function: Any) -> bool:
+    """Whether ``function`` (a ``synk.Function``) has been compiled for its calls in
+    the master: at its first call, not at ``synk.distribute()``."""
+    reg = REGISTRY.get(require("synkhronos.testing.compiled()").ctx)
+    local = function._local
+    return any(fn is local and fn_id in reg.compiled for fn_id, fn in reg.functions.items())
 
 
 def distribute_seconds() -> dict[str, Any]:

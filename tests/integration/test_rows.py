@@ -16,7 +16,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos.testing import rank_values
+from synkhronos.testing import compiled, rank_values
 
 from ..conftest import session_fixture
 
@@ -249,17 +249,10 @@ def test_set_value_of_rows_held_per_process_is_refused_then_scattered(model):
 def test_a_function_compiles_at_its_first_call_not_at_distribute(model):
     """The LSTM tutorial builds ``f_cost`` and ``f_grad`` and never calls them: they
     cost no compile (``distribute()`` only ships them)."""
-    from synkhronos._core.session import require
-    from synkhronos.distribute import REGISTRY
-
     r = pt.dmatrix("r")
     called = synk.function([r], (r ** 3).sum(axis=1), name="called")
     never = synk.function([r], (r ** 5).sum(axis=1), name="never")
     synk.distribute()
-    registry = REGISTRY.get(require().ctx)
-    ids = {fn_id for fn_id, fn in registry.functions.items()
-           if fn in (called._local, never._local)}
-    assert len(ids) == 2 and not ids & registry.compiled
+    assert not compiled(called) and not compiled(never)
     _close(called(np.ones((5, 2))), np.full(5, 2.0))
-    assert {fn_id for fn_id in ids if registry.functions[fn_id] is called._local} == (
-        ids & registry.compiled)
+    assert compiled(called) and not compiled(never)

@@ -24,8 +24,9 @@ prints ``{"round", "raised", "again", "expected", "state", "cause", "links"}``: 
 it was raised (``time.monotonic()``), the result, what numpy gives, the session's
 state, the type of the exception the interruption was raised from inside the call
 (None: the handler's own ``KeyboardInterrupt``, raised in Python code) and the length
-of the chain its traceback shows. After the last round it raises the interruption again, so that it ends by
-``KeyboardInterrupt`` (the exit handler closes the session).
+of the chain its traceback shows. After the last round it raises the interruption
+again, so that it ends by ``KeyboardInterrupt`` (the exit handler closes the
+session).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["cpu_model", "machine", "idle_percent", "load", "rounds_summary",
+           "rounded", "peers_per_epoch",
            "summarize_times", "versions", "write_report"]
 
 
@@ -109,3 +110,29 @@ def write_report(report: dict, out: Path | str, name: str) -> Path:
     path = folder / name
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return path
+
+
+def rounded(entry: dict) -> dict:
+    """A profile's entry with its floats to 5 decimals, for a report."""
+    return {key: round(value, 5) if isinstance(value, float) else value
+            for key, value in entry.items()}
+
+
+def peers_per_epoch(times: dict[str, list[float]], minibatches: int,
+                    against: str = "serial") -> tuple[dict, dict]:
+    """Training peers timed in interleaved rounds (``times``: seconds per epoch, per
+    round, by peer): each peer's median epoch and minibatch, and each other peer's
+    per-round speed-up over ``against`` with its median."""
+    peers = {}
+    for name, seconds in times.items():
+        per_epoch = float(np.median(seconds))
+        peers[name] = {"s_per_epoch_median": round(per_epoch, 4),
+                       "s_per_minibatch_median": round(per_epoch / minibatches, 5),
+                       "s_per_epoch_rounds": [round(t, 4) for t in seconds]}
+    ratios = {}
+    for name in times:
+        if name != against:
+            per_round = [s / p for s, p in zip(times[against], times[name], strict=True)]
+            ratios[name] = {"median": round(float(np.median(per_round)), 3),
+                            "rounds": [round(v, 3) for v in per_round]}
+    return peers, ratios

@@ -145,11 +145,6 @@ def account(summary: dict, minibatches: int) -> dict:
     return {key: round(value / minibatches, 5) for key, value in per.items()}
 
 
-def _rounded(entry: dict) -> dict:
-    return {key: round(value, 5) if isinstance(value, float) else value
-            for key, value in entry.items()}
-
-
 def epoch(step, minibatches: int) -> float:
     """Seconds of one epoch: ``step(i)`` for each minibatch."""
     start = time.perf_counter()
@@ -211,23 +206,14 @@ def main() -> None:
         with synk.profile() as prof:
             epoch(steps[name], args.minibatches)
         summary = prof.summary()
-        profiles[name] = {"summary": _rounded(summary),
+        profiles[name] = {"summary": _harness.rounded(summary),
                           "account_per_minibatch_s": account(summary, args.minibatches)}
         if name == "synk_steps":
-            profiles[name]["per_rank"] = [_rounded(entry) for entry in prof.per_rank()]
+            profiles[name]["per_rank"] = [_harness.rounded(entry) for entry in prof.per_rank()]
     synk.close()
 
-    peers = {}
-    for name in PEERS:
-        per_epoch = float(np.median(times[name]))
-        peers[name] = {"s_per_epoch_median": round(per_epoch, 4),
-                       "s_per_minibatch_median": round(per_epoch / args.minibatches, 5),
-                       "s_per_epoch_rounds": [round(t, 4) for t in times[name]]}
-    ratios = {}
-    for name in ("synk", "synk_steps"):
-        per_round = [s / p for s, p in zip(times["serial"], times[name], strict=True)]
-        ratios[name] = {"median": round(float(np.median(per_round)), 3),
-                        "rounds": [round(v, 3) for v in per_round]}
+    peers, ratios = _harness.peers_per_epoch({name: times[name] for name in PEERS},
+                                             args.minibatches)
     report = {"benchmark": "lenet", "backend": args.backend, "n_parallel": n,
               "batch_size": args.batch_size, "rows_per_process": args.batch_size / n,
               "minibatches_per_epoch": args.minibatches, "rounds": args.rounds,

@@ -141,11 +141,6 @@ def epoch(step, batches: list) -> float:
     return time.perf_counter() - start
 
 
-def _rounded(entry: dict) -> dict:
-    return {key: round(value, 5) if isinstance(value, float) else value
-            for key, value in entry.items()}
-
-
 def main() -> None:
     args = parse_args()
     if args.backend == "c":
@@ -197,22 +192,13 @@ def main() -> None:
     for name in ("synk", "synk_steps"):
         with synk.profile() as prof:
             epoch(steps[name], batches)
-        profiles[name] = {"summary": _rounded(prof.summary())}
+        profiles[name] = {"summary": _harness.rounded(prof.summary())}
         if name == "synk_steps":
-            profiles[name]["per_rank"] = [_rounded(entry) for entry in prof.per_rank()]
+            profiles[name]["per_rank"] = [_harness.rounded(entry) for entry in prof.per_rank()]
     synk.close()
 
-    peers = {}
-    for name in PEERS:
-        per_epoch = float(np.median(times[name]))
-        peers[name] = {"s_per_epoch_median": round(per_epoch, 4),
-                       "s_per_minibatch_median": round(per_epoch / args.minibatches, 5),
-                       "s_per_epoch_rounds": [round(t, 4) for t in times[name]]}
-    ratios = {}
-    for name in ("synk", "synk_steps"):
-        per_round = [s / p for s, p in zip(times["serial"], times[name], strict=True)]
-        ratios[name] = {"median": round(float(np.median(per_round)), 3),
-                        "rounds": [round(v, 3) for v in per_round]}
+    peers, ratios = _harness.peers_per_epoch({name: times[name] for name in PEERS},
+                                             args.minibatches)
     steps_per_batch = [int(batch[0].shape[0]) for batch in batches]
     report = {"benchmark": "lstm", "backend": args.backend, "n_parallel": n,
               "batch_size": args.batch_size, "sequences_per_process": args.batch_size / n,

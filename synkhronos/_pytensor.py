@@ -153,15 +153,15 @@ def simplified(dims: list[Any]) -> list[Any]:
     return list(graph.outputs)
 
 
-def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, bool]:
+def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, Any | None]:
     """Which of ``rows`` (inputs whose axis 0 holds the rows) a ``simplified``
-    dimension is the length of, and whether it reads such a length at all.
+    dimension is the length of, and which one's length it reads.
 
-    ``(var, True)``: the dimension is exactly ``var.shape[0]``; ``(None, True)``: it is
-    computed from some row count (``x.shape[0] - 1``, ``2 * x.shape[0]``, or a constant
-    written the long way: ``36 * L // max(L, 1)``); ``(None, False)``: it reads none
-    (or only through an op whose shape PyTensor cannot say: then nothing can be
-    told)."""
+    ``(var, var)``: the dimension is exactly ``var.shape[0]``; ``(None, var)``: it is
+    computed from the row count of ``var``, the first of ``rows`` it reads
+    (``x.shape[0] - 1``, ``2 * x.shape[0]``, or a constant written the long way:
+    ``36 * L // max(L, 1)``); ``(None, None)``: it reads none (or only through an op
+    whose shape PyTensor cannot say: then nothing can be told)."""
     owner = getattr(dim, "owner", None)
     while owner is not None and isinstance(owner.op, CheckAndRaise):
         owner = getattr(owner.inputs[0], "owner", None)  # (broadcasting's checks)
@@ -169,13 +169,13 @@ def row_length_of(dim: Any, rows: list[Any]) -> tuple[Any | None, bool]:
         read = owner.inputs[0]
         for var in rows:
             if var is read:
-                return var, True
-    for var in _ancestors([dim]):
-        node = var.owner
-        if node is not None and isinstance(node.op, Shape_i) and node.op.i == 0:
-            if any(node.inputs[0] is row for row in rows):
-                return None, True
-    return None, False
+                return var, var
+    read = [var.owner.inputs[0] for var in _ancestors([dim]) if var.owner is not None
+            and isinstance(var.owner.op, Shape_i) and var.owner.op.i == 0]
+    for row in rows:  # (the first of ``rows`` it reads)
+        if any(var is row for var in read):
+            return None, row
+    return None, None
 
 
 def scan_steps(roots: list[Any]) -> list[Any]:

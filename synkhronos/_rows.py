@@ -105,11 +105,11 @@ def move(inputs: list, axes: tuple[int, ...]) -> Moved:
     return Moved(moved, replace)
 
 
-def check_scans(roots: list, rows: list, labels: list[str], given: tuple[bool, ...]) -> None:
-    """Refuse a ``scan`` in the graph of ``roots`` whose steps are the rows of one of
-    ``rows`` (the first ``len(given)`` are scattered inputs, ``given``: whether their
-    axis was said; the others hold rows of shared variables)."""
-    steps = _pytensor.scan_steps(roots)
+def check_scans(steps: list, rows: list, labels: list[str], given: tuple[bool, ...]) -> None:
+    """Refuse a ``scan`` whose number of steps (``steps``: ``_pytensor.scan_steps``)
+    is the rows' count of one of ``rows`` (the first ``len(given)`` are scattered
+    inputs, ``given``: whether their axis was said; the others hold rows of shared
+    variables)."""
     if not steps or not rows:
         return
     try:
@@ -118,12 +118,10 @@ def check_scans(roots: list, rows: list, labels: list[str], given: tuple[bool, .
         log.debug("synkhronos: no check of scans over the rows: %s", exc)
         return
     for dim in simple:
-        var, reads = _pytensor.row_length_of(dim, rows)
-        if not reads:
+        read = _pytensor.row_length_of(dim, rows)[1]
+        if read is None:
             continue
-        if var is None:
-            var = next(r for r in rows if _pytensor.row_length_of(dim, [r])[1])
-        i = next(i for i, r in enumerate(rows) if r is var)
+        i = next(i for i, r in enumerate(rows) if r is read)
         if i < len(given) and given[i]:
             continue  # the user said the rows lie along that axis
         fix = ("if it is time-major sequence data, scatter it along its batch axis "

@@ -520,14 +520,14 @@ def _checked_rows(outputs: list, ops: list, ops_given: tuple, updates: list, giv
     or more dimensions, or a scan, are looked at."""
     if not rows:
         return _rows.PerRow(list(ops), None, list(outputs))
-    roots = outputs + [value for _, value in updates]
     shaped = any(op is not ReduceOp.NONE and getattr(out.type, "ndim", 0) > 0
                  for out, op in zip(outputs, ops, strict=True))
-    scans = bool(_pytensor.scan_steps(roots))
-    if not shaped and not scans:
+    steps = _pytensor.scan_steps(outputs + [value for _, value in updates])
+    if not shaped and not steps:
         return _rows.PerRow(list(ops), None, list(outputs))
     replace = {var: value for var, value in givens if isinstance(value, Variable)}
-    analysed = _pytensor.substitute_all(roots, replace) if replace else roots
-    if scans:
-        _rows.check_scans(analysed, rows, labels, axes_given)
+    analysed = outputs + steps  # (the scans' steps read as each process reads them)
+    if replace:
+        analysed = _pytensor.substitute_all(analysed, replace)
+    _rows.check_scans(analysed[len(outputs):], rows, labels, axes_given)
     return _rows.per_row_outputs(outputs, ops, ops_given, analysed[:len(outputs)], rows)

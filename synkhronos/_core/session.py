@@ -119,8 +119,6 @@ class Fresh(Protocol):
 
     def after(self) -> None: ...
 
-    def watch(self, variables: Any) -> None: ...  # newly distributed shared variables
-
 
 class Session:
     """The master's session: its context, workers, and command state machine.

@@ -103,13 +103,13 @@ def test_a_dimension_merely_computed_from_the_rows_decides_nothing():
 
 def test_scans_over_the_rows_are_refused_unless_the_axis_was_given():
     x = pt.dmatrix("x")
-    total = _scan_over(x)[-1]
+    steps = _pytensor.scan_steps([_scan_over(x)[-1]])
     with pytest.raises(ValueError, match=r"input 0 \('x'\) is split by rows along its "
                                          r"axis 0, and a scan iterates over that axis"):
-        _rows.check_scans([total], [x], ["input 0 ('x')"], (False,))
-    _rows.check_scans([total], [x], ["input 0 ('x')"], (True,))  # in_axes=0: said
+        _rows.check_scans(steps, [x], ["input 0 ('x')"], (False,))
+    _rows.check_scans(steps, [x], ["input 0 ('x')"], (True,))  # in_axes=0: said
     moved = _rows.move([x], (1,))
-    over_time = _pytensor.substitute_all([total], moved.replace)
+    over_time = _pytensor.substitute_all(steps, moved.replace)
     _rows.check_scans(over_time, moved.inputs, ["input 0 ('x')"], (True,))
-    fixed = _scan_over(x[:, :3].T)[-1]  # steps from another axis: nothing to refuse
-    _rows.check_scans([fixed], [x], ["input 0 ('x')"], (False,))
+    fixed = _pytensor.scan_steps([_scan_over(x[:, :3].T)[-1]])  # steps of another axis
+    _rows.check_scans(fixed, [x], ["input 0 ('x')"], (False,))

@@ -3,13 +3,11 @@
 This module owns the choice between the divided log-density and PyMC's own function
 (``model.logp_dlogp_function``: "do not divide"), made when the function is built, by
 measurement, so that ``sample`` is never slower than ``pm.sample`` on the same machine
-at any data size; and, on the nutpie route, which function nutpie samples when the
-rows are not divided. Three steps:
+at any data size. Two steps:
 
 1. before any process is forked (``sample`` without a session): PyMC's own function is
-   timed per evaluation at the model's initial point: the one ``pm.init_nuts``
-   compiled for its step (``Own.of``), or, where nothing compiled it (the nutpie
-   route), compiled here (``Own.measure``); ``worth_forking`` predicts what dividing
+   compiled (``compiled``: the model's ``logp_dlogp_function``) and timed per
+   evaluation at a jittered start (``Own.measure``); ``worth_forking`` predicts what dividing
    would save over the whole run (the evaluations NUTS is expected to make,
    ``expected_evaluations``, each cut to ``1/(n * efficiency)`` of PyMC's plus a fixed
    cost of the parallel call) against what building it costs (forking, compiling the
@@ -21,11 +19,9 @@ rows are not divided. Three steps:
    the divided one is kept only if it is faster (``keep_divided``; ``build_chosen``
    builds and decides). A machine whose cores are busy with other work shows here:
    the divided evaluation waits for its slowest process, PyMC's own runs on whichever
-   core is free;
-3. not divided, on the nutpie route: nutpie's NUTS over PyMC's function that step 1
-   compiled and timed (a call into Python at every evaluation, the chains one after
-   another), or nutpie compiling its own from the model (``pm.sample``: seconds of
-   compiling, the chains at once), whichever ``nutpie_over_own`` predicts faster.
+   core is free.
+
+Where it is not divided, ``sample`` is ``pm.sample`` on the user's model.
 
 The figures and the choice are logged (logger ``"synkhronos"``, INFO).
 """
@@ -41,9 +37,9 @@ import numpy as np
 
 from . import _pymc_compat as compat
 
-__all__ = ["Own", "Choice", "worth_forking", "expected_evaluations", "nutpie_over_own",
-           "keep_divided", "build_chosen", "seconds_per_evaluation", "initial_vector",
-           "measuring_point"]
+__all__ = ["Own", "Choice", "worth_forking", "expected_evaluations", "keep_divided",
+           "build_chosen", "seconds_per_evaluation", "initial_vector", "measuring_point",
+           "compiled"]
 
 log = logging.getLogger("synkhronos")
 
@@ -68,19 +64,6 @@ _CALL_S = 20e-6
 _CALL_PER_PROCESS_S = 3e-6
 _LEAPFROGS = 16
 _BUILD_S = 0.1
-# Step 3. pm.sample's nutpie route compiled nutpie's own function in 3.2-5.5 s (wall
-# time less sampling time, fresh processes, both benchmark models at 10^3-10^4 rows),
-# PyMC's own compiled and timed in 0.3-1.5 s. nutpie over PyMC's function (the
-# same draws, to rounding) then cost a call into Python of about _OVER_OWN_CALL_S an
-# evaluation, and PyMC's function took up to _OVER_OWN_SLOWER times nutpie's own
-# (logistic, 10^4 rows: 640 against 532 us a leapfrog step). NUTS made 5.4-7 steps a
-# kept draw there, more while tuning: _NUTPIE_LEAPFROGS a draw. pm.sample runs its
-# chains ``cores`` at a time (PyMC's default: half the logical CPUs, at most 4: one on
-# a 2-CPU machine), taken as a perfect speed-up.
-_NUTPIE_COMPILE_S = 3.0
-_OVER_OWN_CALL_S = 30e-6
-_OVER_OWN_SLOWER = 1.2
-_NUTPIE_LEAPFROGS = 8
 
 
 def initial_vector(model: Any) -> np.ndarray:
@@ -140,24 +123,24 @@ class Own:
     x: np.ndarray
 
     @classmethod
-    def of(cls, vgf: Any, compile_s: float, model: Any) -> Own:
-        """``vgf`` (PyMC's own function, compiled in ``compile_s``) timed at
-        ``measuring_point(model)``."""
+    def measure(cls, model: Any, compile_kwargs: dict | None = None) -> Own:
+        """PyMC's own function compiled here (its first call, where Numba compiles,
+        counted in the compile), then timed at ``measuring_point(model)``."""
+        start = time.perf_counter()
+        vgf = compiled(model, compile_kwargs)
+        vgf(initial_vector(model))
+        compile_s = time.perf_counter() - start
         x = measuring_point(model)
         (seconds,) = seconds_per_evaluation([vgf], x)
         return cls(vgf, compile_s, seconds, x)
 
-    @classmethod
-    def measure(cls, model: Any, jacobian: bool = True,
-                compile_kwargs: dict | None = None) -> Own:
-        """PyMC's own function compiled here (its first call, where Numba compiles,
-        counted in the compile), then timed (``of``)."""
-        start = time.perf_counter()
-        vgf = compat.value_grad_function(model.logp(jacobian=jacobian), model,
-                                         model.initial_point(), compile_kwargs)
-        vgf.set_extra_values({})
-        vgf(initial_vector(model))
-        return cls.of(vgf, time.perf_counter() - start, model)
+
+def compiled(model: Any, compile_kwargs: dict | None = None) -> Any:
+    """``model``'s own ``logp_dlogp_function`` (raveled point in, ``(logp, dlogp)`` out),
+    compiled with ``compile_kwargs``."""
+    vgf = model.logp_dlogp_function(ravel_inputs=True, **(compile_kwargs or {}))
+    vgf.set_extra_values({})
+    return vgf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,22 +198,6 @@ def expected_evaluations(sample_kwargs: dict, chains: int, running: int) -> int:
     return -(-chains // running) * draws_per_chain(sample_kwargs) * _LEAPFROGS
 
 
-def nutpie_over_own(own: Own, sample_kwargs: dict, chains: int, parallel: int) -> bool:
-    """Step 3: whether nutpie should sample over PyMC's own function ``own`` (compiled
-    and timed already; ``chains`` one after another) rather than compile its own
-    (``pm.sample``: ``parallel`` chains at once); logged."""
-    evaluations = chains * draws_per_chain(sample_kwargs) * _NUTPIE_LEAPFROGS
-    over_own = evaluations * (own.seconds * _OVER_OWN_SLOWER + _OVER_OWN_CALL_S)
-    compiling = _NUTPIE_COMPILE_S + evaluations * own.seconds / max(1, parallel)
-    chosen = over_own < compiling
-    said = ("nutpie over PyMC's own function" if chosen
-            else "pm.sample, nutpie compiling its own function")
-    log.info("synkhronos.pymc: not divided, %s: predicted %.2f s over PyMC's own function "
-             "(%.1f us an evaluation), %.2f s compiling nutpie's own", said, over_own,
-             own.seconds * 1e6, compiling)
-    return chosen
-
-
 def keep_divided(own: Own, divided: Any, processes: int) -> Choice:
     """Step 2: the built divided function against PyMC's own, at the same point."""
     pymc_s, divided_s = seconds_per_evaluation([own.vgf, divided], own.x)
@@ -240,28 +207,25 @@ def keep_divided(own: Own, divided: Any, processes: int) -> Choice:
 
 
 def build_chosen(pm: Any, model: Any, split: Any, grainsize: int | None,
-                 own: Own | None = None, jacobian: bool = True, caller: str = "sample",
-                 compile_kwargs: dict | None = None) -> tuple[Any, Any, Own | None]:
-    """The divided function built in the open session (``build_logp_dlogp``), kept only
-    if it is measured faster than PyMC's own (``own``, measured here if None): returns
-    ``(vgf, op, None)`` where it was kept, ``(None, None, own)`` where PyMC's own
-    function (measured) was."""
-    from ._likelihood import build_logp_dlogp, session_size
+                 own: Own | None = None, caller: str = "sample",
+                 compile_kwargs: dict | None = None) -> tuple[Any, Any]:
+    """The divided model built in the open session (``_likelihood.build``), kept only if
+    its function is measured faster than PyMC's own (``own``, measured here if None):
+    ``(rewritten model, op)`` where it was kept, ``(None, None)`` where not."""
+    from ._likelihood import build, session_size
 
     processes = session_size() or 1
-    vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=jacobian,
-                               caller=caller, compile_kwargs=compile_kwargs)
-    if op is None:  # one process, one block: PyMC's own function already
-        vgf.set_extra_values({})
-        return None, None, Own.of(vgf, 0.0, model)
+    rewritten, op = build(pm, model, split, grainsize, caller=caller,
+                          compile_kwargs=compile_kwargs)
+    if op is None:  # one process, one block: the model itself
+        return None, None
     try:
-        own = own if own is not None else Own.measure(model, jacobian, compile_kwargs)
-        vgf.set_extra_values({})
-        choice = keep_divided(own, vgf, processes)
+        own = own if own is not None else Own.measure(model, compile_kwargs)
+        choice = keep_divided(own, compiled(rewritten, compile_kwargs), processes)
     except BaseException:
         op.release()
         raise
     if choice.divided:
-        return vgf, op, None
+        return rewritten, op
     op.release()
-    return None, None, own
+    return None, None

@@ -1,4 +1,4 @@
-"""The divided log-likelihood, built: PyMC's ``ValueGradFunction`` with the rows on every process.
+"""The divided log-likelihood, built: the model rewritten around the rows on every process.
 
 This module owns the building, once per function (the Op that runs every evaluation
 is ``_rowsum``'s). Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is
@@ -22,11 +22,12 @@ is ``_rowsum``'s). Steps 2-5 of :mod:`synkhronos.pymc` (step 1, the split, is
    is refused instead of sampled wrongly;
 5. wrap that function in the ``Part`` of one Op (``_rowsum.RowSum``) whose gradient is
    the reduced gradient, over the value variables in one flat vector (``Values``), and
-   hand PyMC its own ``ValueGradFunction`` of log-prior + Op: one evaluation is one
-   parallel call, whatever the number of groups.
+   put the Op in a copy of the model in place of the divided terms (``_model``): PyMC's
+   own functions then evaluate log-prior + Op, one parallel call an evaluation,
+   whatever the number of groups.
 
-Its interface, besides ``logp_dlogp_function``: ``build_logp_dlogp`` (steps 1-5, for
-``sample`` and ``find_MAP``, which also need the Op), ``check_grainsize``,
+Its interface, besides ``logp_dlogp_function``: ``build`` (steps 1-5, for ``sample``
+and ``find_MAP``, which also need the Op), ``check_grainsize``,
 ``session_size``, and ``row_terms`` (step 2's graphs, pointwise, for
 ``compute_log_likelihood``).
 """
@@ -48,10 +49,12 @@ from pytensor.tensor.shape import SpecifyShape
 
 from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
 from . import _pymc_compat as compat
-from ._rowsum import Part, RowSum, Values, unpack
+from ._model import rewrite
+from ._rowsum import Part, RowSum, Values, register_backends, unpack
+from ._rowsum import joined as joined_graph
 from ._split import _choose_split, _data_roots, _data_value, _Group
 
-__all__ = ["logp_dlogp_function", "build_logp_dlogp", "check_grainsize", "check_exact",
+__all__ = ["logp_dlogp_function", "build", "check_grainsize", "check_exact",
            "session_size", "row_terms", "sliced", "discrete_names"]
 
 log = logging.getLogger("synkhronos")
@@ -341,19 +344,16 @@ def _check_rows(fn: Function, row_data: list[Data], values: Values, model,
     log.info("synkhronos.pymc: no finite point found to check the row split; not checked")
 
 
-# -- 3-5. the part and the Op, in PyMC's function --------------------------------------------
-def _build_part(model, plan, joined: tuple, values: Values, size: int,
-                grainsize: int | None, mode: Any = None, chunks: int | None = None) -> Part:
-    """Steps 3-4 for the joined row graph (``_join``): its function, rows in shared
-    memory, slices and check. ``chunks``: exact mode's (``_join``), one a slice, each
-    chunk's sums gathered rather than summed over the processes.
+# -- 3-5. the part, the Op and the rewritten model ------------------------------------------
+def _flat_graph(joined: tuple, values: Values) -> tuple[list, Any, Any]:
+    """The joined row graph (``_join``) over the values as one flat vector: ``(row
+    inputs, theta, both)``, ``both`` the log-likelihood then its flat gradient in one
+    vector (one reduction and one array to send a call; ``unpack``).
 
-    The function takes the values as one flat vector (``theta``: the Op's input), one
-    array to stage and send a call rather than one a value variable. In its graph each
-    value is a view of ``theta``, and the gradient is taken with respect to those
-    views: the compiled likelihood is the one on separate inputs.
+    Each value is a view of ``theta`` in the graph, and the gradient is taken with
+    respect to those views: the compiled likelihood is the one on separate inputs.
     """
-    loglik, scattered, whole, arrays = joined
+    loglik, scattered, whole, _ = joined
     theta = pt.vector(dtype=values.dtype, shape=(values.offsets[-1],), name="theta")
     pieces = []
     for i, var in enumerate(values.vars):
@@ -361,11 +361,19 @@ def _build_part(model, plan, joined: tuple, values: Values, size: int,
         pieces.append(piece if piece.dtype == var.dtype else pt.cast(piece, var.dtype))
     loglik = graph_replace(loglik, dict(zip(values.vars, pieces, strict=True)))
     grads: Any = pytensor.grad(loglik, pieces)
-    # One output, the log-likelihood then the flat gradient: one reduction and one
-    # array to send a call, not two (``unpack`` takes it apart)
     both = pt.concatenate([loglik.reshape((1,)), *[g.ravel() for g in grads]])
     if both.dtype != loglik.dtype:
         both = pt.cast(both, loglik.dtype)
+    return [*scattered, *whole], theta, both
+
+
+def _build_part(model, plan, joined: tuple, values: Values, size: int,
+                grainsize: int | None, mode: Any = None, chunks: int | None = None) -> Part:
+    """Steps 3-4 for the joined row graph (``_join``): its function, rows in shared
+    memory, slices and check. ``chunks``: exact mode's (``_join``), one a slice, each
+    chunk's sums gathered rather than summed over the processes."""
+    _, scattered, whole, arrays = joined
+    _, theta, both = _flat_graph(joined, values)
     fn = function(inputs=scattered, bcast_inputs=[*whole, theta],
                   outputs=(both, "gather" if chunks else "sum"),
                   mode=compat.pymc_mode(model, mode), name="pymc_loglik")
@@ -394,6 +402,16 @@ def _build_part(model, plan, joined: tuple, values: Values, size: int,
     return part
 
 
+def _whole_function(model, joined: tuple, values: Values, mode: Any = None
+                    ) -> Callable[[np.ndarray], np.ndarray]:
+    """The joined row graph on all the rows in this process, a plain PyTensor function
+    of ``theta`` (what a deferred Op evaluates where no session is to be forked)."""
+    inputs, theta, both = _flat_graph(joined, values)
+    compiled = pytensor.function([*inputs, theta], both, mode=compat.pymc_mode(model, mode))
+    arrays = [array for array, _ in joined[3]]
+    return lambda x: compiled(*arrays, x)
+
+
 def _read_by(model, group: _Group, loglik, rows: dict) -> list:
     """The data a group's likelihood reads whole and by rows, and the model's own (a
     container whose rows a mask selected was copied: pm.set_data on it must still be
@@ -403,30 +421,30 @@ def _read_by(model, group: _Group, loglik, rows: dict) -> list:
          *group.potentials], model)]
 
 
-def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
-                     open_session: Callable[[], int] | None = None,
-                     processes: int | None = None, caller: str = "logp_dlogp_function",
-                     compile_kwargs: dict | None = None, exact: bool = False):
-    """Steps 1-5: PyMC's ValueGradFunction over log-prior + the split likelihood
-    (``grainsize`` checked by the caller; ``jacobian=False``: without the transforms'
-    Jacobians, as ``pm.find_MAP`` optimises), and its ``RowSum`` Op; at ``n_parallel``
-    1 with one block of rows, PyMC's own function and no Op (None).
+def build(pm, model, split, grainsize, open_session: Callable[[], int] | None = None,
+          processes: int | None = None, caller: str = "logp_dlogp_function",
+          compile_kwargs: dict | None = None, exact: bool = False):
+    """Steps 1-5: ``(rewritten model, its RowSum Op)``, the model in which PyMC's own
+    functions evaluate the divided terms through the Op (``_model``); at
+    ``n_parallel`` 1 with one block of rows, ``(model, None)``: nothing to divide.
+    (``grainsize`` checked by the caller.)
 
     With ``open_session`` (a function that forks this process's session of
     ``processes`` processes and returns its size) no session is needed now: steps 3-4
-    wait for the first evaluation, in the process that makes it (a chain process
-    forked from this one, which then has a session of its own), and the check's errors
-    are raised there; at one process in one block no session is forked at all.
+    wait for the first evaluation in another process (a chain process forked from this
+    one, which then has a session of its own), and the check's errors are raised
+    there; evaluations in this process run all the rows in a plain function
+    (``_whole_function``); at one process in one block no session is forked at all.
     ``caller``: the public function named in errors; ``compile_kwargs``: PyMC's
-    (``pytensor.function``'s), for the master's function and the rows' mode.
+    (``pytensor.function``'s), for the rows' mode.
     ``exact``: the rows in fixed chunks summed in a fixed order (``_exact_chunks``),
-    the same sums at every number of processes, one process included (never PyMC's
-    own function then).
+    the same sums at every number of processes, one process included (never the model
+    itself then).
     """
     size = session_size()
     if size is None and open_session is None:
         raise RuntimeError(f"synk.fork() must be called before synkhronos.pymc.{caller}()")
-    compile_kwargs = dict(compile_kwargs or {})
+    mode = dict(compile_kwargs or {}).get("mode")
     discrete = discrete_names(model)
     if discrete:
         raise ValueError(f"synkhronos.pymc samples models whose free variables are all "
@@ -441,25 +459,22 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         point = model.initial_point()
         one_process = size == 1 if open_session is None else processes == 1
         if one_process and not exact and _one_block(plan, grainsize):
-            # One process, one block: nothing to divide or slice, so PyMC's own graph
-            # in PyMC's own function. The Op's boundary alone (a second compiled
-            # function, a Python Op, on Numba its object mode) costs about 10 us an
-            # evaluation, 5-12% of PyMC's at 10^4 rows. Its sums are PyMC's, in
-            # PyMC's order: the draws are pm.sample's bit for bit.
-            return compat.value_grad_function(model.logp(jacobian=jacobian), model,
-                                              point, compile_kwargs), None
+            # One process, one block: nothing to divide or slice, so PyMC's own graph.
+            # The Op's boundary alone (a second compiled function, a Python Op, on
+            # Numba its object mode) costs about 10 us an evaluation, 5-12% of PyMC's
+            # at 10^4 rows. Its sums are PyMC's, in PyMC's order: the draws are
+            # pm.sample's bit for bit.
+            return model, None
         flat = Values.of(values, point)
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
-
         chunks = _exact_chunks(plan, grainsize) if exact else None
         joined = _join(plan, built, chunks)
 
         def connect() -> Part:
             size = open_session() if open_session is not None else n_parallel()
             with model:
-                return _build_part(model, plan, joined, flat, size, grainsize,
-                                   compile_kwargs.get("mode"), chunks)
+                return _build_part(model, plan, joined, flat, size, grainsize, mode, chunks)
 
         sources = [(var, var.get_value(borrow=True)) for var in dict.fromkeys(read)
                    if isinstance(var, SharedVariable) and _data_value(var) is not None]
@@ -467,16 +482,20 @@ def build_logp_dlogp(pm, model, split, grainsize, jacobian: bool = True,
         if open_session is None:
             op = RowSum(connect(), sources, flat, dtype)
         else:
-            op = RowSum(None, sources, flat, dtype, connect=connect)
-        rest = [*model.free_RVs, *plan.master_potentials, *plan.master_observed]
-        divided: Any = op(flat.joined())  # (log-likelihood, flat gradient)
-        cost = model.logp(vars=rest, jacobian=jacobian) + divided[0]
-        compat.numba_object_call(RowSum, RowSum.evaluate)
-        vgf = compat.value_grad_function(cost, model, point, compile_kwargs)
-    return vgf, op
+            op = RowSum(None, sources, flat, dtype, connect=connect,
+                        local=lambda: _whole_function(model, joined, flat, mode))
+    register_backends(mode)
+    removed = [var for group in plan.groups for var in [*group.observed, *group.potentials]]
+    try:
+        rewritten = rewrite(pm, model, removed,
+                            lambda by: op(joined_graph([by[v] for v in flat.vars], flat.dtype))[0])
+    except BaseException:
+        op.release()
+        raise
+    return rewritten, op
 
 
-def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False):
+def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False, backend=None):
     """PyMC's ``ValueGradFunction`` for ``model``, with the likelihood on every process.
 
     The observed log-likelihood and its gradient are summed over the session's
@@ -510,6 +529,10 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False):
         differ from PyMC's own function by rounding, as the divided sums always do
         (PyMC adds all rows in one pass). It costs a call a chunk on each process and a
         gathered vector a chunk.
+    backend : str, optional
+        The backend the rows' function and the returned one compile with: ``"c"``,
+        ``"numba"`` or ``"jax"`` (on the CPU, one XLA thread a process), as PyMC 6's
+        ``backend`` keyword. Default: PyTensor's default mode.
 
     Returns
     -------
@@ -542,7 +565,9 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False):
     """
     grainsize = check_grainsize(grainsize)
     exact = check_exact(exact)
+    compile_kwargs = compat.compile_kwargs(backend, None)
     pm = compat.import_pymc()
     model = pm.modelcontext(model)
-    vgf, _ = build_logp_dlogp(pm, model, split, grainsize, exact=exact)
-    return vgf
+    rewritten, _ = build(pm, model, split, grainsize, exact=exact,
+                         compile_kwargs=compile_kwargs)
+    return rewritten.logp_dlogp_function(ravel_inputs=True, **compile_kwargs)

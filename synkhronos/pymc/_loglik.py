@@ -104,7 +104,7 @@ def compute_log_likelihood(idata, model=None, *, split=None, **kwargs):
     var_names = given.get("var_names")
     progressbar = given.get("progressbar", defaults["progressbar"])
     sample_dims = tuple(given.get("sample_dims", defaults["sample_dims"]))
-    compile_kwargs = compat.resolved_compile_kwargs(given.get("backend"),
+    compile_kwargs = compat.compile_kwargs(given.get("backend"),
                                                     given.get("compile_kwargs"))
     model = pm.modelcontext(model)
     if session_size() is None:

@@ -1,25 +1,23 @@
-"""``find_MAP``: the maximum a posteriori point over the divided log-density.
+"""``find_MAP``: ``pm.find_MAP`` on the rewritten model.
 
-``pm.find_MAP`` maximises the model's log-density without the transforms' Jacobians,
-from the model's initial point (PyMC 6: optionally jittered), with the gradient. Here
-the same optimisation, as the installed PyMC runs it (``_pymc_compat.map_minimize``),
-runs over the divided log-density (the likelihood on every process, the prior in the
-master). The call is bound by the installed ``pm.find_MAP``'s own signature, so its
-positional and keyword arguments, PyMC 5's and 6's alike, mean what they mean there.
+``pm.find_MAP`` itself, every argument as the installed PyMC (5 or 6) takes it, on the
+model whose divided terms are one term over the row-sum Op (``_model``): the
+likelihood on every process, the prior and the optimiser's loop in the master. What
+needs second derivatives (the Op has a gradient only) or would return an
+InferenceData of the rewritten model is refused before anything is computed.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import inspect
 
 from . import _pymc_compat as compat
-from ._likelihood import build_logp_dlogp, check_grainsize, session_size
+from ._likelihood import build, check_grainsize, session_size
+from ._model import variables
 
 __all__ = ["find_MAP"]
 
 _CALLED = "synkhronos.pymc.find_MAP"
-# PyMC 6's renamed keywords (the old names still work there, with a FutureWarning).
-_RENAMED = {"start": "initvals", "seed": "random_seed"}
 
 
 def find_MAP(*args, split=None, grainsize=None, **kwargs):
@@ -43,6 +41,9 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
         (``find_MAP(model)``), as no first argument of ``pm.find_MAP`` is one.
     split, grainsize
         What is divided by rows, and in what slices; see :func:`logp_dlogp_function`.
+    backend
+        PyMC 6's (the mode of its functions and of the rows'); on PyMC 5 the rows'
+        alone, ``"c"``, ``"numba"`` or ``"jax"``.
 
     Returns
     -------
@@ -73,95 +74,31 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
     if any(isinstance(value, pm.Model) for name, value in given.items() if name != "model"):
         raise TypeError(f"{_CALLED}() takes pm.find_MAP's positional arguments; pass the "
                         "model as model=...")
-    if isinstance(given.get("method"), dict):  # PyMC 6 takes a start point there
-        given["start"] = given.pop("method")
-    for old, new in _RENAMED.items():
-        if old in given and "initvals" in compat.map_parameters():
-            if given.get(new) is not None:
-                raise ValueError(f"Cannot pass both `{old}` and `{new}`; `{old}` is "
-                                 "deprecated.")
-            given[new] = given.pop(old)
     for name in ("use_hess", "use_hessp", "compute_hessian"):
-        if given.pop(name, None):
+        if given.get(name):
             raise TypeError(f"{_CALLED}() cannot honour {name}=True: the divided "
                             "log-density has a gradient but no second derivatives")
-    if given.pop("return_inferencedata", False):
+    if given.get("return_inferencedata"):
         raise TypeError(f"{_CALLED}() cannot honour return_inferencedata=True: it "
                         "returns the dict of values, as pm.find_MAP(return_inferencedata="
                         "False) does")
     grainsize = check_grainsize(grainsize)
-    model = pm.modelcontext(given.pop("model", None))
+    model = pm.modelcontext(given.get("model"))
     if session_size() is None:
         raise RuntimeError(f"synk.fork() must be called before {_CALLED}()")
-    return _find_map(pm, model, split, grainsize, given)
-
-
-def _find_map(pm, model, split, grainsize, given: dict):
-    """The optimisation, with ``given`` (the bound arguments) in PyMC 5's or 6's names."""
-    start = given.pop("initvals", given.pop("start", None))
-    seed = given.pop("random_seed", given.pop("seed", None))
-    jitter = bool(given.pop("jitter", False))
-    retries = given.pop("jitter_max_retries", 10)
-    user_vars = given.pop("vars", None)
-    return_raw = given.pop("return_raw", False)
-    idata_kwargs = dict(given.pop("idata_kwargs", None) or {})
-    include_transformed = given.pop("include_transformed",
-                                    idata_kwargs.get("include_transformed", True))
-    progressbar = given.pop("progressbar", True)
-    theme = given.pop("progressbar_theme", None)
-    maxeval = given.pop("maxeval", None)
-    if "initvals" in compat.map_parameters():
-        if maxeval is not None:  # PyMC 6's old name of scipy's maxiter
-            given.setdefault("maxiter", maxeval)
-    elif maxeval is None:
-        maxeval = 5000  # PyMC 5's default: evaluations
-    compile_kwargs = compat.resolved_compile_kwargs(given.pop("backend", None),
-                                                    given.pop("compile_kwargs", None))
-    method, use_grad = compat.map_method(given.pop("method", "L-BFGS-B"),
-                                         given.pop("use_grad", None), given)
-    args = tuple(given.pop("args", ()))
-    rng = np.random.default_rng(seed)  # (PyMC 6: the jitter's seeds and basinhopping's)
-    vgf, op = build_logp_dlogp(pm, model, split, grainsize, jacobian=False,
-                               caller="find_MAP", compile_kwargs=compile_kwargs)
+    if "backend" in inspect.signature(pm.find_MAP).parameters:
+        compile_kwargs = compat.compile_kwargs(given.get("backend"),
+                                               given.get("compile_kwargs"))
+    else:  # PyMC 5: the rows' backend alone (its find_MAP compiles in the default mode)
+        compile_kwargs = compat.compile_kwargs(given.pop("backend", None),
+                                               given.pop("compile_kwargs", None))
+    rewritten, op = build(pm, model, split, grainsize, caller="find_MAP",
+                          compile_kwargs=compile_kwargs)
+    given["model"] = rewritten
+    if "vars" in given:
+        given["vars"] = variables(model, rewritten, given["vars"])
     try:
-        vgf.set_extra_values({})
-        values = model.continuous_value_vars
-        chosen = (set(values) if user_vars is None
-                  else set(compat.map_value_vars(model, user_vars)) & set(values))
-        if not chosen:
-            raise ValueError("Model has no unobserved continuous variables.")
-        point_fn = compat.map_start_fn(model, start, chosen if jitter else set())
-        shapes = {v.name: np.shape(model.initial_point()[v.name]) for v in values}
-        sizes = [int(np.prod(shapes[v.name], dtype=int)) for v in values]
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        entries = np.concatenate([np.arange(offsets[i], offsets[i + 1])
-                                  for i, v in enumerate(values) if v in chosen]).astype(int)
-
-        def flat(point):
-            return np.concatenate([np.ravel(point[v.name]) for v in values]).astype("float64")
-
-        point = point_fn(int(rng.integers(2**30)) if jitter else seed)
-        for _ in range(retries if jitter else 0):  # as PyMC 6: a finite jittered start
-            if np.isfinite(vgf(flat(point))[0]):
-                break
-            point = point_fn(int(rng.integers(2**30)))
-        whole = flat(point)
-
-        def fused(x):
-            full = whole.copy()
-            full[entries] = x
-            logp, dlogp = vgf(full)
-            return float(logp), np.asarray(dlogp, dtype="float64")[entries]
-
-        x, result = compat.map_minimize(fused, whole[entries], method, use_grad, progressbar,
-                                        theme, maxeval, args, given, rng)
-        optimum = whole.copy()
-        optimum[entries] = x
-        found = dict(point)
-        for v, begin, end in zip(values, offsets[:-1], offsets[1:], strict=True):
-            found[v.name] = optimum[begin:end].reshape(shapes[v.name]).astype(v.dtype)
-        estimate = compat.map_point(model, found, include_transformed)
+        return compat.call_bound(pm.find_MAP, given)
     finally:
         if op is not None:
             op.release()
-    return (estimate, result) if return_raw else estimate

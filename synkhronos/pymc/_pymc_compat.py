@@ -1,60 +1,52 @@
-"""Every access to PyMC (and nutpie) beyond their public, documented API.
+"""Every use of PyMC beyond the functions the rest of :mod:`synkhronos.pymc` calls.
 
-PyMC moves its internals between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3):
-where ``change_dist_size`` lives, the ``ValueGradFunction`` constructor, the default
-cores and chain count of ``pm.sample``, the error its parallel sampler raises for a
-chain, the initial-point function it jitters with, the rewrites its compile adds for
-parameter checks, the imputation it builds for masked observations, nutpie's
-``from_pyfunc`` hook, and the function ``pm.sample``'s numpyro and blackjax route
-compiles the log-density with; and of PyTensor, what the likelihood's Op needs: a shared
-variable's value cell and the Numba backend's dispatch of a Python Op. The rest of
-:mod:`synkhronos.pymc` asks this module, so a new PyMC release is one file's work.
-PyMC is imported only when one of these functions runs. (``sample`` also relies on
-one behaviour of ``pm.sample``'s parallel sampler: with ``mp_ctx="fork"`` its chain
-processes inherit the step instead of unpickling it.)
+PyMC moves these between releases (5.28 on PyTensor 2.38, 6.x on PyTensor 3): where
+``change_dist_size`` lives, how a random variable is made again from new inputs, the
+rewrites its compile adds for parameter checks, the imputation it builds for masked
+observations, how ``compute_log_likelihood`` lays out its dataset, ArviZ 0's
+InferenceData against ArviZ 1's DataTree; and of PyTensor, what the likelihood's Op
+needs: a shared variable's value cell and the Numba backend's dispatch of a Python Op.
+
+One private PyMC name is read, here only: ``pymc.sampling.parallel._cpu_count``, the
+count ``pm.sample`` takes its default ``cores`` from, because ``sample`` must know how
+many chain processes PyMC will fork to give each its share of the cores
+(``default_cores``). Nothing of PyMC's is replaced. (``sample`` also relies on one
+behaviour of ``pm.sample``'s parallel sampler: with ``mp_ctx="fork"`` its chain
+processes inherit the compiled model instead of unpickling it.) PyMC is imported only
+when one of these functions runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 __all__ = [
     "import_pymc",
     "change_dist_size",
-    "value_grad_function",
-    "step_function",
     "default_cores",
     "default_chains",
     "chain_failure",
-    "initial_point_fn",
     "parameter_check_rewrite",
     "pymc_mode",
     "value_cell",
     "numba_object_call",
     "sample_parameters",
     "minibatch_variables",
-    "nutpie_from_pyfunc",
-    "nutpie_seed",
-    "check_jax_sampler",
-    "jaxified_logp_replaced",
-    "patch_nutpie_idata",
-    "pymc_default_sampler_is_auto",
-    "default_nuts_sampler",
-    "nutpie_sample_parameters",
-    "bind_arguments",
-    "resolved_compile_kwargs",
-    "map_start_fn",
-    "map_parameters",
+    "rebuild_symbolic_rv",
+    "untransformed",
     "log_likelihood_defaults",
-    "map_method",
-    "map_minimize",
-    "map_value_vars",
+    "log_likelihood_dataset",
+    "add_group",
+    "rebuild_rv",
+    "inline_inner_graph",
+    "is_symbolic_rv",
+    "bind_arguments",
+    "call_bound",
+    "check_sampler",
+    "compile_kwargs",
+    "complete_idata",
 ]
 
 
@@ -77,21 +69,6 @@ def change_dist_size(rv: Any, size: Any) -> Any:
     return change(rv, size)
 
 
-def value_grad_function(cost: Any, model: Any, point: dict,
-                        compile_kwargs: dict | None = None) -> Any:
-    """PyMC's ``ValueGradFunction`` of ``cost`` over the model's continuous values,
-    called with a raveled point (what ``pm.NUTS(logp_dlogp_func=...)`` takes), compiled
-    with ``compile_kwargs`` (``pytensor.function``'s, as PyMC passes them)."""
-    pm = import_pymc()
-    return pm.model.ValueGradFunction([cost], model.continuous_value_vars, {}, model=model,
-                                      initial_point=point, ravel_inputs=True,
-                                      **(compile_kwargs or {}))
-
-
-def step_function(step: Any) -> Any:
-    """The ``ValueGradFunction`` a NUTS step evaluates (PyMC's own, where the step
-    compiled it)."""
-    return step._logp_dlogp_func
 
 
 def default_cores() -> int:
@@ -115,14 +92,6 @@ def chain_failure(exc: BaseException) -> BaseException | None:
 
     return exc.__cause__ if isinstance(exc, ParallelSamplingError) else None
 
-
-def initial_point_fn(model: Any, initvals: Any) -> Any:
-    """A function of a seed giving a jittered starting point in the transformed space,
-    as ``pm.init_nuts`` makes them."""
-    from pymc.initial_point import make_initial_point_fn
-
-    return make_initial_point_fn(model=model, overrides=initvals,
-                                 jitter_rvs=set(model.free_RVs), return_transformed=True)
 
 
 def parameter_check_rewrite(model: Any) -> str:
@@ -219,132 +188,12 @@ def minibatch_variables(model: Any) -> list[str]:
     return found
 
 
-def nutpie_from_pyfunc() -> tuple[Any, Any]:
-    """``(nutpie, nutpie.compiled_pyfunc.from_pyfunc)``, or an ImportError."""
-    try:
-        import nutpie
-        from nutpie.compiled_pyfunc import from_pyfunc
-    except ImportError as exc:
-        raise ImportError("nuts_sampler='nutpie' needs nutpie: pip install nutpie") from exc
-    return nutpie, from_pyfunc
 
 
-def check_jax_sampler(sampler: str) -> None:
-    """An ImportError saying how to install ``nuts_sampler`` "numpyro" or "blackjax"
-    where it or JAX is missing (``pm.sample`` finds out only once sampling starts).
-    Looked up, not imported: importing blackjax starts JAX's runtime, after which
-    forking a session is refused."""
-    import importlib.util
-
-    missing = [name for name in ("jax", sampler) if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"nuts_sampler={sampler!r} needs {' and '.join(missing)}: "
-                          f"pip install {' '.join(missing)}")
 
 
-# One replacement of PyMC's JAX log-density at a time (jaxified_logp_replaced).
-_JAXIFIED_LOGP_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def jaxified_logp_replaced(replacement: Callable[..., Any]) -> Iterator[None]:
-    """While inside: ``pm.sample``'s numpyro and blackjax route takes its log-density
-    from ``replacement(model, negative_logp)`` instead of compiling the model's with
-    JAX. PyMC has no keyword for it: its ``sample_jax_nuts`` calls the module's
-    ``get_jaxified_logp`` (the flag as PyMC names it: False gives minus the
-    log-density, numpyro's potential energy). One at a time: the replacement is the
-    module's for everyone while it stands."""
-    from pymc.sampling import jax as pymc_jax
-
-    with _JAXIFIED_LOGP_LOCK:
-        original = pymc_jax.get_jaxified_logp
-        pymc_jax.get_jaxified_logp = replacement
-        try:
-            yield
-        finally:
-            pymc_jax.get_jaxified_logp = original
-
-
-def nutpie_seed(random_seed: Any, chains: int) -> int:
-    """The seed ``pm.sample``'s nutpie route hands ``nutpie.sample`` for ``random_seed``:
-    PyMC 6 spawns one generator a chain and takes the first one's draw below 2**30;
-    PyMC 5 draws one seed for the whole run (``_get_seeds_per_chain``)."""
-    from pymc.util import _get_seeds_per_chain, get_random_generator
-
-    if pymc_default_sampler_is_auto():
-        return int(get_random_generator(random_seed).spawn(chains)[0].integers(2**30))
-    return int(_get_seeds_per_chain(random_seed, 1)[0])
-
-
-def pymc_default_sampler_is_auto() -> bool:
-    """Whether ``pm.sample``'s ``nuts_sampler`` defaults to None, PyMC 6's choice of
-    nutpie where it is installed (PyMC 5: ``"pymc"``)."""
-    return sample_parameters()["nuts_sampler"].default is None
-
-
-def default_nuts_sampler(kwargs: dict, compile_kwargs: dict, nutpie_keywords: set[str]
-                         ) -> str:
-    """The sampler ``pm.sample(nuts_sampler=None, **kwargs)`` picks for a model whose
-    free variables are all continuous: PyMC 6 takes nutpie where it is installed (at
-    the version PyMC asks for), ``init`` is "auto", InferenceData is returned, there
-    is no ``trace`` or ``callback``, ``initvals`` is one dict or none, and the mode
-    compiles with Numba or JAX; PyMC 5 always its own NUTS. Here also only where
-    every keyword has an equivalent on the nutpie route (``nutpie_keywords``)."""
-    if not pymc_default_sampler_is_auto():
-        return "pymc"
-    from pymc.sampling import mcmc
-    from pytensor.compile.mode import get_mode
-    from pytensor.link.jax.linker import JAXLinker
-    from pytensor.link.numba.linker import NumbaLinker
-
-    meets = getattr(mcmc, "_nutpie_meets_min_version", None)
-    if not getattr(mcmc, "NUTPIE_INSTALLED", False) or meets is None or not meets():
-        return "pymc"
-    initvals = kwargs.get("initvals")
-    usable = (kwargs.get("init", "auto") == "auto"
-              and kwargs.get("return_inferencedata", True)
-              and kwargs.get("trace") is None and kwargs.get("callback") is None
-              and (initvals is None or isinstance(initvals, dict))
-              and isinstance(get_mode(compile_kwargs.get("mode")).linker,
-                             NumbaLinker | JAXLinker)
-              and set(kwargs) <= nutpie_keywords)
-    return "nutpie" if usable else "pymc"
-
-
-def patch_nutpie_idata(idata: Any, model: Any, sampling_time: float, tune: int) -> None:
-    """Complete ``nutpie.sample``'s InferenceData in place as ``pm.sample``'s nutpie
-    route does: the model's ``constant_data`` and ``observed_data`` groups, and the
-    posterior's ``sampling_time`` and ``tuning_steps`` (PyMC 6: its own function; PyMC
-    5: the same steps, written inline there)."""
-    from pymc.backends import arviz as pm_arviz
-
-    patch = getattr(pm_arviz, "patch_nutpie_idata", None)
-    if patch is not None:
-        patch(idata, model, sampling_time=sampling_time)
-        return
-    import nutpie
-    import pymc
-    from arviz import dict_to_dataset
-    from arviz.data.base import make_attrs
-
-    coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
-    groups = {name: dict_to_dataset(found(model), library=pymc, coords=coords, dims=dims,
-                                    default_dims=[])
-              for name, found in (("constant_data", pm_arviz.find_constants),
-                                  ("observed_data", pm_arviz.find_observations))}
-    for key, value in make_attrs({"sampling_time": sampling_time, "tuning_steps": tune},
-                                 library=nutpie).items():
-        idata.posterior.attrs[key] = value
-    idata.add_groups(groups, coords=coords, dims=dims)
-
-
-def nutpie_sample_parameters() -> set[str]:
-    """``nutpie.sample``'s keyword names (empty where nutpie is not installed)."""
-    try:
-        import nutpie
-    except ImportError:
-        return set()
-    return set(inspect.signature(nutpie.sample).parameters)
 
 
 def rebuild_symbolic_rv(rv: Any, inputs: list, size: Any) -> Any | None:
@@ -410,24 +259,6 @@ def add_group(idata: Any, name: str, dataset: Any) -> Any:
     return idata
 
 
-def start_point_fn(model: Any, start: Any) -> Any:
-    """A function of a seed giving ``pm.find_MAP``'s starting point (no jitter), in
-    the transformed space."""
-    from pymc.initial_point import make_initial_point_fn
-
-    return make_initial_point_fn(model=model, jitter_rvs=set(), return_transformed=True,
-                                 overrides=start)
-
-
-def map_point(model: Any, point: dict, include_transformed: bool) -> dict:
-    """The values ``pm.find_MAP`` returns for a point of the value variables: every
-    free variable (and, with ``include_transformed``, its transformed value) and
-    deterministic."""
-    from pymc.util import get_default_varnames
-
-    names = get_default_varnames(model.unobserved_value_vars, include_transformed)
-    outputs = model.compile_fn(names)(point)
-    return {var.name: np.asarray(value) for var, value in zip(names, outputs, strict=True)}
 
 
 def rebuild_rv(rv: Any, inputs: list, size: Any) -> Any | None:
@@ -472,18 +303,6 @@ def is_symbolic_rv(op: Any) -> bool:
     return isinstance(op, SymbolicRandomVariable)
 
 
-def nutpie_coords(model: Any) -> dict:
-    """The model's coords as nutpie's ``from_pyfunc`` takes them: a pandas ``Index``
-    each (nutpie refuses plain lists of numbers), a range for a dim without labels."""
-    import pandas as pd
-
-    coords = {}
-    for name, labels in model.coords.items():
-        if labels is None:
-            labels = pd.RangeIndex(int(model.dim_lengths[name].eval()))
-        coords[name] = pd.Index(labels)
-    return coords
-
 
 def bind_arguments(pymc_function: Callable, called: str, args: tuple, kwargs: dict) -> dict:
     """``args`` and ``kwargs`` bound to ``pymc_function``'s parameters as Python binds
@@ -505,129 +324,114 @@ def bind_arguments(pymc_function: Callable, called: str, args: tuple, kwargs: di
     return given
 
 
-def resolved_compile_kwargs(backend: Any, compile_kwargs: dict | None) -> dict:
-    """``compile_kwargs`` with PyMC 6's ``backend`` shortcut made its ``mode`` (a new
-    dict; PyMC's own resolution, which refuses both at once)."""
+
+
+
+
+
+def check_sampler(sampler: str) -> None:
+    """An ImportError saying how to install ``nuts_sampler`` "nutpie", "numpyro" or
+    "blackjax" where it (or JAX) is missing (``pm.sample`` finds out only once sampling
+    starts). Looked up, not imported: importing blackjax starts JAX's runtime, after
+    which forking a session is refused."""
+    import importlib.util
+
+    needed = {"nutpie": ("nutpie",), "numpyro": ("jax", "numpyro"),
+              "blackjax": ("jax", "blackjax")}.get(sampler, ())
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"nuts_sampler={sampler!r} needs {' and '.join(missing)}: "
+                          f"pip install {' '.join(missing)}")
+
+
+def compile_kwargs(backend: Any, given: dict | None) -> dict:
+    """``given`` (``compile_kwargs``, as PyMC's functions take them) with ``backend``
+    made its ``mode``, as PyMC 6 resolves its ``backend`` keyword ("c" the C backend,
+    "numba", "jax", or any mode name); a new dict."""
+    from pytensor.compile.mode import get_mode
+
+    resolved = dict(given or {})
     if backend is None:
-        return dict(compile_kwargs or {})
-    from pymc.pytensorf import resolve_backend_compile_kwargs
-
-    return resolve_backend_compile_kwargs(backend, compile_kwargs)
-
-
-def map_parameters() -> set[str]:
-    """``pm.find_MAP``'s parameter names (PyMC 6's include ``initvals``)."""
-    return set(inspect.signature(import_pymc().find_MAP).parameters)
-
-
-def map_start_fn(model: Any, overrides: Any, jittered: set) -> Any:
-    """A function of a seed giving ``pm.find_MAP``'s starting point in the transformed
-    space: the initial point with ``overrides``, the value variables ``jittered``
-    jittered (PyMC 6's ``find_MAP(jitter=True)`` jitters those it optimises)."""
-    from pymc.initial_point import make_initial_point_fns_per_chain
-
-    jitter_rvs = {model.values_to_rvs[v] for v in jittered}
-    return make_initial_point_fns_per_chain(model=model, overrides=overrides,
-                                            jitter_rvs=jitter_rvs, chains=1)[0]
-
-
-def map_value_vars(model: Any, user_vars: Any) -> list:
-    """The value variables ``pm.find_MAP(vars=...)`` optimises over (free variables, their
-    value variables, or the free variables a Deterministic or Potential reads)."""
-    import warnings
-
-    from pymc.util import get_value_vars_from_user_vars
-    from pytensor.graph.traversal import graph_inputs
-
+        return resolved
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a backend's name (\"c\", \"numba\", \"jax\"); "
+                        f"got {backend!r}")
+    if "mode" in resolved:
+        raise ValueError("Can only define one of `backend` or `compile_kwargs['mode']`")
+    name = {"c": "CVM"}.get(backend.lower(), backend.upper())
     try:
-        return get_value_vars_from_user_vars(user_vars, model)
-    except ValueError:
-        read = set(graph_inputs(model.replace_rvs_by_values(user_vars)))
-        found = [v for v in model.value_vars if v in read]
-        if not found:
-            raise
-        warnings.warn("Intermediate variables (such as Deterministic or Potential) were "
-                      "passed. find_MAP will optimize the underlying free_RVs instead.",
-                      UserWarning, stacklevel=4)
-        return found
+        resolved["mode"] = get_mode(name)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"backend={backend!r} is not a PyTensor backend (\"c\", \"numba\", "
+                         "\"jax\")") from exc
+    return resolved
 
 
-def map_method(method: Any, use_grad: bool | None, options: dict) -> tuple[Any, bool]:
-    """``(method, whether the gradient is used)`` as the installed ``pm.find_MAP`` decides
-    them: PyMC 5 uses it for every method but Powell; PyMC 6 names the method by its
-    canonical spelling and uses the gradient where the method (``basinhopping``'s inner
-    one, from ``options["minimizer_kwargs"]``) takes one, unless ``use_grad=False``."""
-    try:
-        from pymc.tuning.scipy_interface import set_optimizer_function_defaults
-        from pymc.tuning.starting import _canonical_method
-    except ImportError:  # PyMC 5
-        return method, method != "Powell"
-    method = _canonical_method(method)
-    inner = method
-    if method == "basinhopping":
-        minimizer = dict(options.get("minimizer_kwargs") or {})
-        inner = minimizer["method"] = _canonical_method(minimizer.get("method", "L-BFGS-B"))
-        options["minimizer_kwargs"] = minimizer
-    use_grad, _, _ = set_optimizer_function_defaults(inner, use_grad, False, False)
-    return method, use_grad
+def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
+    """``pm.sample``'s result on the rewritten model with what the rewrite took from it:
+    the ``observed_data`` and ``constant_data`` groups as the user's ``model`` makes
+    them (the divided observed values are constant data of the rewritten one), and,
+    with ``log_likelihood``, the pointwise log-likelihood of its observed variables
+    (PyMC's ``compute_log_likelihood``). A ``MultiTrace`` comes back as it is."""
+    pm = import_pymc()
+    if not hasattr(result, "posterior") and not _is_datatree(result):
+        return result
+    from pymc.backends import arviz as pm_arviz
+
+    coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
+    for name, found in (("observed_data", pm_arviz.find_observations),
+                        ("constant_data", pm_arviz.find_constants)):
+        values = found(model)
+        dataset = None
+        if values and _is_datatree(result):  # ArviZ 1 (PyMC 6)
+            dataset = pm_arviz.dict_to_dataset(values, inference_library=pm, coords=coords,
+                                               dims=dims, sample_dims=[])
+        elif values:
+            from arviz import dict_to_dataset
+
+            dataset = dict_to_dataset(values, library=pm, coords=coords, dims=dims,
+                                      default_dims=[])
+        _set_group(result, name, dataset)
+    if log_likelihood:
+        pm.compute_log_likelihood(result, model=model, extend_inferencedata=True,
+                                  progressbar=False)
+    return result
 
 
-def map_minimize(fused: Callable, x0: np.ndarray, method: Any, use_grad: bool,
-                 progressbar: Any, progressbar_theme: Any, maxeval: int | None,
-                 args: tuple, options: dict, rng: Any) -> tuple[np.ndarray, Any]:
-    """The optimisation of ``pm.find_MAP`` over ``fused`` (a raveled point -> (logp,
-    dlogp), to be maximised), as the installed PyMC runs it: ``(x at the optimum,
-    the optimizer's result)``.
+def _is_datatree(value: Any) -> bool:
+    return type(value).__name__ == "DataTree"
 
-    PyMC 5: scipy's ``minimize`` through PyMC's cost wrapper, whose progress bar it
-    shows and which stops after ``maxeval`` evaluations (the result is then None and x
-    the last point with a finite gradient, as there); ``args`` are scipy's. PyMC 6:
-    ``better_optimize``'s ``minimize`` or ``basinhopping`` (``method="basinhopping"``),
-    as ``pm.find_MAP`` calls them, with a warning where the optimizer did not converge.
-    """
-    import warnings
 
-    try:
-        from pymc.tuning.starting import CostFuncWrapper
-    except ImportError:  # PyMC 6
-        CostFuncWrapper = None
-    if CostFuncWrapper is not None:
-        from scipy.optimize import minimize
+def _set_group(idata: Any, name: str, dataset: Any) -> None:
+    """``idata``'s group ``name`` replaced by ``dataset`` (None: removed), for ArviZ
+    0.x's InferenceData and ArviZ 1's DataTree alike."""
+    if _is_datatree(idata):
+        if name in idata.children:
+            del idata[name]
+        if dataset is not None:
+            from xarray import DataTree
 
-        last: dict = {}
+            idata[name] = DataTree(dataset)
+        return
+    if name in idata.groups():
+        delattr(idata, name)
+    if dataset is not None:
+        idata.add_groups({name: dataset})
 
-        def both(x):
-            if "x" not in last or not np.array_equal(last["x"], x):
-                last["x"] = np.array(x, copy=True)
-                last["value"], last["grad"] = fused(x)
-            return last["value"], last["grad"]
 
-        cost = CostFuncWrapper(maxeval, progressbar, progressbar_theme,
-                               lambda x: both(x)[0], (lambda x: both(x)[1]) if use_grad else None)
-        with cost.progress:
-            try:
-                result = minimize(cost, x0, *args, method=method, jac=use_grad, **options)
-                x = result["x"]
-            except (KeyboardInterrupt, StopIteration):
-                x, result = cost.previous_x, None
-            finally:
-                cost.progress.update(cost.task, completed=cost.n_eval, refresh=True)
-        return x, result
-    from better_optimize import basinhopping, minimize
-
-    def loss(x):
-        value, grad = fused(x)
-        return (-float(value), -np.asarray(grad, dtype="float64")) if use_grad else -float(value)
-
-    if method == "basinhopping":
-        minimizer = dict(options.pop("minimizer_kwargs", None) or {})
-        options.setdefault("rng", rng)
-        result = basinhopping(func=loss, x0=x0, progressbar=bool(progressbar),
-                              minimizer_kwargs=minimizer, **options)
-    else:
-        result = minimize(f=loss, x0=x0, method=method, progressbar=bool(progressbar),
-                          **options)
-    if not result.get("success", True):
-        warnings.warn(f"The optimizer did not converge: {result.get('message', '')}",
-                      UserWarning, stacklevel=4)
-    return np.asarray(result.x), result
+def call_bound(function: Callable, given: dict) -> Any:
+    """``function`` called with ``given`` (``bind_arguments``' dict, by parameter name):
+    where its ``*args`` holds values, every parameter before it by position."""
+    parameters = inspect.signature(function).parameters
+    star = next((name for name, p in parameters.items()
+                 if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    given = dict(given)
+    extra = tuple(given.pop(star, ()) or ()) if star is not None else ()
+    args: list = []
+    if extra:
+        for name, parameter in parameters.items():
+            if name == star:
+                break
+            args.append(given.pop(name, parameter.default))
+        args.extend(extra)
+    return function(*args, **given)

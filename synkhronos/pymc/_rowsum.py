@@ -30,7 +30,9 @@ output taken apart) and the Op, ``RowSum``. The function is reached through
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -45,7 +47,7 @@ from pytensor.graph.op import Op
 from .. import Data, Function, steps
 from . import _pymc_compat as compat
 
-__all__ = ["Values", "Part", "unpack", "RowSum"]
+__all__ = ["Values", "Part", "unpack", "RowSum", "joined", "register_backends"]
 
 # Rows balanced by measured speed where one evaluation takes at least this long: a
 # balanced call takes the general path (its shares vary), about 30-60 us more than a
@@ -79,8 +81,13 @@ class Values:
 
     def joined(self):
         """The vector in a PyTensor graph of the value variables."""
-        return pt.concatenate([(v if v.dtype == self.dtype else pt.cast(v, self.dtype)).ravel()
-                               for v in self.vars])
+        return joined(self.vars, self.dtype)
+
+
+def joined(vars: list, dtype: str):
+    """``vars`` laid end to end in one vector of ``dtype``, in a PyTensor graph."""
+    return pt.concatenate([(v if v.dtype == dtype else pt.cast(v, dtype)).ravel()
+                           for v in vars])
 
 
 @dataclasses.dataclass
@@ -278,9 +285,18 @@ class RowSum(Op):
     """
 
     def __init__(self, part: Part | None, sources: list, values: Values,
-                 dtype: str, connect: Callable[[], Part] | None = None):
+                 dtype: str, connect: Callable[[], Part] | None = None,
+                 local: Callable[[], Callable[[np.ndarray], np.ndarray]] | None = None):
         self.part = part
         self._connect = connect  # builds the part where it is None
+        # Deferred (``connect``): the process that built the Op forks no session; the
+        # few evaluations PyMC makes here before its chain processes fork (start-value
+        # checks, jitter) run the whole rows in a plain function (``local()`` compiles
+        # it, once); each chain process connects at its first evaluation.
+        self._local = local
+        self._whole: Callable[[np.ndarray], np.ndarray] | None = None
+        self._builder = os.getpid()
+        self.lock = threading.Lock()  # one evaluation at a time
         # (a shared variable's name, the cell holding its value, the value copied into
         # the rows): a cell that holds another value is a pm.set_data since
         self.sources = [(var.name, compat.value_cell(var), value) for var, value in sources]
@@ -288,6 +304,7 @@ class RowSum(Op):
         self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
         self.dtype = dtype
         self.released = False
+        self.failures: list = []  # errors of evaluations JAX called back (``_jax_callback``)
         self.session: Any = None
         if part is not None:
             self._adopt(part)
@@ -316,16 +333,15 @@ class RowSum(Op):
         """The log-likelihood and its flat gradient at the flat values ``theta``: the
         Op's outputs (new arrays; on Numba called straight from the compiled graph,
         ``compat.numba_object_call``)."""
+        with self.lock:  # (nutpie and JAX samplers call from their own threads)
+            return self._evaluate(theta)
+
+    def _evaluate(self, theta: Any) -> tuple[np.ndarray, np.ndarray]:
         # (A process forked from the master, such as a PyMC chain process with
         # cores > 1, gets the session's RuntimeError from this call.)
         if self.released:
             raise RuntimeError("this synkhronos likelihood was released (its rows' shared "
                                "memory is freed); build a new one")
-        part = self.part
-        if part is None:  # deferred: this process's first evaluation builds it
-            assert self._connect is not None
-            self._adopt(self._connect())
-            part = cast(Part, self.part)
         for name, cell, value in self.sources:
             if cell[0] is not value:
                 raise RuntimeError(
@@ -333,6 +349,15 @@ class RowSum(Op):
                     "copied its rows (for logp_dlogp_function, sample or find_MAP); build a "
                     "new one"
                 )
+        part = self.part
+        if part is None:  # deferred
+            if self._local is not None and os.getpid() == self._builder:
+                if self._whole is None:
+                    self._whole = self._local()
+                return unpack(self._whole(theta))
+            assert self._connect is not None  # a chain process: its first evaluation
+            self._adopt(self._connect())
+            part = cast(Part, self.part)
         session = self.session
         if session is None:  # (the call's reduced output is a new array: its views are kept)
             return unpack(part.evaluate(theta))
@@ -378,3 +403,61 @@ class RowSum(Op):
         if self.part is not None:
             self.part.release()
 
+
+
+def register_backends(compile_mode: Any = None) -> None:
+    """Make ``RowSum`` compile on the backend of ``compile_mode`` (a mode or its name;
+    None: PyTensor's default): on Numba an object-mode call (``compat``), on JAX a host
+    callback (``_jax_callback``); the C backend calls ``perform``. Once a backend."""
+    from pytensor.compile.mode import get_mode
+
+    linker = type(get_mode(compile_mode).linker).__name__
+    if linker == "NumbaLinker":
+        compat.numba_object_call(RowSum, RowSum.evaluate)
+    elif linker == "JAXLinker" and not _jax_registered:
+        from pytensor.link.jax.dispatch import jax_funcify
+
+        jax_funcify.register(RowSum)(_jax_callback)
+        _jax_registered.append(True)
+
+
+_jax_registered: list = []
+
+
+def _jax_callback(op: RowSum, node: Any = None, **kwargs: Any) -> Callable:
+    """The Op in a graph JAX compiles (``pm.sample``'s numpyro and blackjax routes, nutpie's
+    JAX backend): its value and gradient computed in this process by a host callback
+    (``jax.pure_callback``), one evaluation serving both: a custom VJP hands ``jax.grad``
+    the gradient already computed. Samplers that run chains at once call back from XLA's
+    threads: one evaluation at a time (``RowSum.evaluate``). An evaluation's error is kept on
+    the Op (``op.failures``): JAX reports it as a failure of the callback."""
+    import jax
+
+    dtype = np.dtype(op.dtype)
+    result = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((op.total,), dtype))
+
+    def host(theta):
+        try:
+            value, grad = op.evaluate(np.asarray(theta, dtype=op.input_type.dtype))
+        except BaseException as exc:
+            op.failures.append(exc)
+            raise
+        return np.asarray(value, dtype=dtype), np.array(grad, dtype=dtype)
+
+    def both(theta):
+        return jax.pure_callback(host, result, theta, vmap_method="sequential")
+
+    @jax.custom_vjp
+    def rowsum(theta):
+        return both(theta)
+
+    def forward(theta):
+        value, grad = both(theta)
+        return (value, grad), grad
+
+    def backward(grad, cotangents):
+        # (the gradient output's own cotangent: second derivatives, not available)
+        return (cotangents[0] * grad.astype(op.input_type.dtype),)
+
+    rowsum.defvjp(forward, backward)
+    return rowsum

@@ -1,56 +1,43 @@
-"""Sampling: PyMC's NUTS, nutpie, numpyro or blackjax driving the divided log-density.
+"""Sampling: ``pm.sample`` on the rewritten model, whichever sampler drives it.
 
-Which one: ``nuts_sampler``, or where it is not given the one ``pm.sample`` would pick
-(``compat.default_nuts_sampler``: PyMC 6 takes nutpie where it is installed).
+``sample`` checks its arguments, decides whether dividing pays (``_choice``), opens
+the session the chains' evaluations need, and calls ``pm.sample`` on the model whose
+divided terms are one term over the row-sum Op (``_model``): PyMC's seeds,
+initialisation, start-value checks, samplers and InferenceData are PyMC's own, so the
+draws equal ``pm.sample``'s on the user's model up to rounding. Where the chains run:
 
-``sample`` runs PyMC's ``pm.init_nuts`` (jitter, mass matrix) and ``pm.sample`` with a
-NUTS step over :func:`~synkhronos.pymc.logp_dlogp_function`'s function, with the seeds
-``pm.sample`` would use, so the draws equal ``pm.sample``'s up to rounding. Where the
-chains run:
-
-- several at once (``cores`` > 1, no session open): PyMC's own parallel sampler forks
-  one process per chain from this one, before any session exists; the step's
-  likelihood is built here without one and, at a chain process's first evaluation,
-  that process forks its own session of ``processes_per_chain`` processes and compiles
-  its rows' function. Each chain process is a program of its own for synkhronos (its
-  prefix, lock and watcher), so the one-session-per-program rule holds in each; PyMC's
-  master collects the draws, shows one progress display and builds one InferenceData;
-  a chain process closes its session as it ends (normally, on PyMC's abort after
-  Ctrl-C, or on its SIGTERM);
-- one at a time, in this process (one running chain, a session already open, or
-  nutpie): the session (the user's, or one ``sample`` forks and closes) evaluates
-  every chain's likelihood. ``nuts_sampler="nutpie"`` hands the function to nutpie
-  through its ``from_pyfunc`` hook; "numpyro" and "blackjax" run ``pm.sample`` with
-  the function as their JAX log-density (``_jax_samplers``).
+- several at once (PyMC's NUTS, ``cores`` > 1, no session open): PyMC's own parallel
+  sampler forks one process per chain from this one, before any session exists. The
+  Op is built here without one: the evaluations PyMC makes here first (start-value
+  checks, jitter) run all the rows in a plain function, and at a chain process's
+  first evaluation that process forks its own session of ``processes_per_chain``
+  processes and compiles its rows' function. Each chain process is a program of its
+  own for synkhronos (its prefix, lock and watcher), so the one-session-per-program
+  rule holds in each; a chain process closes its session as it ends (normally, on
+  PyMC's abort after Ctrl-C, or on its SIGTERM);
+- in this process (one running chain, a session already open, nutpie, numpyro or
+  blackjax): the session (the user's, or one ``sample`` forks and closes) evaluates
+  every chain's likelihood; nutpie compiles the rewritten model itself
+  (``nutpie.compile_pymc_model``, the Op in Numba's object mode or a JAX callback),
+  numpyro and blackjax through PyMC's JAX route (a host callback, ``_rowsum``).
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 import logging
 import multiprocessing.util
 import os
-import time
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
-from ._jax_samplers import sample_jax
-from ._likelihood import (
-    build_logp_dlogp,
-    check_exact,
-    check_grainsize,
-    discrete_names,
-    session_size,
-    sliced,
-)
+from ._likelihood import build, check_exact, check_grainsize, discrete_names, session_size, sliced
+from ._rowsum import register_backends
 
 __all__ = ["sample"]
 
@@ -58,14 +45,15 @@ log = logging.getLogger("synkhronos")
 
 
 def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_chain=None,
-           divide=None, exact=False, **kwargs):
+           divide=None, exact=False, backend=None, **kwargs):
     """``pm.sample`` with the observed log-likelihood evaluated on every process.
 
     The rows of the observed data are divided among a session's processes and the
     log-likelihood and its gradient summed; the prior is evaluated in the process that
-    runs the chain. PyMC initialises NUTS as usual (``pm.init_nuts``: jitter,
-    mass-matrix adaptation) and samples with its own sampler. With the same
-    ``random_seed`` the draws equal ``pm.sample(nuts_sampler="pymc")``'s, up to
+    runs the chain. This is ``pm.sample`` itself, on a copy of the model whose divided
+    terms are one term over the processes' sum: PyMC initialises, checks the start
+    values, samples and builds the InferenceData as it does for the model. With the
+    same ``random_seed`` the draws equal ``pm.sample``'s with the same sampler, up to
     floating-point rounding where the rows are divided, bit for bit at one process a
     chain in one block of rows (nothing divided: PyMC's own function, and a chain's
     process forks no session).
@@ -92,10 +80,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         initial point before anything is forked, and a session is forked only where
         dividing is predicted to save more than building it costs over the run; once
         built, the divided function is timed against PyMC's and kept only if faster.
-        Where it is not kept, this is ``pm.sample`` itself (same draws, same speed);
-        on the nutpie route, nutpie's NUTS over PyMC's function measured there, where
-        that is predicted faster than nutpie compiling its own (the same draws, to
-        rounding; its chains one after another).
+        Where it is not kept, this is ``pm.sample`` itself (same draws, same speed).
         True: always divided (the earlier behaviour); False: ``pm.sample`` itself.
         A model with discrete free variables is sampled by ``pm.sample`` itself
         (PyMC's compound step, nothing divided) unless ``divide=True``, which refuses
@@ -106,6 +91,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         :func:`logp_dlogp_function`): with the same ``random_seed`` the draws are then
         the same bit for bit at every ``processes_per_chain`` (and from one run to the
         next), though not ``pm.sample``'s. Always divided (``divide=False`` is refused).
+    backend : str, optional
+        The backend the rows' function and PyMC's own compile with: ``"c"``,
+        ``"numba"`` or ``"jax"`` (on the CPU, one XLA thread a process), as PyMC 6's
+        ``pm.sample(backend=...)`` (taken on PyMC 5 too, as ``compile_kwargs``'
+        ``mode``). Default: PyTensor's default mode.
     **kwargs
         Every keyword of ``pm.sample`` (``tune``, ``chains``, ``cores``,
         ``random_seed``, ``target_accept``, ``init``, ``initvals``, ``idata_kwargs``,
@@ -116,17 +106,18 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         ``processes_per_chain`` given, no more than fit in the usable cores), and so is
         the default of ``chains``. With a session already forked the chains run one
         after another in this process. ``nuts_sampler=None`` (the default) picks
-        the sampler ``pm.sample`` would (PyMC 6: nutpie where it is installed and
-        the other keywords allow it; PyMC 5: its own NUTS), and keeps PyMC's NUTS
-        where a keyword has no equivalent on the nutpie route; PyMC 6's ``backend``
-        and ``compile_kwargs`` give the mode of the likelihood's functions too.
-        ``nuts_sampler="nutpie"`` samples with nutpie over the same function, its
-        chains one after another in this process: then only the keywords nutpie has
-        an equivalent for are accepted (``draws``, ``tune``, ``chains``, ``cores``,
-        ``random_seed``, ``initvals`` (one dict), ``progressbar``, ``quiet``,
-        ``discard_tuned_samples``, ``target_accept``, ``max_treedepth``, ``nuts``,
-        ``nuts_sampler_kwargs``, ``var_names``, ``compute_convergence_checks``,
-        ``idata_kwargs``, ``return_inferencedata``, ``backend``, ``compile_kwargs``).
+        the fastest sampler installed: nutpie where it is, the mode compiles with
+        Numba or JAX and every keyword has an equivalent there (PyMC 5 as 6),
+        otherwise PyMC's NUTS. ``compile_kwargs`` gives the mode of the likelihood's
+        functions too.
+        ``nuts_sampler="nutpie"`` is ``pm.sample``'s nutpie route on the rewritten
+        model (nutpie compiles it, the Op called back from its threads one at a
+        time); only the keywords nutpie has an equivalent for are accepted
+        (``draws``, ``tune``, ``chains``, ``cores``, ``random_seed``, ``initvals``
+        (one dict), ``progressbar``, ``quiet``, ``discard_tuned_samples``,
+        ``target_accept``, ``max_treedepth``, ``nuts``, ``nuts_sampler_kwargs``,
+        ``var_names``, ``compute_convergence_checks``, ``idata_kwargs``,
+        ``return_inferencedata``, ``compile_kwargs``).
         ``nuts_sampler="numpyro"`` or ``"blackjax"`` is ``pm.sample`` with that
         sampler, its log-density the divided function (a JAX callback) with
         ``divide=True`` or ``exact=True``, otherwise PyMC's own JAX function (not
@@ -135,8 +126,10 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     Returns
     -------
     arviz.InferenceData or MultiTrace
-        What ``pm.sample`` returns (nutpie: what ``nutpie.sample`` returns), with the
-        model's coords and dims.
+        What ``pm.sample`` returns for the model: its coords and dims, its
+        ``observed_data`` and ``constant_data``, and with
+        ``idata_kwargs={"log_likelihood": True}`` the pointwise log-likelihood of its
+        observed variables (PyMC's ``compute_log_likelihood``, in the master).
 
     Raises
     ------
@@ -175,7 +168,6 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         raise TypeError(f"draws must be a whole number of draws; got {draws!r}")
     model = pm.modelcontext(model)
     kwargs = dict(kwargs, draws=int(draws))
-    asked = dict(kwargs)  # for pm.sample itself, with the sampler resolved below
     divide = _check_divide(divide)
     exact = check_exact(exact)
     if exact:
@@ -192,8 +184,6 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     if sampler not in (None, *_SAMPLERS):
         raise ValueError(f"nuts_sampler must be one of {', '.join(map(repr, _SAMPLERS))} "
                          f"(pm.sample's); got {sampler!r}")
-    if sampler in _JAX_SAMPLERS:
-        compat.check_jax_sampler(sampler)  # (ImportError before anything is forked)
     if sampler == "nutpie":
         unknown = sorted(set(kwargs) - _NUTPIE_KEYWORDS)
         if unknown:
@@ -202,25 +192,27 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         if not isinstance(kwargs.get("initvals") or {}, dict):
             raise TypeError("nuts_sampler='nutpie' takes one dict of initvals for every "
                             "chain, not one a chain; use nuts_sampler='pymc' for those")
+    if sampler is not None:
+        compat.check_sampler(sampler)  # (ImportError before anything is forked)
     minibatch = compat.minibatch_variables(model)
     if minibatch:
         raise ValueError(f"observed variable {minibatch[0]!r} reads pm.Minibatch data: "
                          "sampling needs every row, which synkhronos.pymc divides among "
                          "the processes; sample the full data (pm.Data), or fit "
                          "minibatches with ADVI (pm.fit)")
-    # PyMC 6's backend is the mode of compile_kwargs, for the likelihood's functions
-    # as for PyMC's own (the master's, and the rows' on every process).
-    compile_kwargs = compat.resolved_compile_kwargs(
-        kwargs.pop("backend", None) if "backend" in compat.sample_parameters() else None,
-        kwargs.get("compile_kwargs"))
-    if compile_kwargs:
+    # The rows' mode (and PyMC's): PyMC 6 takes backend itself, as its nutpie route
+    # needs it (nutpie's own backend); PyMC 5 takes it as compile_kwargs' mode
+    compile_kwargs = compat.compile_kwargs(backend, kwargs.get("compile_kwargs"))
+    if backend is not None and "backend" in compat.sample_parameters():
+        kwargs["backend"] = backend
+    elif compile_kwargs:
         kwargs["compile_kwargs"] = compile_kwargs
     discrete = discrete_names(model)
-    if sampler is None:  # pm.sample's own choice (PyMC 6: nutpie where installed)
-        sampler = ("pymc" if discrete else
-                   compat.default_nuts_sampler(kwargs, compile_kwargs, _NUTPIE_KEYWORDS))
-    asked["nuts_sampler"] = sampler
-    cores = _check_count("cores", kwargs.pop("cores", None))
+    asked = dict(kwargs, nuts_sampler=sampler) if sampler is not None else dict(kwargs)
+    if sampler is None:  # the fastest installed where the keywords allow it
+        sampler = "pymc" if discrete else _default_sampler(kwargs, compile_kwargs)
+    cores = _check_count("cores", kwargs.get("cores"))
+    chains = _check_count("chains", kwargs.get("chains"))
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
     size = session_size()
     processes = _check_processes(processes_per_chain, size)
@@ -237,75 +229,42 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return pm.sample(model=model, **asked)
     if divide is False:
         return pm.sample(model=model, **asked)
-    if sampler == "nutpie":
-        chains = _check_count("chains", kwargs.get("chains")) or compat.default_chains(cores)
-        measure_own = functools.partial(_choice.Own.measure, model,
-                                        compile_kwargs=compile_kwargs)
-        own, worth = _before_forking(
-            model, split, grainsize, divide, size, processes or usable,
-            _choice.expected_evaluations(kwargs, chains, 1), measure_own)
-        # not divided: nutpie over PyMC's function (measured), or pm.sample itself
-        parallel = min(chains, cores or compat.default_cores(), usable)
-
-        def undivided(own):
-            if _choice.nutpie_over_own(own, kwargs, chains, parallel):
-                return _sample_nutpie(pm, model, own.vgf, cores, kwargs)
-            return pm.sample(model=model, **asked)
-
-        if not worth:
-            return undivided(own if own is not None else measure_own())
-        return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: _sample_nutpie(pm, model, vgf, cores, kwargs),
-                          undivided, own, divide is None,
-                          compile_kwargs=compile_kwargs, exact=exact)
-    if sampler in _JAX_SAMPLERS:
-        if not divide:
-            # pm.sample itself: JAX's compiled sampler loop runs PyMC's function faster
-            # than timing it alone predicts (docs: "numpyro and blackjax"), so no
-            # measurement here can say that dividing pays
-            log.info("synkhronos.pymc: nuts_sampler=%r: pm.sample's own JAX function (not "
-                     "divided; divide=True divides)", sampler)
-            return pm.sample(model=model, **asked)
-        return _in_master(pm, model, split, grainsize, processes, size,
-                          lambda vgf: sample_jax(pm, model, vgf, asked), None, None, False,
-                          compile_kwargs=compile_kwargs, exact=exact)
-    random_seed = kwargs.pop("random_seed", None)
-    if random_seed is None:  # one seed for init_nuts and pm.sample alike
-        random_seed = int(np.random.default_rng().integers(2**30))
-    chains, seeds = _chains_and_seeds(random_seed, _check_count("chains",
-                                                                kwargs.pop("chains", None)),
-                                      cores)
-    if size is not None:
-        if cores is not None and cores > 1:
+    if sampler in _JAX_SAMPLERS and not divide:
+        # pm.sample itself: JAX's compiled sampler loop runs PyMC's function faster
+        # than timing it alone predicts (docs: "numpyro and blackjax"), so no
+        # measurement here can say that dividing pays
+        log.info("synkhronos.pymc: nuts_sampler=%r: pm.sample's own JAX function (not "
+                 "divided; divide=True divides)", sampler)
+        return pm.sample(model=model, **asked)
+    kwargs["nuts_sampler"] = sampler
+    if chains is None:
+        chains = compat.default_chains(cores)
+    if size is not None or sampler != "pymc":
+        if size is not None and sampler == "pymc" and cores is not None and cores > 1:
             warnings.warn(f"cores={cores}: with a session already forked the chains run "
                           "one after another in the master, whose processes already use "
                           "the cores for the likelihood", stacklevel=2)
         running = 1
+        processes = processes or usable
     else:
         running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
-    sampling = _Sampling(chains, seeds, random_seed, kwargs, compile_kwargs)
+    if sampler == "pymc" and running == 1 and chains > 1:
+        # (pm.sample itself too, where it runs the chains one after another)
+        asked["nuts_sampler"] = kwargs["nuts_sampler"]
+        asked["callback"] = kwargs["callback"] = _OneInterruptStopsAll(
+            _choice.draws_per_chain(kwargs), kwargs.get("callback"))
     measure = divide is None
-    # pm.init_nuts first, as pm.sample runs it: its step's function is PyMC's own, the
-    # one the choice measures (no compile of its own) and samples with if not dividing
-    init = _initialise(pm, model, sampling) if measure else None
     own, worth = _before_forking(model, split, grainsize, divide, size, processes,
                                  _choice.expected_evaluations(kwargs, chains, running),
-                                 lambda: _own_measured(model, init))
-    if not worth:  # pm.sample itself: its init, its step
-        return _sample_nuts(pm, model, None, sampling, running, init)
+                                 compile_kwargs)
+    if not worth:  # pm.sample itself
+        return pm.sample(model=model, **asked)
     if running == 1:
-        # A session of its own on every usable core, unpinned: pinned, a process
-        # whose core another program shares cannot move (on a quiet machine pinning
-        # measured within 2% either way, benchmarks/pymc_parts.py at n=2), and the
-        # rows balance by measured speed (``_rowsum``).
-        if init is not None and own is None:  # (measured in the open session)
-            own = _own_measured(model, init)
-        return _in_master(pm, model, split, grainsize, processes, size,
-                          functools.partial(_sample_nuts, pm, model, sampling=sampling,
-                                            running=1, init=init),
-                          lambda own: _sample_nuts(pm, model, None, sampling, 1, init),
-                          own, measure, compile_kwargs=compile_kwargs, exact=exact)
+        kwargs["cores"] = 1 if sampler == "pymc" else cores
+        return _in_master(pm, model, split, grainsize, processes, size, kwargs,
+                          functools.partial(pm.sample, model=model, **asked), own, measure,
+                          compile_kwargs=compile_kwargs, exact=exact)
     mp_ctx = kwargs.pop("mp_ctx", None)
     if mp_ctx is not None and (mp_ctx if isinstance(mp_ctx, str)
                                else mp_ctx.get_start_method()) != "fork":
@@ -316,12 +275,12 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     # process in one block: PyMC's own function). Oversubscribed cores (more processes
     # than cores) must not spin while they wait.
     spin = 0.0 if running * processes > usable else None
-    vgf, op = build_logp_dlogp(pm, model, split, grainsize,
-                               open_session=_chain_session(processes, spin),
-                               processes=processes, caller="sample",
-                               compile_kwargs=sampling.compile_kwargs, exact=exact)
+    rewritten, op = build(pm, model, split, grainsize,
+                          open_session=_chain_session(processes, spin), processes=processes,
+                          caller="sample", compile_kwargs=compile_kwargs, exact=exact)
     try:
-        return _sample_nuts(pm, model, vgf, sampling, running, init)
+        return _pm_sample(pm, model, rewritten, dict(kwargs, cores=running, mp_ctx="fork"),
+                          op)
     except Exception as exc:
         cause = compat.chain_failure(exc)
         if isinstance(cause, ValueError):
@@ -333,12 +292,64 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
             op.release()
 
 
+def _pm_sample(pm, model, rewritten, kwargs: dict, op=None):
+    """``pm.sample`` on the rewritten model, with what the rewrite took from the
+    InferenceData given back (``compat.complete_idata``: the removed variables'
+    observed data and, where asked, their log-likelihood, PyMC's own). On a JAX route,
+    an evaluation's error is raised as itself (JAX reports a failed callback)."""
+    idata_kwargs = dict(kwargs.get("idata_kwargs") or {})
+    log_likelihood = bool(idata_kwargs.pop("log_likelihood", False))
+    if log_likelihood:
+        kwargs = dict(kwargs, idata_kwargs=idata_kwargs)
+    jax_route = kwargs.get("nuts_sampler") in _JAX_SAMPLERS
+    if jax_route:
+        register_backends("JAX")
+    try:
+        result = pm.sample(model=rewritten, **kwargs)
+    except Exception as exc:
+        if op is not None and op.failures:
+            raise op.failures[0] from exc
+        raise
+    finally:
+        if jax_route:
+            # Before the session can close: computations pm.sample started and did not
+            # wait for (blackjax leaves some) run their callbacks now, and no compiled
+            # sampler holding this callback is reused by a later pm.sample.
+            import jax
+
+            try:
+                jax.effects_barrier()
+            finally:
+                jax.clear_caches()
+    return compat.complete_idata(result, model, log_likelihood)
+
+
+def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
+    """The sampler without ``nuts_sampler``: nutpie where it is installed and every
+    keyword has an equivalent there, with ``init`` "auto", InferenceData returned, no
+    ``trace`` or ``callback``, one dict of ``initvals`` or none, and a mode that
+    compiles with Numba or JAX (nutpie's backends); otherwise PyMC's NUTS."""
+    import importlib.util
+
+    from pytensor.compile.mode import get_mode
+
+    initvals = kwargs.get("initvals")
+    linker = type(get_mode(compile_kwargs.get("mode")).linker).__name__
+    usable = (importlib.util.find_spec("nutpie") is not None
+              and kwargs.get("init", "auto") == "auto"
+              and kwargs.get("return_inferencedata", True)
+              and kwargs.get("trace") is None and kwargs.get("callback") is None
+              and (initvals is None or isinstance(initvals, dict))
+              and linker in ("NumbaLinker", "JAXLinker")
+              and set(kwargs) <= _NUTPIE_KEYWORDS)
+    return "nutpie" if usable else "pymc"
+
+
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,
-                    measure_own: Callable[[], _choice.Own]
-                    ) -> tuple[_choice.Own | None, bool]:
+                    compile_kwargs: dict) -> tuple[_choice.Own | None, bool]:
     """Step 1 of ``_choice``, where a measured choice is asked and nothing is forked
-    yet: ``(own, worth)``, PyMC's own function measured (``measure_own()``, or None
-    where nothing was measured) and whether to go on to build the divided one.
+    yet: ``(own, worth)``, PyMC's own function measured (or None where nothing was
+    measured) and whether to go on to build the divided one.
     Nothing is measured with ``divide`` True or a session open (step 2 measures in
     it), or at one process in one block (nothing to divide: not worth it)."""
     if divide or size is not None:
@@ -346,40 +357,39 @@ def _before_forking(model, split, grainsize, divide, size, processes, evaluation
     in_slices = sliced(model, split, grainsize, processes)
     if processes == 1 and not in_slices:
         return None, False
-    own = measure_own()
+    own = _choice.Own.measure(model, compile_kwargs)
     return own, _choice.worth_forking(own, processes, evaluations, in_slices).divided
 
 
-def _in_master(pm, model, split, grainsize, processes, size, run, undivided, own,
+def _in_master(pm, model, split, grainsize, processes, size, kwargs, undivided, own,
                measure: bool, compile_kwargs: dict | None = None, exact: bool = False):
-    """``run(vgf)`` with the chains in this process: over the open session, or over one
-    forked here (``processes``) and closed at the end.
+    """``pm.sample`` on the rewritten model with the chains in this process: over the
+    open session, or over one forked here (``processes``) and closed at the end.
     With ``measure`` the divided function is kept only if it is measured faster than
     PyMC's own (``own``, measured before forking; None: measured now), otherwise the
-    session is closed and ``undivided(own)`` samples with PyMC's own function, measured
-    (``undivided`` is None where nothing is measured).
-    ``exact``: ``build_logp_dlogp``'s (never measured: always divided)."""
+    session is closed and ``undivided()`` samples (``pm.sample`` itself).
+    ``exact``: ``build``'s (never measured: always divided)."""
     own_session = size is None
     if own_session:
         fork(processes)
     try:
         if not measure:
-            vgf, op = build_logp_dlogp(pm, model, split, grainsize, caller="sample",
-                                       compile_kwargs=compile_kwargs, exact=exact)
+            rewritten, op = build(pm, model, split, grainsize, caller="sample",
+                                  compile_kwargs=compile_kwargs, exact=exact)
         else:
-            vgf, op, own = _choice.build_chosen(pm, model, split, grainsize, own,
-                                                caller="sample",
-                                                compile_kwargs=compile_kwargs)
-        if vgf is not None:
+            rewritten, op = _choice.build_chosen(pm, model, split, grainsize, own,
+                                                 caller="sample",
+                                                 compile_kwargs=compile_kwargs)
+        if rewritten is not None:
             try:
-                return run(vgf)
+                return _pm_sample(pm, model, rewritten, kwargs, op)
             finally:
                 if op is not None:
                     op.release()
     finally:
         if own_session:
             close()
-    return undivided(own)
+    return undivided()
 
 
 def _layout(chains: int, cores: int | None, processes: int | None, usable: int,
@@ -419,8 +429,10 @@ def _chain_session(processes: int, spin: float | None):
     return open_session
 
 
+
+
 # pm.sample's NUTS samplers; those whose loop JAX compiles (their log-density is a
-# callback, _jax_samplers).
+# callback, _rowsum).
 _SAMPLERS = ("pymc", "nutpie", "numpyro", "blackjax")
 _JAX_SAMPLERS = ("numpyro", "blackjax")
 
@@ -467,99 +479,6 @@ def _check_processes(processes_per_chain, size: int | None) -> int | None:
     return int(processes_per_chain)
 
 
-def _chains_and_seeds(random_seed, chains: int | None, cores: int | None):
-    """The number of chains and the per-chain seeds that ``pm.sample`` would use.
-
-    PyMC internals, reproduced (``pm.sample`` does this inline): its default chain count
-    follows its ``cores`` default, and ``init_nuts`` jitters each chain with a seed drawn
-    this way from ``random_seed``. Drawing the same seeds makes the starting points, and
-    so the draws, equal to ``pm.sample``'s.
-    """
-    if chains is None:
-        chains = compat.default_chains(cores)
-    seed = copy.deepcopy(random_seed) if isinstance(
-        random_seed, np.random.Generator | np.random.BitGenerator) else random_seed
-    return chains, [int(rng.integers(2**30)) for rng in np.random.default_rng(seed).spawn(chains)]
-
-
-@dataclasses.dataclass
-class _Sampling:
-    """What ``pm.sample`` is asked for: the chains, their seeds (``pm.sample``'s), the
-    seed itself, and the rest of its keywords."""
-
-    chains: int
-    seeds: list[int]
-    random_seed: Any
-    kwargs: dict
-    compile_kwargs: dict
-
-
-@dataclasses.dataclass
-class _Initialised:
-    """What ``pm.init_nuts`` made, as ``pm.sample`` makes it: the chains' starting
-    points and the NUTS step over PyMC's own function (its adapted potential, seed and
-    options), the step's keywords, ``pm.sample``'s keywords left, and its seconds
-    (compiling PyMC's function, mostly)."""
-
-    points: list
-    step: Any
-    step_kwargs: dict
-    kwargs: dict
-    seconds: float
-
-
-def _initialise(pm, model, sampling: _Sampling) -> _Initialised:
-    """``pm.init_nuts`` with ``pm.sample``'s arguments and seeds."""
-    params = compat.sample_parameters()
-    kwargs = dict(sampling.kwargs)
-    # pm.sample hands its unnamed keywords (and the "nuts" dict) to the NUTS step.
-    step_kwargs = {name: kwargs.pop(name) for name in list(kwargs) if name not in params}
-    for name, value in (step_kwargs.pop("nuts", None) or {}).items():
-        step_kwargs.setdefault(name, value)
-
-    def default(name):
-        return kwargs.pop(name, params[name].default)
-
-    quiet = kwargs.get("quiet", False)
-    start = time.perf_counter()
-    points, step = pm.init_nuts(
-        init=default("init"), chains=sampling.chains, n_init=default("n_init"), model=model,
-        random_seed=sampling.seeds,
-        progressbar=bool(kwargs.get("progressbar", True)) and not quiet,
-        quiet=quiet, jitter_max_retries=default("jitter_max_retries"),
-        tune=kwargs.get("tune", params["tune"].default), initvals=kwargs.pop("initvals", None),
-        compile_kwargs=sampling.compile_kwargs, **step_kwargs,
-    )
-    return _Initialised(points, step, step_kwargs, kwargs, time.perf_counter() - start)
-
-
-def _own_measured(model, init: _Initialised) -> _choice.Own:
-    """PyMC's own function, as init_nuts compiled it for its step, timed."""
-    return _choice.Own.of(compat.step_function(init.step), init.seconds, model)
-
-
-def _sample_nuts(pm, model, vgf, sampling: _Sampling, running: int,
-                 init: _Initialised | None = None):
-    """``pm.sample`` after ``pm.init_nuts`` (``init``; made here if None), with its
-    NUTS step over ``vgf`` (None: init_nuts's own step, PyMC's function: this is then
-    ``pm.sample`` itself) and ``running`` chains at once (more than one: PyMC's own
-    chain processes, forked)."""
-    init = init if init is not None else _initialise(pm, model, sampling)
-    step = init.step
-    if vgf is not None:  # the same step (its potential, seed and options), over vgf
-        step = pm.NUTS(potential=init.step.potential, model=model, rng=sampling.seeds[0],
-                       initial_point=init.points[0], logp_dlogp_func=vgf,
-                       **init.step_kwargs)
-    kwargs = dict(init.kwargs)
-    if running > 1 and vgf is not None:
-        kwargs["mp_ctx"] = "fork"  # the chain processes inherit the step: no pickling
-    if running == 1 and sampling.chains > 1:
-        kwargs["callback"] = _OneInterruptStopsAll(_choice.draws_per_chain(kwargs),
-                                                   kwargs.get("callback"))
-    return pm.sample(model=model, step=step, initvals=init.points, chains=sampling.chains,
-                     cores=running, random_seed=sampling.random_seed, **kwargs)
-
-
 class _OneInterruptStopsAll:
     """``pm.sample``'s callback where its chains run one after another: PyMC ends the
     chain that a ``KeyboardInterrupt`` (Ctrl-C) reaches and goes on with the next, to
@@ -582,95 +501,3 @@ class _OneInterruptStopsAll:
         self.ended = draw.draw_idx + 1 >= self.per_chain
         if self.callback is not None:
             self.callback(trace=trace, draw=draw)
-
-
-def _sample_nutpie(pm, model, vgf, cores, kwargs):
-    """nutpie's sampler over ``vgf``, through its public ``from_pyfunc`` hook.
-
-    nutpie calls the log-density from its own (Rust) threads; the session serializes
-    the calls. Its chains run one at a time (``cores=1``): the processes already use
-    the cores.
-    """
-    nutpie, from_pyfunc = compat.nutpie_from_pyfunc()
-
-    options = dict(kwargs.pop("nuts", None) or {})
-    for name in ("target_accept", "max_treedepth"):
-        if name in kwargs:
-            options[name] = kwargs.pop(name)
-    if "max_treedepth" in options:
-        options["maxdepth"] = options.pop("max_treedepth")
-    draws = kwargs.pop("draws", 1000)
-    tune = kwargs.pop("tune", 1000)
-    chains = kwargs.pop("chains", None)
-    random_seed = kwargs.pop("random_seed", None)
-    progress = bool(kwargs.pop("progressbar", True)) and not kwargs.pop("quiet", False)
-    save_warmup = not kwargs.pop("discard_tuned_samples", True)
-    initvals = kwargs.pop("initvals", None)
-    options.update(kwargs.pop("nuts_sampler_kwargs", None) or {})
-    var_names = kwargs.pop("var_names", None)
-    idata_kwargs = dict(kwargs.pop("idata_kwargs", None) or {})
-    idata_kwargs.pop("include_transformed", None)  # (nutpie: never stored)
-    if idata_kwargs:
-        warnings.warn(f"idata_kwargs keys {sorted(idata_kwargs)} are ignored by the nutpie "
-                      "sampler, as in pm.sample", UserWarning, stacklevel=5)
-    # nutpie computes no convergence checks; pm.sample's nutpie route returns
-    # InferenceData always: both keywords are accepted as it accepts them.
-    kwargs.pop("compute_convergence_checks", None)
-    kwargs.pop("return_inferencedata", None)
-    if chains is None:
-        chains, _ = _chains_and_seeds(0, None, cores)
-    seed = compat.nutpie_seed(random_seed, chains)  # (pm.sample's, for the same draws)
-
-    values = model.continuous_value_vars
-    point = model.initial_point()
-    shapes = [np.shape(point[v.name]) for v in values]
-    sizes = [int(np.prod(shape, dtype=int)) for shape in shapes]
-    n_dim = sum(sizes)
-    traced = [*model.free_RVs, *model.deterministics]
-    if var_names is not None:
-        traced = [var for var in traced if var.name in set(var_names)]
-    expand_fn = model.compile_fn(model.replace_rvs_by_values(traced), inputs=values,
-                                 on_unused_input="ignore", point_fn=False)
-    vgf.set_extra_values({})
-
-    def unravel(x):
-        pieces, begin = [], 0
-        for v, shape, size in zip(values, shapes, sizes, strict=True):
-            pieces.append(np.asarray(x[begin:begin + size], dtype=v.dtype).reshape(shape))
-            begin += size
-        return pieces
-
-    expanded = [np.asarray(out) for out in expand_fn(*unravel(np.zeros(n_dim)))]
-
-    def make_logp_fn():
-        def logp(x, **_):
-            value, grad = vgf(x)
-            return float(value), np.array(grad, dtype="float64", order="C")  # a copy
-        return logp
-
-    def make_expand_fn(seed1, seed2, chain):
-        def expand(x, **_):
-            outs = expand_fn(*unravel(x))
-            return {var.name: np.asarray(out, dtype="float64", order="C")
-                    for var, out in zip(traced, outs, strict=True)}
-        return expand
-
-    start = compat.initial_point_fn(model, initvals)
-
-    def initial_point(seed):
-        values_at = start(seed)
-        return np.concatenate([np.ravel(values_at[v.name]) for v in values]).astype("float64")
-
-    compiled = from_pyfunc(
-        n_dim, make_logp_fn, make_expand_fn, [np.dtype("float64")] * len(traced),
-        [out.shape for out in expanded], [var.name for var in traced],
-        make_initial_point_fn=initial_point,
-        coords=compat.nutpie_coords(model),
-        dims={var.name: tuple(model.named_vars_to_dims[var.name]) for var in traced
-              if var.name in model.named_vars_to_dims},
-    )
-    start_time = time.time()
-    idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=1, seed=seed,
-                          save_warmup=save_warmup, progress_bar=progress, **options)
-    compat.patch_nutpie_idata(idata, model, time.time() - start_time, tune)
-    return idata

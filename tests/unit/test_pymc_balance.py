@@ -41,8 +41,8 @@ def test_rows_follow_measured_speed(monkeypatch):
     monkeypatch.setattr(_rowsum, "_BALANCE_FROM_S", 0.0)
     synk.fork(3)
     try:
-        vgf, op = _likelihood.build_logp_dlogp(pm, model, None, None)
-        vgf.set_extra_values({})
+        rewritten, op = _likelihood.build(pm, model, None, None)
+        vgf = _choice.compiled(rewritten)
         balancer = op.part.balancer
         assert balancer is not None and balancer.in_use is None
         rng = np.random.default_rng(0)

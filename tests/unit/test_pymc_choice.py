@@ -2,8 +2,7 @@
 driven directly: the prediction made before forking (``worth_forking``): PyMC's
 evaluation too short for the saving to pay for building, no; long enough, yes; rows in
 slices, yes at one process; the measured check after building (``keep_divided``) keeps
-the faster of two functions; not divided on the nutpie route, which function nutpie
-samples (``nutpie_over_own``); and in a session, both outcomes of that check (its timing
+the faster of two functions; and in a session, both outcomes of that check (its timing
 forced): PyMC's own function kept (draws ``pm.sample``'s bit for bit), or the divided
 one kept (draws equal ``pm.sample``'s to rounding, its likelihood evaluated by every
 process). ``tests/integration/test_pymc_choice.py`` samples as users call it.
@@ -49,25 +48,7 @@ def test_the_prediction_before_forking():
     assert _choice.expected_evaluations({"draws": 100, "tune": 50}, 4, 2) == 2 * 150 * 16
 
 
-def test_nutpie_samples_over_pymcs_function_where_its_own_compile_costs_more(caplog):
-    def own(seconds):
-        return _choice.Own(vgf=None, compile_s=0.5, seconds=seconds, x=np.zeros(1))
-
-    draws = {"draws": 1000, "tune": 1000}
-    with caplog.at_level(logging.INFO, logger="synkhronos"):
-        # 10^3-10^4 rows: the seconds nutpie's compile takes buy more than a call into
-        # Python at each evaluation costs, with one chain or two at once
-        assert _choice.nutpie_over_own(own(15e-6), draws, 1, 1)
-        assert _choice.nutpie_over_own(own(75e-6), draws, 2, 2)
-    assert any("not divided, nutpie over PyMC's own function: predicted" in line
-               and "(75.0 us an evaluation)" in line for line in said(caplog))
-    # longer evaluations (10^4-10^5 rows): two chains at once (nutpie's own threads)
-    # win where one chain alone does not, and long ones need nutpie's own function
-    assert _choice.nutpie_over_own(own(300e-6), draws, 1, 1)
-    assert not _choice.nutpie_over_own(own(300e-6), draws, 2, 2)
-    assert not _choice.nutpie_over_own(own(5e-3), draws, 1, 1)
-    # many draws of cheap evaluations: the calls into Python add up past the compile
-    assert not _choice.nutpie_over_own(own(15e-6), {"draws": 50_000, "tune": 1000}, 1, 1)
+def test_the_draws_of_a_chain():
     # the draws of a chain, PyMC's defaults where not given (PyMC 6: tune None is 1000)
     assert _choice.draws_per_chain({"draws": 100, "tune": 50}) == 150
     assert _choice.draws_per_chain({"draws": 100}) == 1100

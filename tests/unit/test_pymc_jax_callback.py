@@ -1,11 +1,12 @@
-"""The divided log-density as a JAX function (``synkhronos.pymc._jax_samplers``),
-against PyMC's own JAX function and the ``ValueGradFunction`` it calls back:
+"""The divided log-likelihood's Op in a graph JAX compiles (``_rowsum._jax_callback``),
+in the rewritten model PyMC's JAX route samples, against PyMC's own JAX function of
+the user's model and the rewritten model's own compiled function:
 
-- its value and gradient (``jax.value_and_grad``, jitted) are the function's, bit for
-  bit, at several points, vectorised with ``jax.vmap`` too; PyMC's flag gives minus
-  the log-density as PyMC's does (numpyro's potential); equal to PyMC's JAX function
-  to rounding;
-- an evaluation's error is kept for ``sample_jax``, which raises it as itself (JAX
+- its value and gradient (``jax.value_and_grad``, jitted) are the compiled function's,
+  bit for bit, at several points, vectorised with ``jax.vmap`` too; PyMC's flag gives
+  minus the log-density as PyMC's does (numpyro's potential); equal to PyMC's JAX
+  function of the user's model to rounding;
+- an evaluation's error is kept on the Op, and ``sample`` raises it as itself (JAX
   reports a runtime error of its callback), here from numpyro's sampling loop.
 
 Each check runs in a fresh Python (``in_fresh_python``): JAX's runtime, once started,
@@ -37,28 +38,38 @@ def _points(model, count):
              for v in model.value_vars] for _ in range(count)]
 
 
+def _built(model):
+    """The session (two processes) and the rewritten model with its Op."""
+    import synkhronos as synk
+    from synkhronos.pymc import _likelihood
+
+    synk.fork(2)
+    return _likelihood.build(pm, model, None, None)
+
+
 def check_value_and_gradient():
     import jax
     import jax.numpy as jnp
     from pymc.sampling.jax import get_jaxified_logp
 
-    from synkhronos.pymc._jax_samplers import callback_logp
+    from synkhronos.pymc import _rowsum
 
     model = regression()
-    vgf = model.logp_dlogp_function(ravel_inputs=True)
+    rewritten, op = _built(model)
+    _rowsum.register_backends("JAX")
+    vgf = rewritten.logp_dlogp_function(ravel_inputs=True)
     vgf.set_extra_values({})
-    failures: list = []
     for negative_logp in (True, False):
         sign = 1 if negative_logp else -1
-        ours = jax.jit(jax.value_and_grad(callback_logp(vgf, model, negative_logp, failures)))
+        ours = jax.jit(jax.value_and_grad(get_jaxified_logp(rewritten, negative_logp)))
         pymcs = jax.value_and_grad(get_jaxified_logp(model, negative_logp))
         points = _points(model, 3)
         for point in points:
             value, grad = ours([jnp.asarray(a) for a in point])
             want_value, want_grad = vgf(np.concatenate([np.ravel(a) for a in point]))
-            assert float(value) == sign * float(want_value)
-            np.testing.assert_array_equal(
-                np.concatenate([np.ravel(g) for g in grad]), sign * want_grad)
+            np.testing.assert_allclose(float(value), sign * float(want_value), rtol=1e-12)
+            np.testing.assert_allclose(np.concatenate([np.ravel(g) for g in grad]),
+                                       sign * want_grad, rtol=1e-10)
             pymc_value, pymc_grad = pymcs([jnp.asarray(a) for a in point])
             np.testing.assert_allclose(float(value), float(pymc_value), rtol=1e-10)
             for g, h in zip(grad, pymc_grad, strict=True):
@@ -66,43 +77,35 @@ def check_value_and_gradient():
         stacked = [jnp.stack([point[i] for point in points]) for i in range(len(points[0]))]
         values, _ = jax.vmap(ours)(stacked)
         for value, point in zip(values, points, strict=True):
-            assert float(value) == sign * float(
-                vgf(np.concatenate([np.ravel(a) for a in point]))[0])
-    assert failures == []
+            np.testing.assert_allclose(float(value), sign * float(
+                vgf(np.concatenate([np.ravel(a) for a in point]))[0]), rtol=1e-12)
+    assert op.failures == []
 
 
 def check_an_error_is_raised_as_itself():
-    import pymc as pm
-
-    from synkhronos.pymc._jax_samplers import sample_jax
+    from synkhronos.pymc import _sampling
 
     model = regression()
-    own = model.logp_dlogp_function(ravel_inputs=True)
+    rewritten, op = _built(model)
+    evaluate = op._evaluate
+    calls = []
 
-    class FailsLater:
-        """PyMC's function, until its 30th call."""
+    def fails_later(theta):
+        calls.append(1)
+        if len(calls) == 30:
+            raise ValueError("evaluation 30 failed")
+        return evaluate(theta)
 
-        calls = 0
-
-        def set_extra_values(self, values):
-            own.set_extra_values(values)
-
-        def __call__(self, x):
-            self.calls += 1
-            if self.calls == 30:
-                raise ValueError("evaluation 30 failed")
-            return own(x)
-
-    vgf = FailsLater()
+    op._evaluate = fails_later
     try:
-        sample_jax(pm, model, vgf, dict(nuts_sampler="numpyro", draws=20, tune=20,
-                                        chains=1, random_seed=1, progressbar=False,
-                                        compute_convergence_checks=False))
+        _sampling._pm_sample(pm, model, rewritten, dict(
+            nuts_sampler="numpyro", draws=20, tune=20, chains=1, random_seed=1,
+            progressbar=False, compute_convergence_checks=False), op)
     except ValueError as exc:
         assert str(exc) == "evaluation 30 failed", exc
     else:
         raise AssertionError("sampling went on after the evaluation failed")
-    assert vgf.calls == 30
+    assert len(calls) == 30
 
 
 @pytest.mark.timeout(600)

@@ -44,6 +44,7 @@ __all__ = [
     "is_symbolic_rv",
     "bind_arguments",
     "call_bound",
+    "nutpie_options",
     "check_sampler",
     "compile_kwargs",
     "complete_idata",
@@ -369,8 +370,8 @@ def compile_kwargs(backend: Any, given: dict | None) -> dict:
 
 def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
     """``pm.sample``'s result on the rewritten model with what the rewrite took from it:
-    the ``observed_data`` and ``constant_data`` groups as the user's ``model`` makes
-    them (the divided observed values are constant data of the rewritten one), and,
+    the ``observed_data`` group as the user's ``model`` makes it, the divided observed
+    values out of ``constant_data`` (they are constant data of the rewritten one), and,
     with ``log_likelihood``, the pointwise log-likelihood of its observed variables
     (PyMC's ``compute_log_likelihood``). A ``MultiTrace`` comes back as it is."""
     pm = import_pymc()
@@ -378,20 +379,28 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
         return result
     from pymc.backends import arviz as pm_arviz
 
-    coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
-    for name, found in (("observed_data", pm_arviz.find_observations),
-                        ("constant_data", pm_arviz.find_constants)):
-        values = found(model)
-        dataset = None
-        if values and _is_datatree(result):  # ArviZ 1 (PyMC 6)
-            dataset = pm_arviz.dict_to_dataset(values, inference_library=pm, coords=coords,
+    observed = pm_arviz.find_observations(model)
+    if observed:
+        coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
+        if _is_datatree(result):  # ArviZ 1 (PyMC 6)
+            dataset = pm_arviz.dict_to_dataset(observed, inference_library=pm, coords=coords,
                                                dims=dims, sample_dims=[])
-        elif values:
+        else:
             from arviz import dict_to_dataset
 
-            dataset = dict_to_dataset(values, library=pm, coords=coords, dims=dims,
+            dataset = dict_to_dataset(observed, library=pm, coords=coords, dims=dims,
                                       default_dims=[])
-        _set_group(result, name, dataset)
+        _set_group(result, "observed_data", dataset)
+    # the divided observed values, constant data of the rewritten model, taken out
+    constants = _group(result, "constant_data")
+    if constants is not None:
+        extra = [name for name in constants.data_vars if name in observed]
+        if extra:
+            constants = constants.drop_vars(extra)
+            used = {dim for var in constants.data_vars.values() for dim in var.dims}
+            constants = constants.drop_vars([name for name in constants.coords
+                                             if name not in used])
+            _set_group(result, "constant_data", constants)
     if log_likelihood:
         pm.compute_log_likelihood(result, model=model, extend_inferencedata=True,
                                   progressbar=False)
@@ -400,6 +409,13 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
 
 def _is_datatree(value: Any) -> bool:
     return type(value).__name__ == "DataTree"
+
+
+def _group(idata: Any, name: str) -> Any:
+    """``idata``'s group ``name`` as a Dataset, or None."""
+    if _is_datatree(idata):
+        return idata[name].to_dataset() if name in idata.children else None
+    return getattr(idata, name) if name in idata.groups() else None
 
 
 def _set_group(idata: Any, name: str, dataset: Any) -> None:
@@ -435,3 +451,26 @@ def call_bound(function: Callable, given: dict) -> Any:
             args.append(given.pop(name, parameter.default))
         args.extend(extra)
     return function(*args, **given)
+
+
+def nutpie_options(kwargs: dict) -> None:
+    """``pm.sample``'s NUTS options given as keywords (``target_accept``,
+    ``max_treedepth``) moved in ``kwargs`` to where ``pm.sample``'s nutpie route reads
+    them: its ``nuts`` dict, with PyMC 6 ``nuts_sampler_kwargs`` too (deprecated there,
+    and refused beside ``nuts``); PyMC 5 reads ``target_accept`` alone there, its
+    ``max_treedepth`` goes to nutpie itself as ``maxdepth``."""
+    nuts = dict(kwargs.pop("nuts", None) or {})
+    for name in ("target_accept", "max_treedepth"):
+        if name in kwargs:
+            nuts[name] = kwargs.pop(name)
+    if "backend" in sample_parameters():  # PyMC 6: nutpie's options all in nuts
+        nuts.update(kwargs.pop("nuts_sampler_kwargs", None) or {})
+        if "store_unconstrained" in nuts:  # (PyMC 6 passes it, as include_transformed)
+            kwargs["idata_kwargs"] = dict(kwargs.get("idata_kwargs") or {},
+                                          include_transformed=nuts.pop("store_unconstrained"))
+    elif "max_treedepth" in nuts:  # PyMC 5: to nutpie itself
+        options = dict(kwargs.get("nuts_sampler_kwargs") or {})
+        options.setdefault("maxdepth", nuts.pop("max_treedepth"))
+        kwargs["nuts_sampler_kwargs"] = options
+    if nuts:
+        kwargs["nuts"] = nuts

@@ -194,6 +194,8 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                             "chain, not one a chain; use nuts_sampler='pymc' for those")
     if sampler is not None:
         compat.check_sampler(sampler)  # (ImportError before anything is forked)
+    if sampler == "nutpie":
+        compat.nutpie_options(kwargs)
     minibatch = compat.minibatch_variables(model)
     if minibatch:
         raise ValueError(f"observed variable {minibatch[0]!r} reads pm.Minibatch data: "

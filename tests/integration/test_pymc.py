@@ -405,6 +405,65 @@ def test_missing_values_with_a_container_are_divided_and_watched(two):
         fn(point)
 
 
+# -- the rewritten model -------------------------------------------------------------------
+@pytest.mark.timeout(900)
+def test_the_rewrite_gives_back_what_it_took(two):
+    # sample is pm.sample on a copy of the model without the divided observed
+    # variables: their observed data, the constant data and, when asked, their
+    # pointwise log-likelihood come back as pm.sample gives them for the model
+    model = hierarchical_model(rows=301)
+    options = dict(SAMPLE, draws=50, tune=50, random_seed=3, **PYMC_NUTS,
+                   idata_kwargs={"log_likelihood": True})
+    got = synk_pymc.sample(divide=True, model=model, **options)
+    want = pm.sample(model=model, cores=1, **options)
+    for group in ("observed_data", "constant_data"):
+        xr.testing.assert_equal(_dataset(got, group), _dataset(want, group))
+    ours, pymcs = _dataset(got, "log_likelihood"), _dataset(want, "log_likelihood")
+    assert ours["y"].dims == pymcs["y"].dims == ("chain", "draw", "obs")
+    # the same draws to rounding, so the same pointwise terms to rounding
+    np.testing.assert_allclose(ours["y"].values, pymcs["y"].values, rtol=1e-6, atol=1e-8)
+
+
+def _dataset(idata, group):
+    found = idata[group]
+    return found.to_dataset() if hasattr(found, "to_dataset") else found
+
+
+def test_a_model_with_initval_is_refused_with_the_way_out(two):
+    with pm.Model() as model:
+        pm.Normal("mu", 0, 1, initval=0.5)
+        pm.Normal("y", model["mu"], 1, observed=np.zeros(40))
+    with pytest.raises(ValueError, match=r"initval \('mu'\).*initvals="):
+        synk_pymc.logp_dlogp_function(model)
+
+
+@pytest.mark.timeout(900)
+def test_backend_compiles_the_rows_and_the_function(two):
+    # backend= on PyMC 5 as on 6 (PyMC 6's own keyword): the rows' function and the
+    # returned one in that mode, equal to PyMC's function (JAX: test_pymc_jax_callback)
+    model = hierarchical_model(rows=301)
+    want = reference(model)
+    size = sum(np.size(value) for value in model.initial_point().values())
+    point = np.random.default_rng(4).normal(size=size) * 0.3
+    backends = ["c"] + (["numba"] if _installed("numba") else [])
+    for backend in backends:
+        got = synk_pymc.logp_dlogp_function(model, backend=backend)
+        got.set_extra_values({})
+        linker = type(got._pytensor_function.maker.linker).__name__
+        assert linker == {"c": "VMLinker", "numba": "NumbaLinker"}[backend]
+        value, grad = got(point)
+        np.testing.assert_allclose(value, want(point)[0], rtol=1e-10)
+        np.testing.assert_allclose(grad, want(point)[1], rtol=1e-8, atol=1e-10)
+    with pytest.raises(ValueError, match="not a PyTensor backend"):
+        synk_pymc.logp_dlogp_function(model, backend="fortran")
+
+
+def _installed(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 # -- nutpie ----------------------------------------------------------------------------------
 @pytest.mark.timeout(900)
 def test_nutpie_posterior_matches_pm_sample(two):

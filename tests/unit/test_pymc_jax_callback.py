@@ -108,6 +108,29 @@ def check_an_error_is_raised_as_itself():
     assert len(calls) == 30
 
 
+def check_backend_jax():
+    import synkhronos as synk
+    import synkhronos.pymc as synk_pymc
+
+    model = regression()
+    want = model.logp_dlogp_function(ravel_inputs=True)
+    want.set_extra_values({})
+    synk.fork(2)
+    got = synk_pymc.logp_dlogp_function(model, backend="jax")
+    got.set_extra_values({})
+    assert type(got._pytensor_function.maker.linker).__name__ == "JAXLinker"
+    for point in _points(model, 3):
+        x = np.concatenate([np.ravel(a) for a in point])
+        np.testing.assert_allclose(got(x)[0], want(x)[0], rtol=1e-10)
+        np.testing.assert_allclose(got(x)[1], want(x)[1], rtol=1e-8, atol=1e-10)
+    synk.close()
+
+
+@pytest.mark.timeout(600)
+def test_backend_jax_compiles_the_rows_and_the_function_with_jax():
+    in_fresh_python(__name__, "check_backend_jax")
+
+
 @pytest.mark.timeout(600)
 def test_value_and_gradient_are_the_functions():
     in_fresh_python(__name__, "check_value_and_gradient")

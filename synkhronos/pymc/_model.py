@@ -13,7 +13,8 @@ the rewrite changes, it gives back: the observed data of the removed variables
 Built with PyMC's public model graph (``fgraph_from_model``, ``model_from_fgraph``):
 the removed variables are outputs taken off that graph. Two things PyMC's own cloning
 does not keep are set back: the order of the free variables (it sorts them by the
-graph, and the raveled point NUTS moves in, so its draws, follow that order). A model
+graph, and the raveled point NUTS moves in, so its draws, follow that order) and
+``check_bounds`` (whether parameter checks give ``-inf``). A model
 whose variables carry an ``initval`` is refused by the model graph: pass them to the
 function as ``initvals`` instead.
 """
@@ -55,6 +56,7 @@ def rewrite(pm: Any, model: Any, removed: list, term: Any) -> Any:
     if kept:
         raise ValueError(f"{kept[0]!r} is read by another variable of the model, so it "
                          "cannot be divided by rows; pass split=[...] without it")
+    clone.check_bounds = model.check_bounds  # (a model-wide option, not in the graph)
     order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
     clone.free_RVs.sort(key=lambda rv: order[rv.name])
     by_name = {rv.name: clone.rvs_to_values[rv] for rv in clone.free_RVs}

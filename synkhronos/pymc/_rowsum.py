@@ -304,7 +304,7 @@ class RowSum(Op):
         self.input_type = pt.vector(dtype=values.dtype, shape=(self.total,)).type
         self.dtype = dtype
         self.released = False
-        self.failures: list = []  # errors of evaluations JAX called back (``_jax_callback``)
+        self.failures: list = []  # evaluations' errors, which a sampler may report as its own
         self.session: Any = None
         if part is not None:
             self._adopt(part)
@@ -334,7 +334,11 @@ class RowSum(Op):
         Op's outputs (new arrays; on Numba called straight from the compiled graph,
         ``compat.numba_object_call``)."""
         with self.lock:  # (nutpie and JAX samplers call from their own threads)
-            return self._evaluate(theta)
+            try:
+                return self._evaluate(theta)
+            except Exception as exc:  # (kept: a sampler may report it as its own error)
+                self.failures.append(exc)
+                raise
 
     def _evaluate(self, theta: Any) -> tuple[np.ndarray, np.ndarray]:
         # (A process forked from the master, such as a PyMC chain process with
@@ -429,19 +433,15 @@ def _jax_callback(op: RowSum, node: Any = None, **kwargs: Any) -> Callable:
     JAX backend): its value and gradient computed in this process by a host callback
     (``jax.pure_callback``), one evaluation serving both: a custom VJP hands ``jax.grad``
     the gradient already computed. Samplers that run chains at once call back from XLA's
-    threads: one evaluation at a time (``RowSum.evaluate``). An evaluation's error is kept on
-    the Op (``op.failures``): JAX reports it as a failure of the callback."""
+    threads: one evaluation at a time (``RowSum.evaluate``, which keeps an evaluation's
+    error on the Op: JAX reports it as a failure of the callback)."""
     import jax
 
     dtype = np.dtype(op.dtype)
     result = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((op.total,), dtype))
 
     def host(theta):
-        try:
-            value, grad = op.evaluate(np.asarray(theta, dtype=op.input_type.dtype))
-        except BaseException as exc:
-            op.failures.append(exc)
-            raise
+        value, grad = op.evaluate(np.asarray(theta, dtype=op.input_type.dtype))
         return np.asarray(value, dtype=dtype), np.array(grad, dtype=dtype)
 
     def both(theta):

@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
+from pytensor.compile.mode import get_mode
 
 from .. import close, fork, n_parallel
 from . import _choice
@@ -239,8 +240,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                  "divided; divide=True divides)", sampler)
         return pm.sample(model=model, **asked)
     kwargs["nuts_sampler"] = sampler
-    if chains is None:
+    if chains is None:  # pm.sample's default, from its default cores (passed: not ours)
         chains = compat.default_chains(cores)
+    kwargs["chains"] = chains
     if size is not None or sampler != "pymc":
         if size is not None and sampler == "pymc" and cores is not None and cores > 1:
             warnings.warn(f"cores={cores}: with a session already forked the chains run "
@@ -297,19 +299,21 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
 def _pm_sample(pm, model, rewritten, kwargs: dict, op=None):
     """``pm.sample`` on the rewritten model, with what the rewrite took from the
     InferenceData given back (``compat.complete_idata``: the removed variables'
-    observed data and, where asked, their log-likelihood, PyMC's own). On a JAX route,
-    an evaluation's error is raised as itself (JAX reports a failed callback)."""
+    observed data and, where asked, their log-likelihood, PyMC's own). An evaluation's error
+    is raised as itself (JAX and nutpie report their own)."""
     idata_kwargs = dict(kwargs.get("idata_kwargs") or {})
     log_likelihood = bool(idata_kwargs.pop("log_likelihood", False))
     if log_likelihood:
         kwargs = dict(kwargs, idata_kwargs=idata_kwargs)
-    jax_route = kwargs.get("nuts_sampler") in _JAX_SAMPLERS
+    jax_route = kwargs.get("nuts_sampler") in _JAX_SAMPLERS or (
+        type(get_mode((kwargs.get("compile_kwargs") or {}).get("mode")).linker).__name__
+        == "JAXLinker") or kwargs.get("backend") == "jax"
     if jax_route:
         register_backends("JAX")
     try:
         result = pm.sample(model=rewritten, **kwargs)
     except Exception as exc:
-        if op is not None and op.failures:
+        if op is not None and op.failures and op.failures[0] is not exc:
             raise op.failures[0] from exc
         raise
     finally:
@@ -332,8 +336,6 @@ def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
     ``trace`` or ``callback``, one dict of ``initvals`` or none, and a mode that
     compiles with Numba or JAX (nutpie's backends); otherwise PyMC's NUTS."""
     import importlib.util
-
-    from pytensor.compile.mode import get_mode
 
     initvals = kwargs.get("initvals")
     linker = type(get_mode(compile_kwargs.get("mode")).linker).__name__

@@ -89,7 +89,12 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   at one thread and with its defaults, and ``synkhronos.pymc.sample`` as 1 x 16,
   4 x 4 and 4 x 1 (chains at once x
   processes per chain), to check the default layout rule (``docs/likelihoods.rst``)
-  where it matters; skipped like ``pymc_evaluation``. Last: the deadline may leave it out.
+  where it matters; skipped like ``pymc_evaluation``.
+- ``pymc_peers``: ``benchmarks/pymc_sampling.py --many-cores``: both models at 10^6
+  rows, 4 chains, ``synkhronos.pymc.sample`` as 4 chains x 4 processes against
+  numpyro (4 chains at once, XLA free to use its threads), nutpie and PyMC's NUTS,
+  minimum bulk ESS per second of wall time (short chains: ``peers_draws`` draws and
+  tuning steps). Last: the deadline may leave it out.
 
 ``--local`` runs the same parts on this machine with ``SYNKHRONOS_GPU_PLATFORM=cpu``
 (JAX's CPU platform stands in for the GPU), n <= 2, small sizes and only the all-reduce
@@ -153,11 +158,13 @@ FULL = {
     # chains x processes on 16 cores (issue 28): PyMC's 4 chains, whole sampling
     "chains_rows": 30_000, "chains_draws": 60,
     "chains_layouts": ["1x16", "4x4", "4x1"],
+    # the peers at 16 cores (issue 60): --many-cores, short chains
+    "peers_rows": 1_000_000, "peers_draws": 100, "peers_options": [],
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 45, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
                 "cpu_scaling": 150, "cpu_all_reduce": 45, "pymc_evaluation": 50,
-                "pymc_chains": 100},
+                "pymc_chains": 100, "pymc_peers": 240},
 }
 LOCAL = dict(FULL, **{
     "deadline": 420.0,
@@ -172,13 +179,17 @@ LOCAL = dict(FULL, **{
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
+    "peers_rows": 2_000, "peers_draws": 20,
+    "peers_options": ["--chains", "2", "--cores", "2", "--processes-per-chain", "1",
+                      "--models", "logistic"],
     "budgets": {"environment": 60, "nccl_unit": 30, "nccl_all_reduce": 30,
                 "nccl_two_ranks": 30, "step_overhead": 150, "gpu_tests": 240,
                 "cpu_scaling": 180, "cpu_all_reduce": 90, "pymc_evaluation": 150,
-                "pymc_chains": 150},
+                "pymc_chains": 150, "pymc_peers": 150},
 })
 PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_overhead",
-         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains"]
+         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains",
+         "pymc_peers"]
 GPU_PARTS = {"nccl_unit", "nccl_all_reduce", "nccl_two_ranks"}
 
 
@@ -702,6 +713,24 @@ def part_pymc_chains(cfg: dict) -> dict:
             "speedup_sampling_loop_s_vs_pymc_defaults", "mcse_gap_vs_pymc_1_thread")
     return {"command": done["command"], "seconds": done["seconds"],
             **{k: sampling[k] for k in keep if k in sampling}}
+
+
+def part_pymc_peers(cfg: dict) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("pymc") is None:
+        raise PartSkipped("PyMC is not installed here (on the GPU machine, carry its "
+                          "wheels: benchmarks/device_wheels.sh)")
+    draws = str(cfg["peers_draws"])
+    command = [sys.executable, str(BENCHMARKS / "pymc_sampling.py"), "--many-cores",
+               "--sample-rows", str(cfg["peers_rows"]), "--draws", draws, "--tune", draws,
+               "--large-draws", draws, "--large-tune", draws, *cfg["peers_options"]]
+    done = run_logged(command, cfg["_timeout"], child_env())
+    if done["returncode"] != 0:
+        raise PartFailed({k: v for k, v in done.items() if k != "stdout"})
+    report = last_json(done["stdout"])
+    return {"command": done["command"], "seconds": done["seconds"],
+            "settings": report["settings"], "headline": report["headline"]}
 
 
 PART_FUNCTIONS = {name: globals()[f"part_{name}"] for name in PARTS}

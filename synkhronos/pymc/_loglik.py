@@ -159,7 +159,7 @@ def compute_log_likelihood(idata, model=None, *, split=None, **kwargs):
     finally:
         point_fn.release()
     if given.get("extend_inferencedata", True):
-        return compat.add_group(idata, "log_likelihood", dataset)
+        return compat.set_group(idata, "log_likelihood", dataset)
     return dataset
 
 

@@ -38,7 +38,7 @@ __all__ = [
     "untransformed",
     "log_likelihood_defaults",
     "log_likelihood_dataset",
-    "add_group",
+    "set_group",
     "rebuild_rv",
     "inline_inner_graph",
     "is_symbolic_rv",
@@ -250,16 +250,6 @@ def log_likelihood_dataset(fn: Any, idata: Any, model: Any, var_names: list[str]
                                        coords=coords, progressbar=progressbar)
 
 
-def add_group(idata: Any, name: str, dataset: Any) -> Any:
-    """``idata`` with ``dataset`` as its group ``name`` (ArviZ 0.x InferenceData or
-    ArviZ 1 DataTree), as ``pm.compute_log_likelihood`` extends it."""
-    if hasattr(idata, "add_groups"):
-        idata.add_groups({name: dataset})
-    else:
-        idata[name] = dataset
-    return idata
-
-
 
 
 def rebuild_rv(rv: Any, inputs: list, size: Any) -> Any | None:
@@ -390,7 +380,7 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
 
             dataset = dict_to_dataset(observed, library=pm, coords=coords, dims=dims,
                                       default_dims=[])
-        _set_group(result, "observed_data", dataset)
+        set_group(result, "observed_data", dataset)
     # the divided observed values, constant data of the rewritten model, taken out
     constants = _group(result, "constant_data")
     if constants is not None:
@@ -400,7 +390,7 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
             used = {dim for var in constants.data_vars.values() for dim in var.dims}
             constants = constants.drop_vars([name for name in constants.coords
                                              if name not in used])
-            _set_group(result, "constant_data", constants)
+            set_group(result, "constant_data", constants)
     if log_likelihood:
         pm.compute_log_likelihood(result, model=model, extend_inferencedata=True,
                                   progressbar=False)
@@ -418,9 +408,9 @@ def _group(idata: Any, name: str) -> Any:
     return getattr(idata, name) if name in idata.groups() else None
 
 
-def _set_group(idata: Any, name: str, dataset: Any) -> None:
-    """``idata``'s group ``name`` replaced by ``dataset`` (None: removed), for ArviZ
-    0.x's InferenceData and ArviZ 1's DataTree alike."""
+def set_group(idata: Any, name: str, dataset: Any) -> Any:
+    """``idata`` with its group ``name`` replaced by ``dataset`` (None: removed), for
+    ArviZ 0.x's InferenceData and ArviZ 1's DataTree alike."""
     if _is_datatree(idata):
         if name in idata.children:
             del idata[name]
@@ -428,11 +418,12 @@ def _set_group(idata: Any, name: str, dataset: Any) -> None:
             from xarray import DataTree
 
             idata[name] = DataTree(dataset)
-        return
+        return idata
     if name in idata.groups():
         delattr(idata, name)
     if dataset is not None:
         idata.add_groups({name: dataset})
+    return idata
 
 
 def call_bound(function: Callable, given: dict) -> Any:

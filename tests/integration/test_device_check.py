@@ -26,7 +26,8 @@ from tests.conftest import segments_of
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
 PARTS = ["environment", "nccl_unit", "nccl_all_reduce", "nccl_two_ranks", "step_overhead",
-         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains"]
+         "gpu_tests", "cpu_scaling", "cpu_all_reduce", "pymc_evaluation", "pymc_chains",
+         "pymc_peers"]
 NCCL_PARTS = ["nccl_unit", "nccl_all_reduce", "nccl_two_ranks"]
 TINY = {
     "deadline": 900,
@@ -41,6 +42,7 @@ TINY = {
     "allreduce_bytes": [4, 4096], "allreduce_scale": 0.003,
     "pymc_rows": 2000, "pymc_sizes": [2], "pymc_repeats": 2,
     "chains_rows": 500, "chains_draws": 10, "chains_layouts": ["2x1"],
+    "peers_rows": 500, "peers_draws": 10,
     "budgets": {name: 300 for name in PARTS},
 }
 
@@ -90,7 +92,7 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     parts = data["parts"]
     bad = {name: part for name, part in parts.items() if name not in NCCL_PARTS
            and part["status"] != "passed"
-           and not (name in ("pymc_evaluation", "pymc_chains")
+           and not (name in ("pymc_evaluation", "pymc_chains", "pymc_peers")
                     and part["status"] == "skipped"
                     and importlib.util.find_spec("pymc") is None)}
     assert not bad, json.dumps(bad, indent=1)[-6000:]
@@ -130,3 +132,8 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
         chains = parts["pymc_chains"]["result"]
         assert chains["rows"] == 500 and chains["layouts"] == ["2x1"]
         assert set(chains["wall_s"]) >= {"pymc_1_thread", "pymc_defaults", "synkhronos_2x1"}
+    if parts["pymc_peers"]["status"] == "passed":
+        peers = parts["pymc_peers"]["result"]
+        assert peers["settings"]["sample_rows"] == [500]
+        (entry,) = peers["headline"]["logistic"]
+        assert entry["rows"] == 500 and entry["chains"] == 2

@@ -72,6 +72,14 @@ sampler: solid at the first ``--chains``, dashed at the others, crosses for busy
         --sizes 1,2,4,8,16
     python benchmarks/pymc_sampling.py --no-evaluations --no-peers --sample-rows 1000000 \
         --layouts 1x16,2x8,4x4,4x1
+    python benchmarks/pymc_sampling.py --many-cores --out docs/figures   # 16 cores
+
+``--many-cores`` is the configuration for a 16-core machine (``device_check.py``'s
+``pymc_peers`` part): both models at 10^6 rows, 4 chains, ``synkhronos.pymc.sample``
+as 4 chains x 4 processes (``divide=True``) against numpyro (its 4 chains at once on 4
+XLA host devices, XLA free to use its threads), nutpie and PyMC's NUTS (``cores=4``),
+minimum bulk ESS per second of wall time. ``--cores`` and ``--processes-per-chain``
+set those for any run.
 
 ``--sizes`` lists the n_parallel to run (default 1 .. ``--max-n``); ``--no-sampling``
 measures the evaluations only (``benchmarks/device_check.py`` uses both).
@@ -530,7 +538,12 @@ def unavailable(sampler: str) -> str | None:
 
 
 def call_for(sampler: str, model: pm.Model, options: dict):
-    """The call of ``sampler`` on ``model`` as its user would make it."""
+    """The call of ``sampler`` on ``model`` as its user would make it
+    (``processes_per_chain``, where ``options`` has it, for synkhronos alone)."""
+    options = dict(options)
+    per_chain = options.pop("processes_per_chain", None)
+    if sampler in SYNKHRONOS and per_chain is not None:
+        options["processes_per_chain"] = per_chain
     if sampler == "synkhronos":
         return lambda: synk_pymc.sample(model=model, **options)
     if sampler == "synkhronos_divide":
@@ -659,7 +672,11 @@ def peer_run(sampler: str, model: pm.Model, options: dict, busy: bool) -> tuple[
 def _run_in_child(send, model_name: str, rows: int, sampler: str, options: dict,
                   busy: bool) -> None:
     """In a process of its own: the model built, one ``peer_run``, its record and
-    posterior summary sent back."""
+    posterior summary sent back. numpyro's chains at once need as many XLA host
+    devices (``XLA_FLAGS``, read when JAX starts: here, before any import of it)."""
+    if sampler.endswith("numpyro") and options.get("cores", 1) > 1:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_"
+                                   f"platform_device_count={options['chains']}").strip()
     record, idata = peer_run(sampler, MODELS[model_name](rows), options, busy)
     send.send((record, None if idata is None else posterior_summary(idata)))
     send.close()
@@ -902,7 +919,28 @@ def main() -> None:
                         help="no comparison with the peers (with --layouts: the layouts only)")
     parser.add_argument("--no-evaluations", action="store_true",
                         help="whole sampling only, no per-evaluation figures")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="pm.sample's cores (chains at once) for every sampler of the "
+                        "peers comparison (default: each one's own)")
+    parser.add_argument("--processes-per-chain", type=int, default=None,
+                        help="synkhronos.pymc.sample's processes_per_chain in the peers "
+                        "comparison (default: its own)")
+    parser.add_argument("--many-cores", action="store_true",
+                        help="the 16-core configuration (the GPU machine's): both models "
+                        "at 10^6 rows, 4 chains, synkhronos 4 x 4 processes (divide=True, "
+                        "PyMC's NUTS) against numpyro (4 chains at once, XLA free to use "
+                        "its threads), nutpie and PyMC's NUTS, one round, sampling only; "
+                        "the options above still apply where given")
     args = parser.parse_args()
+    if args.many_cores:
+        args.no_evaluations = True
+        args.sample_rows = args.sample_rows or [1_000_000]
+        args.chains = args.chains or [4]
+        args.cores = args.cores or 4
+        args.processes_per_chain = args.processes_per_chain or 4
+        args.rounds = args.rounds or 1
+        if args.samplers == list(SAMPLERS):
+            args.samplers = ["synkhronos_divide", "numpyro", "nutpie", "pymc"]
     decades = [1_000, 10_000, 100_000, 1_000_000]
     rows = [] if args.no_evaluations else (args.rows or ([20_000] if args.quick else decades))
     sample_rows = [] if args.no_sampling else (
@@ -925,6 +963,10 @@ def main() -> None:
     if args.layouts not in (None, "fill"):
         layouts = [tuple(int(v) for v in item.split("x")) for item in args.layouts.split(",")]
     common = dict(random_seed=args.seed, progressbar=False, compute_convergence_checks=False)
+    if args.cores is not None:
+        common["cores"] = args.cores
+    if args.processes_per_chain is not None:
+        common["processes_per_chain"] = args.processes_per_chain
     skipped = {s: why for s in args.samplers if (why := unavailable(s)) is not None}
     samplers = [s for s in args.samplers if s not in skipped]
     peers_on = bool(sample_rows) and not args.no_peers
@@ -967,7 +1009,9 @@ def main() -> None:
             if args.layouts is not None:
                 result["layouts"][str(n_rows)] = {"rows": n_rows, **layout_runs(
                     MODELS[name](n_rows), layouts,
-                    dict(options, chains=args.chains and args.chains[0]))}
+                    {key: value for key, value in options.items()
+                     if key not in ("cores", "processes_per_chain")}
+                    | {"chains": args.chains and args.chains[0]})}
         report["models"][name] = result
     report["load_at_end"] = load()
     two = str(2 if 2 in sizes else sizes[-1])

@@ -49,7 +49,7 @@ from pytensor.tensor.shape import SpecifyShape
 
 from .. import Data, Function, WorkerError, data, distribute, function, n_parallel
 from . import _pymc_compat as compat
-from ._model import rewrite
+from ._model import check_copyable, rewrite
 from ._rowsum import Part, RowSum, Values, register_backends, unpack
 from ._rowsum import joined as joined_graph
 from ._split import _choose_split, _data_roots, _data_value, _Group
@@ -465,6 +465,7 @@ def build(pm, model, split, grainsize, open_session: Callable[[], int] | None = 
             # at 10^4 rows. Its sums are PyMC's, in PyMC's order: the draws are
             # pm.sample's bit for bit.
             return model, None
+        check_copyable(model)
         flat = Values.of(values, point)
         read = [var for group, (loglik, rows) in zip(plan.groups, built, strict=True)
                 for var in _read_by(model, group, loglik, rows)]
@@ -484,11 +485,15 @@ def build(pm, model, split, grainsize, open_session: Callable[[], int] | None = 
         else:
             op = RowSum(None, sources, flat, dtype, connect=connect,
                         local=lambda: _whole_function(model, joined, flat, mode))
-    register_backends(mode)
     removed = [var for group in plan.groups for var in [*group.observed, *group.potentials]]
+
+    def term(values: dict) -> Any:  # (the rewritten model's value variables)
+        outputs: Any = op(joined_graph([values[v] for v in flat.vars], flat.dtype))
+        return outputs[0]  # (the log-likelihood; then its gradient)
+
     try:
-        rewritten = rewrite(pm, model, removed,
-                            lambda by: op(joined_graph([by[v] for v in flat.vars], flat.dtype))[0])
+        register_backends(mode)
+        rewritten = rewrite(pm, model, removed, term)
     except BaseException:
         op.release()
         raise
@@ -557,8 +562,9 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False, 
     -----
     Collective: every process takes part in each evaluation, one parallel call an
     evaluation whatever the number of divided observed variables and of their lengths.
-    The rows are copied into shared memory once; after ``pm.set_data`` build a new
-    function. With one process (``n_parallel=1``) and one block of rows (the default up
+    The rows are copied into shared memory once: after ``pm.set_data`` on a divided
+    container build a new function (the old one raises RuntimeError); the terms the
+    master evaluates read the model's own containers and follow ``pm.set_data``. With one process (``n_parallel=1``) and one block of rows (the default up
     to 16 MiB of rows) there is nothing to divide: the function is PyMC's own, which
     follows ``pm.set_data`` as in PyMC; with slices, the compiled likelihood is called
     in place, without a command.

@@ -13,7 +13,7 @@ import inspect
 
 from . import _pymc_compat as compat
 from ._likelihood import build, check_grainsize, session_size
-from ._model import variables
+from ._model import named_keys, variables
 
 __all__ = ["find_MAP"]
 
@@ -94,10 +94,13 @@ def find_MAP(*args, split=None, grainsize=None, **kwargs):
                                                given.pop("compile_kwargs", None))
     rewritten, op = build(pm, model, split, grainsize, caller="find_MAP",
                           compile_kwargs=compile_kwargs)
-    given["model"] = rewritten
-    if "vars" in given:
-        given["vars"] = variables(model, rewritten, given["vars"])
     try:
+        given["model"] = rewritten
+        if "vars" in given:
+            given["vars"] = variables(model, rewritten, given["vars"])
+        for name in ("start", "initvals"):
+            if name in given:
+                given[name] = named_keys(given[name])
         return compat.call_bound(pm.find_MAP, given)
     finally:
         if op is not None:

@@ -14,7 +14,9 @@ Built with PyMC's public model graph (``fgraph_from_model``, ``model_from_fgraph
 the removed variables are outputs taken off that graph. Two things PyMC's own cloning
 does not keep are set back: the order of the free variables (it sorts them by the
 graph, and the raveled point NUTS moves in, so its draws, follow that order) and
-``check_bounds`` (whether parameter checks give ``-inf``). A model
+``check_bounds`` (whether parameter checks give ``-inf``); and the copy reads the
+user's own data containers (the graph copies them), so that ``pm.set_data`` reaches it
+as it reaches the model. A model
 whose variables carry an ``initval`` is refused by the model graph: pass them to the
 function as ``initvals`` instead.
 """
@@ -23,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["rewrite", "variables", "POTENTIAL"]
+from pytensor.compile.sharedvalue import SharedVariable
+
+__all__ = ["rewrite", "check_copyable", "variables", "named_keys", "POTENTIAL"]
 
 # The stand-in's name in the rewritten model (not a name the user's model can hold: it
 # is never stored in an InferenceData, potentials are not).
@@ -36,13 +40,15 @@ def rewrite(pm: Any, model: Any, removed: list, term: Any) -> Any:
     model's value variables that correspond to ``model.value_vars``."""
     from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
 
-    given = [rv.name for rv, value in model.rvs_to_initial_values.items()
-             if value is not None]
-    if given:
-        raise ValueError(f"synkhronos.pymc cannot divide a model whose variables have an "
-                         f"initval ({given[0]!r}): PyMC's model graph refuses them; pass "
-                         "them as initvals={...} instead")
+    check_copyable(model)
     fgraph, memo = fgraph_from_model(model)
+    # The model graph copies every data container: the copy reads the user's own, so
+    # that pm.set_data reaches it as it reaches the model (and no data is held twice)
+    own = {var.name: var for var in model.named_vars.values()
+           if isinstance(var, SharedVariable)}
+    for var in list(fgraph.inputs):
+        if isinstance(var, SharedVariable) and own.get(var.name, var) is not var:
+            fgraph.replace(var, own[var.name], import_missing=True)
     observed = set(model.observed_RVs)
     for var in removed:
         index = fgraph.outputs.index(memo[var])
@@ -68,6 +74,17 @@ def rewrite(pm: Any, model: Any, removed: list, term: Any) -> Any:
 
 
 
+def check_copyable(model: Any) -> None:
+    """A ValueError where PyMC's model graph cannot copy ``model``: a variable with an
+    ``initval`` (before anything is built)."""
+    given = [rv.name for rv, value in model.rvs_to_initial_values.items()
+             if value is not None]
+    if given:
+        raise ValueError(f"synkhronos.pymc cannot divide a model whose variables have an "
+                         f"initval ({given[0]!r}): PyMC's model graph refuses them; pass "
+                         "them as initvals={...} instead")
+
+
 def variables(model: Any, rewritten: Any, given: Any) -> Any:
     """``given`` (a variable of ``model``, a name, or a list of them, as ``vars=`` takes
     them) as the rewritten model's same variables: its random variables by name, value
@@ -84,3 +101,13 @@ def variables(model: Any, rewritten: Any, given: Any) -> Any:
         return rewritten[var.name] if var.name in rewritten.named_vars else var
 
     return [same(var) for var in given] if many else same(given)
+
+
+def named_keys(values: Any) -> Any:
+    """Start values (``initvals``: a dict, or a list of them, one a chain) keyed by
+    name: the rewritten model's variables are the user's names, not its objects."""
+    if isinstance(values, list | tuple):
+        return type(values)(named_keys(one) for one in values)
+    if not isinstance(values, dict):
+        return values
+    return {getattr(key, "name", key): value for key, value in values.items()}

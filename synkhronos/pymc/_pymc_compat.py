@@ -139,11 +139,10 @@ def numba_object_call(op_type: type, evaluate: Callable[[Any, Any], tuple]) -> N
     PyTensor's own fallback for an Op without a Numba implementation does the same
     through ``perform``, with an output storage of lists made and read back at every
     call: 1.9 against 1.2 us a call here. Registered through PyTensor's documented
-    extension point (``numba_funcify``), once a type; elsewhere nothing to do.
+    extension point (``numba_funcify``), once a type, where something compiles with
+    Numba (the caller says).
     """
-    from pytensor.compile.mode import get_default_mode
-
-    if op_type in _numba_registered or type(get_default_mode().linker).__name__ != "NumbaLinker":
+    if op_type in _numba_registered:
         return
     import numba
     from pytensor.link.numba.dispatch import numba_funcify
@@ -358,20 +357,25 @@ def compile_kwargs(backend: Any, given: dict | None) -> dict:
     return resolved
 
 
-def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
+def complete_idata(result: Any, model: Any, log_likelihood: Any,
+                   idata_kwargs: dict | None = None) -> Any:
     """``pm.sample``'s result on the rewritten model with what the rewrite took from it:
-    the ``observed_data`` group as the user's ``model`` makes it, the divided observed
-    values out of ``constant_data`` (they are constant data of the rewritten one), and,
-    with ``log_likelihood``, the pointwise log-likelihood of its observed variables
-    (PyMC's ``compute_log_likelihood``). A ``MultiTrace`` comes back as it is."""
+    the ``observed_data`` group as the user's ``model`` makes it (``idata_kwargs``'
+    coords and dims too), ``constant_data`` without the divided observed values
+    (containers of the rewritten model's, its observed values in the user's), and,
+    with ``log_likelihood`` (True, or the names of the variables), the pointwise
+    log-likelihood of its observed variables (PyMC's ``compute_log_likelihood``). A
+    ``MultiTrace`` comes back as it is."""
     pm = import_pymc()
-    if not hasattr(result, "posterior") and not _is_datatree(result):
+    if type(result).__name__ not in ("InferenceData", "DataTree"):
         return result
     from pymc.backends import arviz as pm_arviz
 
     observed = pm_arviz.find_observations(model)
     if observed:
         coords, dims = pm_arviz.coords_and_dims_for_inferencedata(model)
+        coords.update((idata_kwargs or {}).get("coords") or {})
+        dims.update((idata_kwargs or {}).get("dims") or {})
         if _is_datatree(result):  # ArviZ 1 (PyMC 6)
             dataset = pm_arviz.dict_to_dataset(observed, inference_library=pm, coords=coords,
                                                dims=dims, sample_dims=[])
@@ -381,10 +385,10 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
             dataset = dict_to_dataset(observed, library=pm, coords=coords, dims=dims,
                                       default_dims=[])
         set_group(result, "observed_data", dataset)
-    # the divided observed values, constant data of the rewritten model, taken out
     constants = _group(result, "constant_data")
     if constants is not None:
-        extra = [name for name in constants.data_vars if name in observed]
+        kept = pm_arviz.find_constants(model)
+        extra = [name for name in constants.data_vars if name not in kept]
         if extra:
             constants = constants.drop_vars(extra)
             used = {dim for var in constants.data_vars.values() for dim in var.dims}
@@ -392,8 +396,9 @@ def complete_idata(result: Any, model: Any, log_likelihood: bool) -> Any:
                                              if name not in used])
             set_group(result, "constant_data", constants)
     if log_likelihood:
-        pm.compute_log_likelihood(result, model=model, extend_inferencedata=True,
-                                  progressbar=False)
+        pm.compute_log_likelihood(
+            result, var_names=None if log_likelihood is True else list(log_likelihood),
+            model=model, extend_inferencedata=True, progressbar=False)
     return result
 
 

@@ -402,10 +402,12 @@ class RowSum(Op):
                                    "evaluated by the session of this master process")
 
     def release(self) -> None:
-        """Free the rows' shared memory now (otherwise when the Op is collected)."""
-        self.released = True
-        if self.part is not None:
-            self.part.release()
+        """Free the rows' shared memory now (otherwise when the Op is collected), after
+        any evaluation a sampler's thread is running."""
+        with self.lock:
+            self.released = True
+            if self.part is not None:
+                self.part.release()
 
 
 
@@ -416,7 +418,7 @@ def register_backends(compile_mode: Any = None) -> None:
     from pytensor.compile.mode import get_mode
 
     linker = type(get_mode(compile_mode).linker).__name__
-    if linker == "NumbaLinker":
+    if linker == "NumbaLinker":  # (nutpie's too, whatever PyTensor's default mode)
         compat.numba_object_call(RowSum, RowSum.evaluate)
     elif linker == "JAXLinker" and not _jax_registered:
         from pytensor.link.jax.dispatch import jax_funcify

@@ -38,6 +38,7 @@ from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
 from ._likelihood import build, check_exact, check_grainsize, discrete_names, session_size, sliced
+from ._model import named_keys
 from ._rowsum import register_backends
 
 __all__ = ["sample"]
@@ -177,8 +178,9 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
                              "be had with divide=False (PyMC's own function)")
         divide = True
     if "step" in kwargs:
-        raise TypeError("synkhronos.pymc.sample() builds its own NUTS step; for another "
-                        "step, fork a session (synk.fork()), build the step over "
+        raise TypeError("synkhronos.pymc.sample() samples with pm.sample's NUTS over the "
+                        "divided likelihood; for another step, fork a session "
+                        "(synk.fork()), build the step over "
                         "synkhronos.pymc.logp_dlogp_function(model) (e.g. pm.NUTS("
                         "logp_dlogp_func=...)) and call pm.sample(step=..., cores=1)")
     sampler = kwargs.pop("nuts_sampler", None)
@@ -214,6 +216,11 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
     asked = dict(kwargs, nuts_sampler=sampler) if sampler is not None else dict(kwargs)
     if sampler is None:  # the fastest installed where the keywords allow it
         sampler = "pymc" if discrete else _default_sampler(kwargs, compile_kwargs)
+        if sampler == "nutpie":
+            compat.nutpie_options(kwargs)
+    if "initvals" in kwargs:  # (the rewritten model's variables are named as the user's)
+        kwargs["initvals"] = named_keys(kwargs["initvals"])
+    jax_mode = _linker(compile_kwargs) == "JAXLinker"
     cores = _check_count("cores", kwargs.get("cores"))
     chains = _check_count("chains", kwargs.get("chains"))
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
@@ -232,18 +239,21 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         return pm.sample(model=model, **asked)
     if divide is False:
         return pm.sample(model=model, **asked)
-    if sampler in _JAX_SAMPLERS and not divide:
+    if (sampler in _JAX_SAMPLERS or jax_mode) and not divide:
         # pm.sample itself: JAX's compiled sampler loop runs PyMC's function faster
-        # than timing it alone predicts (docs: "numpyro and blackjax"), so no
-        # measurement here can say that dividing pays
-        log.info("synkhronos.pymc: nuts_sampler=%r: pm.sample's own JAX function (not "
-                 "divided; divide=True divides)", sampler)
+        # than timing it alone predicts (docs: "numpyro and blackjax"), and timing a
+        # function JAX compiled here would start JAX's runtime, after which no session
+        # can fork: no measurement here can say that dividing pays
+        log.info("synkhronos.pymc: %s: pm.sample's own JAX function (not divided; "
+                 "divide=True divides)", f"nuts_sampler={sampler!r}" if sampler in
+                 _JAX_SAMPLERS else "backend JAX")
         return pm.sample(model=model, **asked)
     kwargs["nuts_sampler"] = sampler
     if chains is None:  # pm.sample's default, from its default cores (passed: not ours)
         chains = compat.default_chains(cores)
     kwargs["chains"] = chains
-    if size is not None or sampler != "pymc":
+    if size is not None or sampler != "pymc" or jax_mode:
+        # (JAX in this process before PyMC forks chain processes would hang them)
         if size is not None and sampler == "pymc" and cores is not None and cores > 1:
             warnings.warn(f"cores={cores}: with a session already forked the chains run "
                           "one after another in the master, whose processes already use "
@@ -254,10 +264,12 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
         running, processes = _layout(chains, cores, processes, usable,
                                      compat.default_cores())
     if sampler == "pymc" and running == 1 and chains > 1:
-        # (pm.sample itself too, where it runs the chains one after another)
-        asked["nuts_sampler"] = kwargs["nuts_sampler"]
-        asked["callback"] = kwargs["callback"] = _OneInterruptStopsAll(
-            _choice.draws_per_chain(kwargs), kwargs.get("callback"))
+        stops_all = _OneInterruptStopsAll(_choice.draws_per_chain(kwargs),
+                                          kwargs.get("callback"))
+        kwargs["callback"] = stops_all  # (divided: the chains one after another here)
+        if min(cores or compat.default_cores(), chains) == 1:
+            # pm.sample itself too, where it runs the chains one after another
+            asked["nuts_sampler"], asked["callback"] = "pymc", stops_all
     measure = divide is None
     own, worth = _before_forking(model, split, grainsize, divide, size, processes,
                                  _choice.expected_evaluations(kwargs, chains, running),
@@ -302,14 +314,18 @@ def _pm_sample(pm, model, rewritten, kwargs: dict, op=None):
     observed data and, where asked, their log-likelihood, PyMC's own). An evaluation's error
     is raised as itself (JAX and nutpie report their own)."""
     idata_kwargs = dict(kwargs.get("idata_kwargs") or {})
-    log_likelihood = bool(idata_kwargs.pop("log_likelihood", False))
+    log_likelihood = idata_kwargs.pop("log_likelihood", False)
     if log_likelihood:
         kwargs = dict(kwargs, idata_kwargs=idata_kwargs)
     jax_route = kwargs.get("nuts_sampler") in _JAX_SAMPLERS or (
-        type(get_mode((kwargs.get("compile_kwargs") or {}).get("mode")).linker).__name__
-        == "JAXLinker") or kwargs.get("backend") == "jax"
+        _linker(kwargs.get("compile_kwargs") or {}) == "JAXLinker"
+        or kwargs.get("backend") == "jax")
     if jax_route:
         register_backends("JAX")
+    if kwargs.get("nuts_sampler") == "nutpie":
+        register_backends("NUMBA")  # (nutpie compiles with Numba whatever PyTensor's mode)
+    if op is not None:
+        op.failures.clear()
     try:
         result = pm.sample(model=rewritten, **kwargs)
     except Exception as exc:
@@ -327,7 +343,10 @@ def _pm_sample(pm, model, rewritten, kwargs: dict, op=None):
                 jax.effects_barrier()
             finally:
                 jax.clear_caches()
-    return compat.complete_idata(result, model, log_likelihood)
+    if op is not None and op.failures:
+        # nutpie counts a failed evaluation as a divergence and goes on sampling
+        raise op.failures[0]
+    return compat.complete_idata(result, model, log_likelihood, idata_kwargs)
 
 
 def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
@@ -338,7 +357,9 @@ def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
     import importlib.util
 
     initvals = kwargs.get("initvals")
-    linker = type(get_mode(compile_kwargs.get("mode")).linker).__name__
+    linker = _linker(compile_kwargs)
+    if initvals is not None and "backend" not in compat.sample_parameters():
+        return "pymc"  # (PyMC 5's nutpie route ignores initvals)
     usable = (importlib.util.find_spec("nutpie") is not None
               and kwargs.get("init", "auto") == "auto"
               and kwargs.get("return_inferencedata", True)
@@ -347,6 +368,11 @@ def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
               and linker in ("NumbaLinker", "JAXLinker")
               and set(kwargs) <= _NUTPIE_KEYWORDS)
     return "nutpie" if usable else "pymc"
+
+
+def _linker(compile_kwargs: dict) -> str:
+    """The name of the linker ``compile_kwargs``' mode compiles with."""
+    return type(get_mode(compile_kwargs.get("mode")).linker).__name__
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,

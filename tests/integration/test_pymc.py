@@ -170,7 +170,7 @@ def test_sample_forks_and_closes_its_own_session():
 
 @pytest.mark.timeout(900)
 def test_sample_refuses_a_step(two):
-    with pytest.raises(TypeError, match="builds its own NUTS step"):
+    with pytest.raises(TypeError, match="samples with pm.sample's NUTS"):
         synk_pymc.sample(model=logistic_model(rows=11), step=object())
     with pytest.raises(ValueError, match="nuts_sampler must be one of 'pymc', 'nutpie', "
                        "'numpyro', 'blackjax'"):
@@ -422,6 +422,36 @@ def test_the_rewrite_gives_back_what_it_took(two):
     assert ours["y"].dims == pymcs["y"].dims == ("chain", "draw", "obs")
     # the same draws to rounding, so the same pointwise terms to rounding
     np.testing.assert_allclose(ours["y"].values, pymcs["y"].values, rtol=1e-6, atol=1e-8)
+
+
+def test_the_rewrite_reads_the_models_own_data(two):
+    # The copy reads the user's containers: pm.set_data on one the master evaluates
+    # (a prior's scale) reaches the divided function as it reaches PyMC's; observed
+    # values in a container are observed data, not constant data, as in pm.sample
+    rng = np.random.default_rng(7)
+    with pm.Model() as model:
+        scale = pm.Data("scale", 2.0)
+        y = pm.Data("y", rng.normal(1.0, 1.0, size=200))
+        mu = pm.Normal("mu", 0, scale)
+        pm.Normal("obs", mu, 1.0, observed=y)
+    got = synk_pymc.logp_dlogp_function(model)
+    got.set_extra_values({})
+    x = np.array([0.3])
+    before = got(x)[0]
+    with model:
+        pm.set_data({"scale": 5.0})
+    want = reference(model)
+    np.testing.assert_allclose(got(x)[0], want(x)[0], rtol=1e-12)
+    assert got(x)[0] != before
+    options = dict(SAMPLE, draws=20, tune=20, chains=1, random_seed=2, **PYMC_NUTS)
+    idata = synk_pymc.sample(divide=True, model=model, initvals={model["mu"]: 0.5},
+                             **options)
+    reference_idata = pm.sample(model=model, initvals={"mu": 0.5}, cores=1, **options)
+    for group in ("observed_data", "constant_data"):
+        xr.testing.assert_equal(_dataset(idata, group), _dataset(reference_idata, group))
+    # the start given by the variable is the start given by its name: the same draws
+    np.testing.assert_allclose(idata.posterior["mu"].values,
+                               reference_idata.posterior["mu"].values, rtol=1e-6)
 
 
 def _dataset(idata, group):

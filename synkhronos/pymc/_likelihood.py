@@ -564,8 +564,9 @@ def logp_dlogp_function(model=None, *, split=None, grainsize=None, exact=False, 
     evaluation whatever the number of divided observed variables and of their lengths.
     The rows are copied into shared memory once: after ``pm.set_data`` on a divided
     container build a new function (the old one raises RuntimeError); the terms the
-    master evaluates read the model's own containers and follow ``pm.set_data``. With one process (``n_parallel=1``) and one block of rows (the default up
-    to 16 MiB of rows) there is nothing to divide: the function is PyMC's own, which
+    master evaluates read the model's own containers and follow ``pm.set_data``.
+    With one process (``n_parallel=1``) and one block of rows (the default up to 16
+    MiB of rows) there is nothing to divide: the function is PyMC's own, which
     follows ``pm.set_data`` as in PyMC; with slices, the compiled likelihood is called
     in place, without a command.
     """

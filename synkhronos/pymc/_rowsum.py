@@ -47,7 +47,7 @@ from pytensor.graph.op import Op
 from .. import Data, Function, steps
 from . import _pymc_compat as compat
 
-__all__ = ["Values", "Part", "unpack", "RowSum", "joined", "register_backends"]
+__all__ = ["Values", "Part", "unpack", "RowSum", "joined", "linker_of", "register_backends"]
 
 # Rows balanced by measured speed where one evaluation takes at least this long: a
 # balanced call takes the general path (its shares vary), about 30-60 us more than a
@@ -78,10 +78,6 @@ class Values:
         """The vector of a point (value variable name -> value)."""
         return np.concatenate([np.asarray(point[v.name], dtype=self.dtype).ravel()
                                for v in self.vars])
-
-    def joined(self):
-        """The vector in a PyTensor graph of the value variables."""
-        return joined(self.vars, self.dtype)
 
 
 def joined(vars: list, dtype: str):
@@ -411,13 +407,19 @@ class RowSum(Op):
 
 
 
+def linker_of(compile_mode: Any = None) -> str:
+    """The name of the linker ``compile_mode`` (a mode, its name, or None: PyTensor's
+    default) compiles with: "NumbaLinker", "JAXLinker", "VMLinker", ..."""
+    from pytensor.compile.mode import get_mode
+
+    return type(get_mode(compile_mode).linker).__name__
+
+
 def register_backends(compile_mode: Any = None) -> None:
     """Make ``RowSum`` compile on the backend of ``compile_mode`` (a mode or its name;
     None: PyTensor's default): on Numba an object-mode call (``compat``), on JAX a host
     callback (``_jax_callback``); the C backend calls ``perform``. Once a backend."""
-    from pytensor.compile.mode import get_mode
-
-    linker = type(get_mode(compile_mode).linker).__name__
+    linker = linker_of(compile_mode)
     if linker == "NumbaLinker":  # (nutpie's too, whatever PyTensor's default mode)
         compat.numba_object_call(RowSum, RowSum.evaluate)
     elif linker == "JAXLinker" and not _jax_registered:

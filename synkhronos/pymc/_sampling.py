@@ -32,14 +32,13 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
-from pytensor.compile.mode import get_mode
 
 from .. import close, fork, n_parallel
 from . import _choice
 from . import _pymc_compat as compat
 from ._likelihood import build, check_exact, check_grainsize, discrete_names, session_size, sliced
 from ._model import named_keys
-from ._rowsum import register_backends
+from ._rowsum import linker_of, register_backends
 
 __all__ = ["sample"]
 
@@ -220,7 +219,7 @@ def sample(draws=1000, *, model=None, split=None, grainsize=None, processes_per_
             compat.nutpie_options(kwargs)
     if "initvals" in kwargs:  # (the rewritten model's variables are named as the user's)
         kwargs["initvals"] = named_keys(kwargs["initvals"])
-    jax_mode = _linker(compile_kwargs) == "JAXLinker"
+    jax_mode = linker_of(compile_kwargs.get("mode")) == "JAXLinker"
     cores = _check_count("cores", kwargs.get("cores"))
     chains = _check_count("chains", kwargs.get("chains"))
     grainsize = check_grainsize(grainsize)  # before a session is forked for nothing
@@ -318,7 +317,7 @@ def _pm_sample(pm, model, rewritten, kwargs: dict, op=None):
     if log_likelihood:
         kwargs = dict(kwargs, idata_kwargs=idata_kwargs)
     jax_route = kwargs.get("nuts_sampler") in _JAX_SAMPLERS or (
-        _linker(kwargs.get("compile_kwargs") or {}) == "JAXLinker"
+        linker_of((kwargs.get("compile_kwargs") or {}).get("mode")) == "JAXLinker"
         or kwargs.get("backend") == "jax")
     if jax_route:
         register_backends("JAX")
@@ -357,7 +356,7 @@ def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
     import importlib.util
 
     initvals = kwargs.get("initvals")
-    linker = _linker(compile_kwargs)
+    linker = linker_of(compile_kwargs.get("mode"))
     if initvals is not None and "backend" not in compat.sample_parameters():
         return "pymc"  # (PyMC 5's nutpie route ignores initvals)
     usable = (importlib.util.find_spec("nutpie") is not None
@@ -368,11 +367,6 @@ def _default_sampler(kwargs: dict, compile_kwargs: dict) -> str:
               and linker in ("NumbaLinker", "JAXLinker")
               and set(kwargs) <= _NUTPIE_KEYWORDS)
     return "nutpie" if usable else "pymc"
-
-
-def _linker(compile_kwargs: dict) -> str:
-    """The name of the linker ``compile_kwargs``' mode compiles with."""
-    return type(get_mode(compile_kwargs.get("mode")).linker).__name__
 
 
 def _before_forking(model, split, grainsize, divide, size, processes, evaluations,

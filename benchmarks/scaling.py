@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/scaling.py [--model mlp|cnn] [--max-n N] [--rows 256]
         [--rounds 5] [--seconds 1.0] [--profile] [--wait-quiet 600] [--out DIR]
-        [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance]
+        [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance] [--chunks K] [--busy B]
 
 The workload is one SGD step on synthetic float32 data held in memory: an MLP
 784-1024-1024-10 (ReLU, softmax cross-entropy; 1.86 M parameters), or with
@@ -80,6 +80,19 @@ Shuffled steps take the next block of a fixed random permutation of the rows (th
 gather ``X[idx]`` is part of the timed step, in every framework); contiguous steps the
 next block of rows. Each speed-up is against the baseline with the same access, as in
 the paper ("compared against their own respective base cases").
+
+``--chunks K`` adds, at each n > 1, ``synk-n chunksK``: the default (sharded) step
+built with ``make_train_function(..., chunks=K)`` in its own session: each step's rows
+in K chunks that the processes take as they come free, each chunk's gradient added
+into the process's exchange slot. The headline gives it over the even split, over
+``torch-ddp-n`` and over the ceiling, per round; the even split over ``torch-ddp-n``
+too. With ``K >= 2n`` also ``synk-n slicedS``: the even split with ``num_slices=K //
+n``, each run of the function on as many rows as a chunk has (a model whose
+function runs faster on fewer rows at once, such as the CNN, whose im2col buffers
+then stay in cache, gains that from chunks too: this tells the two gains apart).
+``--busy B`` keeps B cores busy beside the whole run with pure-Python spinning
+programs (another user's job on the machine: the 2-core case of one busy core is
+``--busy 1``); their processes count as the benchmark's own, not as foreign load.
 
 ``--profile`` adds the paper's Table 1: the shuffled, batch-scaled, all-reduce
 configuration run inside ``synk.profile()`` at n=1 and n=max, beside the plain program
@@ -321,7 +334,8 @@ class SynkServer:
         self.train = make_train_function(loss, params, [x, y], "sgd",
                                          learning_rate=np.float32(LEARNING_RATE),
                                          sharded=spec.get("sharded", False),
-                                         balance=spec.get("balance", False))
+                                         balance=spec.get("balance", False),
+                                         chunks=spec.get("chunks"))
         import pytensor
 
         # a 4-byte variable for the fixed costs' all-reduce (distributed with the step)
@@ -345,7 +359,7 @@ class SynkServer:
         total = variant["batch"]
         batch = self.rows.next(total, variant["access"] == "shuffled")
         if variant["allreduce"]:
-            self.train(self.x, self.y, batch=batch)
+            self.train(self.x, self.y, batch=batch, num_slices=variant.get("num_slices", 1))
         else:
             self.train.grad_function(self.x, self.y, np.asarray(total, dtype=self.dtype),
                                      batch=batch)
@@ -676,6 +690,10 @@ def wait_for_quiet(limit_s: float, threshold: float) -> dict:
             "quiet_threshold": threshold}
 
 
+# another program keeping one core busy (pure Python: no BLAS threads, no memory traffic)
+SPINNER = "while True:\n    pass\n"
+
+
 def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
     spec = {"model": args.model, "dataset_rows": args.dataset_rows}
     rows = args.rows
@@ -722,6 +740,14 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     variant(batch, access, True), framework="synkhronos", n=n,
                     batch=batch, scaling=scaling, access=access, allreduce=True,
                     sharded=n > 1, balance=False))
+        if n > 1 and args.chunks >= 2 * n:  # the even split in slices of a chunk's rows
+            slices = args.chunks // n
+            for access in accesses:
+                configs.append(Config(
+                    f"synk-{n} sliced{slices} scaled {access} allreduce-on", [remote],
+                    dict(variant(rows * n, access, True), num_slices=slices),
+                    framework="synkhronos", n=n, batch=rows * n, scaling="scaled",
+                    access=access, allreduce=True, sharded=True, num_slices=slices))
         if n > 1 and args.balance:  # rows in proportion to each process's measured speed
             remote = start(kind="synk", n=n, spin=args.spin, sharded=True, balance=True)
             for access in accesses:
@@ -730,6 +756,14 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     variant(rows * n, access, True), framework="synkhronos", n=n,
                     batch=rows * n, scaling="scaled", access=access, allreduce=True,
                     sharded=True, balance=True))
+        if n > 1 and args.chunks:  # rows taken in chunks as the processes come free
+            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, chunks=args.chunks)
+            for access in accesses:
+                configs.append(Config(
+                    f"synk-{n} chunks{args.chunks} scaled {access} allreduce-on", [remote],
+                    variant(rows * n, access, True), framework="synkhronos", n=n,
+                    batch=rows * n, scaling="scaled", access=access, allreduce=True,
+                    sharded=True, chunks=args.chunks))
         if n > 1 and not args.lean:  # the unsharded form, and no exchange at all
             remote = start(kind="synk", n=n, spin=args.spin, sharded=False)
             for access in accesses:
@@ -898,6 +932,30 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
             if ceiling is not None:
                 headline[f"{key} / pytensor-1thread x{m} independent"] = ratio(
                     balanced, ceiling)
+    for m in args.sizes:  # rows in chunks: against the even split, DDP and the ceiling
+        for access in ("shuffled", "contiguous"):
+            even = find(configs, framework="synkhronos", n=m, scaling="scaled",
+                        access=access, allreduce=True, balance=False)
+            chunked = find(configs, framework="synkhronos", n=m, access=access,
+                           chunks=args.chunks) if args.chunks else None
+            ddp = find(configs, framework="torch-ddp", n=m, access=access)
+            ceiling = find(configs, framework="independent", n=m, access=access)
+            if even is not None and ddp is not None:
+                headline[f"synk-{m} scaled {access} allreduce-on / torch-ddp-{m}"] = ratio(
+                    even, ddp)
+            if chunked is None:
+                continue
+            key = f"synk-{m} chunks{args.chunks} scaled {access} allreduce-on"
+            if even is not None:
+                headline[f"{key} / even split"] = ratio(chunked, even)
+            sliced = find(configs, framework="synkhronos", n=m, access=access,
+                          num_slices=args.chunks // m)
+            if sliced is not None:  # the same rows per run of the function, fixed
+                headline[f"{key} / even split in slices of a chunk"] = ratio(chunked, sliced)
+            if ddp is not None:
+                headline[f"{key} / torch-ddp-{m}"] = ratio(chunked, ddp)
+            if ceiling is not None:
+                headline[f"{key} / pytensor-1thread x{m} independent"] = ratio(chunked, ceiling)
     if n > 1:
         goal = 0.95 if args.model == "mlp" else 0.97
         targets = {}
@@ -1111,7 +1169,8 @@ def draw(result: dict, out: Path) -> list[str]:
             ("fixed", "shuffled", True, "^-", "tab:green")):
         points = []
         for e in entries:
-            if e["framework"] != "synkhronos" or e["access"] != access or e.get("balance"):
+            if (e["framework"] != "synkhronos" or e["access"] != access or e.get("balance")
+                    or e.get("chunks") or e.get("num_slices")):
                 continue
             if e["n"] == 1 or (e["scaling"] == scaling and e["allreduce"] == allreduce):
                 points.append((e["n"], e["speedup"]["median"]))
@@ -1220,6 +1279,13 @@ def main() -> None:
                         help="skip the optimizer-state measurement")
     parser.add_argument("--balance", action="store_true",
                         help="also the step with rows balanced by measured speed")
+    parser.add_argument("--chunks", type=int, default=0,
+                        help="also the step whose rows are taken in this many chunks as "
+                             "the processes come free (make_train_function(chunks=...))")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="programs that keep a core busy beside the benchmark, from "
+                             "before the servers start to the end of the measurement "
+                             "(another user's job on the machine; not counted as foreign)")
     args = parser.parse_args()
     if args.serve:
         serve(json.loads(args.serve))
@@ -1241,6 +1307,8 @@ def main() -> None:
         args.tmp = tmp
         started = time.monotonic()
         configs, remotes = build_configs(args, torch_problem is None)
+        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER])
+                    for _ in range(args.busy)]
         try:
             # synk first, alone: fork() picks its spin from the load average, which the
             # other servers' compiling would raise
@@ -1263,6 +1331,9 @@ def main() -> None:
             table1 = profile_table(configs, args, pids) if args.profile else None
             phases = phase_account(configs, args) if args.phases else None
         finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
             for remote in remotes:
                 remote.close()
         state = optimizer_state(args) if not args.no_state else "omitted: --no-state"
@@ -1285,6 +1356,8 @@ def main() -> None:
         "sizes": args.sizes,
         "lean": args.lean,
         "balance": balance if args.balance else "omitted: no --balance",
+        "chunks": args.chunks or "omitted: no --chunks",
+        "busy_programs": args.busy,
         "load": dict(quiet, startup_s=round(startup_s, 1),
                      load_at_measurement=[round(v, 2) for v in load_before],
                      load_after_measurement=[round(v, 2) for v in load_after],

@@ -79,6 +79,8 @@ class Call(Message):
     # first selected row, then the end (``_scatter.offsets``); None: the even split
     axes: tuple[int, ...] | None = None  # per scattered input, the axis its rows lie
     # along (``in_axes``), each viewed with it first; None: axis 0 for all
+    chunks: int = 0  # the selected rows in this many chunks, taken by whichever process
+    # is free (``_shard._run_chunks``); 0: each process its own block
 
 
 Split = Callable[[int, int, tuple[int, ...] | None], list[tuple[int, int]]]
@@ -238,14 +240,16 @@ class PreparedCall:
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
                 timings: bool, command: int, shared_rows: tuple | None = None,
-                empty: bool = False, offsets: tuple[int, ...] | None = None) -> Call:
+                empty: bool = False, offsets: tuple[int, ...] | None = None,
+                chunks: int = 0) -> Call:
         """The ``Call`` for validated arguments; numpy inputs are staged now.
 
         ``command``: which command this call will run in (calls prepared for the same
         command never share staging buffers). ``shared_rows``: the givens' slice
         pattern's rows per rank; ``empty``: that slice has no rows (the master runs
         anyway, as for scattered inputs with none). ``offsets``: the scattered rows
-        split by ``shares`` (None: evenly).
+        split by ``shares`` (None: evenly). ``chunks``: the rows in that many chunks,
+        taken as the processes come free (0: each its own block).
         """
         self._warn_casts(checked.casts)
         refs, span, indices = self.staging.stage(checked, command, self._n_scattered,
@@ -256,12 +260,13 @@ class PreparedCall:
             checked.minibatch, batch_s, num_slices,
             (checked.total_rows == 0 and n > 0) or empty,
             indices is None and not self.prepared.sliceable and not any(checked.casts)
-            and all(ref.segment.startswith(self._prefix) for ref in refs),
+            and all(ref.segment.startswith(self._prefix) for ref in refs) and not chunks,
             timings,
             None if self.registered else self.prepared,
             shared_rows,
             offsets,
             self._axes,
+            chunks,
         )
 
     def _warn_casts(self, casts: tuple) -> None:

@@ -20,6 +20,14 @@ master included) then runs ``run_call`` on it independently:
    the master's reduction, or ``None`` when it had no rows (it then ran nothing). A
    worker leaves out the outputs whose op is None: the master returns its own.
 
+A call in chunks (``Call.chunks``) has no fixed block per rank: the selected rows are
+cut into that many consecutive chunks, and every process takes the next chunk not yet
+taken (``ControlBlock.take``) until none is left, so a process slowed by another
+program beside it takes fewer (``_run_chunks``). The function runs once per chunk
+taken and its updates are applied after each (they add into their variables: checked
+when the call is made); outputs accumulate weighted by the chunk's rows, and the reply's
+weight is every row the process ran.
+
 A call that repeats (the same message again, a training loop) runs from what its
 first runs worked out: the kept plan (its function and views). A worker goes one step
 further (``lane``): the next command, if it is that call again, skips the handler
@@ -208,6 +216,84 @@ def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast:
     return [acc.result() for acc in outputs[:n_out]]
 
 
+class _Takes:
+    """This process's count of chunked calls in the current command: with the
+    command's sequence number, the tag under which the ranks share out a call's chunks
+    (every rank runs a command's calls in the same order)."""
+
+    def __init__(self) -> None:
+        self.seq = -1
+        self.count = 0
+
+    def tag(self, ctx: RankContext) -> int:
+        seq = ctx.control.seq if ctx.control is not None else 0
+        if seq != self.seq:
+            self.seq, self.count = seq, 0
+        self.count += 1
+        return seq * 1024 + self.count
+
+
+_TAKES: RankVar[_Takes] = RankVar("chunk takes", lambda ctx: _Takes())
+
+
+def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tuple | None:
+    """A call in chunks (see the module docstring): this rank's ``(weight, outputs[,
+    timings])`` over the chunks it took, or None if it took none."""
+    chunks = call.chunks
+    control = ctx.control
+    tag = _TAKES.get(ctx).tag(ctx)
+    casts = call.casts
+    if call.batch_indices is not None:
+        indices = call_view(call.batch_indices, ctx)
+        first, length = 0, len(indices)
+    else:
+        indices = None
+        first, stop = call.batch_range
+        length = stop - first
+    axes = call.axes
+    sources = []
+    for i, ref in enumerate(call.scattered):
+        view = call_view(ref, ctx)
+        if axes is not None and axes[i]:
+            view = np.moveaxis(view, axes[i], 0)
+        sources.append(view)
+    buffers = call.minibatch or (False,) * len(sources)
+    offset = len(call.scattered)
+    bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
+    outputs = [Accumulator(op) for op in prepared.output_ops]
+    rows = 0
+    gather = compute = 0.0
+    clock = time.perf_counter
+    alone = iter(range(chunks))  # one process in all (no control block): every chunk, in order
+    while True:
+        k = next(alone, chunks) if control is None else control.take(tag, chunks, ctx.watch)
+        if k >= chunks:
+            break
+        lo, hi = block(length, chunks, k)
+        if hi == lo:
+            continue
+        started = clock()
+        mine = (Batch(indices=indices[lo:hi]) if indices is not None
+                else Batch(start=first + lo, stop=first + hi))
+        positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
+        scattered = [_cast(select_rows(view, positions if buffers[i] else mine), casts[i])
+                     for i, view in enumerate(sources)]
+        ran = clock()
+        values = _as_list(fn(*scattered, *bcast))
+        done = clock()
+        gather += ran - started
+        compute += done - ran
+        for acc, value in zip(outputs, values, strict=False):
+            acc.add(value, hi - lo)
+        rows += hi - lo
+    if rows == 0:
+        return None
+    results = [acc.result() for acc in outputs]
+    if call.timings:
+        return rows, results, _timings(gather, compute)
+    return rows, results
+
+
 def run_call(ctx: RankContext, call: Call) -> tuple | None:
     """This rank's share of a call: ``(weight, outputs[, timings])``, or ``None`` if it
     had no rows."""
@@ -334,6 +420,12 @@ def _run_call(ctx: RankContext, call: Call) -> tuple | None:
     if call.prepared is not None:
         table[call.prepared_id] = call.prepared
     prepared = table[call.prepared_id]
+    if call.chunks:
+        if faults.ARMED:
+            _plan_points()
+        reg = REGISTRY.get(ctx)
+        return _run_chunks(ctx, call, prepared,
+                           reg.runners.get(prepared.fn_id) or reg.runner(ctx, prepared.fn_id))
     if call.timings:
         start = time.perf_counter()
     if faults.ARMED:  # (before the views kept for a repeated call, too)

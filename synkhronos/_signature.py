@@ -19,7 +19,7 @@ from . import _givens, _pytensor
 from ._reducers import ReduceOp, parse_op
 
 __all__ = ["parse_outputs", "parse_updates", "variables", "sliceable", "check_used",
-           "check_sliceable_outputs", "RowInputs", "row_inputs"]
+           "check_sliceable_outputs", "check_chunked", "RowInputs", "row_inputs"]
 
 
 def parse_outputs(outputs: Any) -> tuple[list, list[ReduceOp], bool, tuple[bool, ...]]:
@@ -123,6 +123,61 @@ def check_sliceable_outputs(ops: list[ReduceOp], subset: tuple[int, ...] | None)
                 "per-row values), leave it out with output_subset, or call with "
                 "num_slices=1"
             )
+
+
+def _adds_into(variable: Variable, value: Variable) -> bool:
+    """Whether ``value`` is ``variable`` plus something: ``variable + x``, or a chain of
+    ``inc_subtensor`` (or of Ops that say they add into an input, ``adds_into``)
+    starting from ``variable`` itself."""
+    node = value.owner
+    if node is None:
+        return False
+    scalar_op = getattr(node.op, "scalar_op", None)
+    if type(scalar_op).__name__ == "Add":  # elementwise variable + ...
+        return any(var is variable for var in node.inputs)
+    while node is not None:
+        op = node.op
+        into = getattr(op, "adds_into", None)
+        if into is None and type(op).__name__ == "IncSubtensor" and not op.set_instead_of_inc:
+            into = 0
+        if into is None:
+            return False
+        base = node.inputs[into]
+        if base is variable:
+            return True
+        node = base.owner
+    return False
+
+
+def check_chunked(chunks: Any, ops: list[ReduceOp], subset: tuple[int, ...] | None,
+                  updates: list) -> int:
+    """``chunks`` as an int (0: none), refused where a call in chunks could not equal the
+    call on each process's block.
+
+    A call in chunks runs the function once per chunk, in whichever process takes it,
+    and applies its updates after each chunk: the updates must add into their
+    variables (a gradient accumulated, ``grad_shared + g``), and the outputs must be
+    reductions that do not depend on which process ran which rows (not ``"gather"``,
+    whose rows would come back in the order the processes took the chunks, nor None).
+    """
+    if chunks is None:
+        return 0
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be None or an int >= 1; got {chunks!r}")
+    for i in range(len(ops)) if subset is None else subset:
+        if ops[i] in (ReduceOp.GATHER, ReduceOp.NONE):
+            raise ValueError(
+                f"output {i} has op {ops[i].value!r}: in chunks the processes run the rows "
+                "in the order they take them, so its rows could not come back in order; "
+                "call without chunks, or leave it out with output_subset")
+    for variable, value in updates:
+        if not _adds_into(variable, value):
+            raise ValueError(
+                f"the update of {variable.name or variable!r} does not add into it: in "
+                "chunks each process applies the updates after every chunk it runs, which "
+                "equals the call on whole blocks only for updates of the form "
+                "variable + value (a gradient accumulated); call without chunks")
+    return chunks
 
 
 @dataclass

@@ -46,6 +46,7 @@ from ._reducers import ReduceOp
 from ._runtime import epoch
 from ._scatter import normalize_shares, offsets, weighted_counts
 from ._signature import (
+    check_chunked,
     check_sliceable_outputs,
     check_used,
     parse_outputs,
@@ -166,7 +167,7 @@ class Function:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1,
-                 shares=None, **kwargs):
+                 shares=None, chunks=None, **kwargs):
         """Run on every process; return what the PyTensor function would return.
 
         Collective: every process takes part; returns when all have finished.
@@ -203,6 +204,18 @@ class Function:
             each process ran) up to floating-point rounding. Splits the rows of the
             scattered inputs, or the slice of givens that slice shared variables; not
             ``batch_s``.
+        chunks : int, optional
+            Cut the selected rows into this many consecutive chunks, and let every
+            process take the next chunk not yet taken until none is left, instead of
+            each running its own block: a process slowed by another program takes fewer
+            chunks, and the others do not wait for it. The function runs once per
+            chunk taken and its updates are applied after each, so every update must add
+            into its variable (``grad_shared + g``: a gradient accumulated; the process's
+            variable holds the sum over the chunks it ran); outputs are reductions
+            weighted by rows (not ``"gather"`` or None). Results equal the call without
+            chunks up to floating-point rounding (which process adds which chunk varies
+            from call to call). Not with ``num_slices``, ``shares``, ``batch_s``,
+            sliceable shared variables, or a session over several machines.
 
         Returns
         -------
@@ -226,7 +239,8 @@ class Function:
             plain = variants.plain if num_slices == 1 else (
                 variants.sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
-                    and output_subset is None and self._slices is None and shares is None):
+                    and output_subset is None and self._slices is None and shares is None
+                    and chunks is None):
                 # Inputs like an earlier call's and nothing else asked: replay it
                 key = repeat_key(args)
                 record = plain.records.get((num_slices, key)) if key is not None else None
@@ -238,9 +252,9 @@ class Function:
                     return self.replay(record, args)
             if session.instrument is not None:
                 return session.instrument.call(self._general, args, kwargs, output_subset,
-                                               batch, batch_s, num_slices, shares)
+                                               batch, batch_s, num_slices, shares, chunks)
             return self._general(args, kwargs, output_subset, batch, batch_s, num_slices,
-                                 shares)
+                                 shares, chunks)
         finally:
             session.leave(took)
 
@@ -251,7 +265,8 @@ class Function:
 
     def prepare(self, args: tuple, kwargs: dict, output_subset: Any = None, batch: Any = None,
                 batch_s: Any = None, num_slices: Any = 1, shares: Any = None,
-                timings: bool = False) -> tuple[Call, Callable[[list], Any]]:
+                chunks: Any = None, timings: bool = False
+                ) -> tuple[Call, Callable[[list], Any]]:
         """Validate and stage a call without running it: its message, and what turns the
         ranks' replies into the call's return value.
 
@@ -277,6 +292,11 @@ class Function:
         )
         if num_slices > 1:
             check_sliceable_outputs(self._output_ops, subset)
+        chunks = check_chunked(chunks, self._output_ops, subset, self._updates)
+        if chunks:
+            self._check_chunks_apply(session, num_slices, shares, batch_s)
+            if checked.total_rows == 0:
+                chunks = 0  # no rows to share out: the master runs alone, as always
         selections = _validate.check_batch_s(self.sliceable_shareds, batch_s, session.n)
         rows, empty, cuts = None, False, None
         length = checked.total_rows
@@ -289,12 +309,13 @@ class Function:
             _fixed_batch.check(self._fixed_batch, length, session.n, shares, num_slices)
         prepared = self._variants.prepared(subset, num_slices > 1)  # (may distribute)
         call = prepared.message(checked, selections, num_slices, timings,
-                                session.commands, rows, empty, cuts)
+                                session.commands, rows, empty, cuts, chunks)
         # (a plain call is kept for replay; under an instrument too, with its timings)
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
             and subset is None and self._slices is None
-            and shares is None and (not asked or session.instrument is not None)) else None
+            and shares is None and not chunks
+            and (not asked or session.instrument is not None)) else None
         ops = prepared.prepared.output_ops
 
         def finish(replies: list) -> Any:
@@ -304,6 +325,25 @@ class Function:
             return self._returned(replies, ops, subset)
 
         return call, finish
+
+    def _check_chunks_apply(self, session: Session, num_slices: int, shares: Any,
+                            batch_s: Any) -> None:
+        """``ValueError`` where rows in chunks cannot replace each process's block."""
+        other = ("num_slices" if num_slices > 1 else "shares" if shares is not None
+                 else "batch_s" if batch_s is not None else None)
+        if other is not None:
+            raise ValueError(f"chunks share the rows out as the processes come free; "
+                             f"{other} fixes them: give one or the other")
+        if not self.inputs or self._slices is not None or self.sliceable_shareds:
+            raise ValueError("chunks share out the rows of scattered inputs; this function "
+                             "takes its rows from shared variables")
+        if session.replica_groups is not None:
+            raise ValueError("chunks share rows out among the processes of one machine; "
+                             "this session spans several machines")
+        if self._fixed_batch:
+            raise ValueError("chunks give each run of the function a chunk's rows, but "
+                             "this function was built for a fixed number of rows per "
+                             "process")
 
     # -- replay (``_replay.py``) ---------------------------------------------------------
     def record(self, key: tuple, num_slices: int = 1) -> _replay.Record | None:

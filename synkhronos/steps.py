@@ -49,10 +49,11 @@ class Step:
 
 
 def call(function: Function, *args: Any, output_subset: Any = None, batch: Any = None,
-         batch_s: Any = None, num_slices: int = 1, shares: Any = None,
+         batch_s: Any = None, num_slices: int = 1, shares: Any = None, chunks: Any = None,
          timings: Callable[[list[tuple[int, float] | None]], None] | None = None,
          **kwargs: Any) -> Step:
-    """A call of ``function`` with these arguments (as ``function(*args, ...)``).
+    """A call of ``function`` with these arguments (as ``function(*args, ...)``;
+    ``chunks`` as there: the rows taken in chunks as the processes come free).
 
     ``timings``: called once the step has run, with each process's ``(rows,
     seconds)`` in rank order (the seconds it took to gather its rows and run the
@@ -68,7 +69,8 @@ def call(function: Function, *args: Any, output_subset: Any = None, batch: Any =
 
     def build(session: Session) -> fused.Step:
         message, finish = function.prepare(args, kwargs, output_subset, batch, batch_s,
-                                           num_slices, shares, timings=timings is not None)
+                                           num_slices, shares, chunks,
+                                           timings=timings is not None)
         if timings is None:
             return fused.Step(message, finish, repeats=message.batch_s is None)
 

@@ -3,7 +3,8 @@
 Layout (all in one segment, mapped by every process before the fork)::
 
     header   int64[16 + 9 * n]   sequence number, payload length, abort flag, payload
-                                 id; per rank (one cache line each): done-seq,
+                                 id, cross-machine outcome, the take counter and
+                                 its tag; per rank (one cache line each): done-seq,
                                  status, (spare), barrier epoch, reply length, reply
                                  format, vote, reply description number; then every
                                  rank's sleeping flag, side by side
@@ -45,6 +46,14 @@ data lives). With several machines, a meeting spans them: the local ranks agree,
 machine's leader agrees with the other leaders and writes the outcome (``set_cross``),
 and a second barrier lets every local rank read it (``cross``).
 
+Inside a command, ranks may also share out work as they go (``take``): one counter in
+the header, read and bumped under a lock (a semaphore, the one read-modify-write in
+the block), hands each rank the next chunk of rows until none is left. The counter
+starts again for each chunked call (its tag: the command's sequence number and the
+call's place in it, which only grow), so no rank has to reset it between commands,
+and a rank that has moved on to the next chunked call does not disturb one still
+finishing the last.
+
 A message larger than the mailbox travels in a one-off segment of the arena whose
 name is written in the mailbox instead (``wire.write_pickled``); the master frees it
 once every worker has read it (``release_external_payload``).
@@ -77,7 +86,7 @@ __all__ = ["ControlBlock", "MAILBOX_BYTES", "ReleaseLog"]
 
 MAILBOX_BYTES = 1 << 20
 
-_SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS = 0, 1, 2, 3, 4
+_SEQ, _PAYLOAD_LEN, _ABORT, _PAYLOAD_ID, _CROSS, _TAKEN, _TAKE_TAG = 0, 1, 2, 3, 4, 5, 6
 _HEAD = 16
 _PER_RANK = 8
 _DONE, _STATUS, _SPARE, _EPOCH, _REPLY_LEN, _REPLY_KIND, _VOTE, _REPLY_HEAD = range(8)
@@ -116,6 +125,9 @@ class ControlBlock:
             sem = posix_ipc.Semaphore(sem_name, posix_ipc.O_CREX, mode=0o600)
             sem.unlink()
             self._semaphores.append(sem)
+        self._take_lock = posix_ipc.Semaphore(f"/{prefix}take", posix_ipc.O_CREX, mode=0o600,
+                                              initial_value=1)
+        self._take_lock.unlink()
         self._memo = Memo()  # master: key -> (id, pickle)
         self._decoded = Decoded()  # worker: id -> message
         self._last_read: tuple[int, object] = (0, None)  # worker: the last (id, message)
@@ -163,7 +175,7 @@ class ControlBlock:
         except BufferError:  # a reply's view still held somewhere (a traceback's frame):
             pass  # the mapping goes when the last view does
 
-        for semaphore in self._semaphores:
+        for semaphore in (*self._semaphores, self._take_lock):
             semaphore.close()
 
     # -- fields -----------------------------------------------------------------------
@@ -400,6 +412,43 @@ class ControlBlock:
 
     def aborted(self, seq: int) -> bool:
         return self.header[_ABORT] == seq
+
+    # -- sharing out work inside a command -------------------------------------------
+    def take(self, tag: int, limit: int, on_poll: Callable[[], None]) -> int:
+        """The next of ``limit`` pieces of work for the caller, or ``limit`` when every
+        piece has been taken.
+
+        ``tag`` names the work being shared out: the same on every rank, and larger for
+        each new piece of work (the counter starts again from 0 when a larger tag
+        comes). A rank still asking under an older tag gets ``limit``: a later piece of
+        work began only once every piece of the older one had been taken. The lock is
+        held for a read and a write; a rank that waits for it longer than ``poll``
+        runs ``on_poll`` (a dead holder is a dead peer: the watch raises).
+        """
+        lock = self._take_lock
+        try:
+            lock.acquire(0)
+        except posix_ipc.BusyError:
+            while True:
+                try:
+                    lock.acquire(self.poll)
+                    break
+                except (posix_ipc.BusyError, posix_ipc.SignalError):
+                    on_poll()
+        header = self.header
+        try:
+            current = header[_TAKE_TAG]
+            if tag < current:  # a later piece of work began: this one was all taken
+                return limit
+            if tag > current:
+                header[_TAKE_TAG] = tag
+                header[_TAKEN] = 0
+            taken = header[_TAKEN]
+            if taken < limit:
+                header[_TAKEN] = taken + 1
+        finally:
+            lock.release()
+        return taken
 
     # -- meeting points inside a command ------------------------------------------------
     def barrier(self, rank: int, on_poll: Callable[[], None]) -> None:

@@ -54,7 +54,7 @@ from pytensor.graph.basic import Variable
 from .. import Function, broadcast, distribute, function, n_parallel
 from .. import steps as synk_steps
 from ._checkpoint import Checkpoint
-from ._dot_into import products_into_place
+from ._dot_into import accumulating, products_into_place
 from ._sharded import ShardedUpdate, in_place, obstacles, rule_name, sharded_update
 from .updates import RULES, UpdateRule, _check_loss, _check_params, _flat_dtype, _offsets
 
@@ -158,10 +158,15 @@ class TrainFunction:
                  hyper: dict[str, Any], compile_kwargs: dict[str, Any] | None = None,
                  rule_args: Sequence[Any] = (), sharded: bool | None = None,
                  givens: Any = None, sliceable_shareds: Any = None,
-                 balance: bool = False, exchange: str | None = None) -> None:
+                 balance: bool = False, exchange: str | None = None,
+                 chunks: int | None = None) -> None:
         compile_kwargs = dict(compile_kwargs or {})
         if not isinstance(balance, bool):
             raise TypeError(f"balance must be True or False; got {balance!r}")
+        if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int)
+                                   or chunks < 1):
+            raise ValueError(f"chunks must be None or an int >= 1; got {chunks!r}")
+        self.chunks = chunks
         self.exchange = _check_exchange(exchange)
         if isinstance(inputs, Variable):
             inputs = [inputs]
@@ -175,6 +180,14 @@ class TrainFunction:
         self._givens = list(givens.items()) if isinstance(givens, dict) else list(givens or [])
         self._sliceable = sliceable_shareds
         self.form = _data_form(self.inputs, self._givens, sliceable_shareds)
+        if chunks is not None and balance:
+            raise ValueError("chunks share each step's rows out as the processes come free; "
+                             "balance=True fixes them by measured speed: give one or the "
+                             "other")
+        if chunks is not None and (self.form != "inputs" or not in_place(compile_kwargs)):
+            raise ValueError("chunks need the rows as scattered inputs and values updated in "
+                             "place (device='cpu', not mode='JAX'): each chunk's gradient "
+                             "is added into the process's gradient vector where it lies")
         if balance and self.form == "sliceable":
             raise ValueError("balance=True splits each step's rows by measured speed, but "
                              "with sliceable_shareds batch_s chooses each process's rows: "
@@ -228,6 +241,14 @@ class TrainFunction:
             targets = {id(p) for p in self.params}
             self.state = [var for var, _ in param_updates if id(var) not in targets]
         self.grad_shared = grad_shared
+        # In chunks: each chunk's gradient added into grad_shared, which the step zeroes
+        # first (``accumulating``: BLAS with beta = 1 on the slot itself)
+        self._grad_add_function: Function | None = None if chunks is None else function(
+            self.inputs, loss, bcast_inputs=[self._total],
+            updates=[(grad_shared, accumulating(flat, grad_shared, _offsets(self.params)),
+                      "sum")],
+            name=f"train_grad_chunks_{name}", **compile_kwargs,
+        )
         self.grad_function: Function = function(
             self.inputs, loss,
             bcast_inputs=[self._total] if self.form == "inputs" else None,
@@ -361,7 +382,8 @@ class TrainFunction:
         if self._piece_update is not None:
             # a parameter set since the last step: its value counts
             steps += self._piece_update.before_gradient
-        if (total is not None and total < n) or (self.form != "inputs" and n > 1):
+        chunked = self._grad_add_function is not None and num_slices == 1 and shares is None
+        if chunked or (total is not None and total < n) or (self.form != "inputs" and n > 1):
             # some process runs nothing in the gradient call: its old gradient must not
             # count (with data in shared variables, the master does not know the rows)
             steps.append(synk_steps.call(self._zero_function))
@@ -374,11 +396,15 @@ class TrainFunction:
         balancer = self.balancer
         if shares is None and balancer is not None:
             shares = balancer.shares()
-        steps.append(synk_steps.call(
-            self.grad_function, *data, *extra, batch=batch, batch_s=batch_s,
-            num_slices=num_slices, shares=shares,
-            timings=None if balancer is None else balancer.record,
-        ))
+        if chunked:
+            steps.append(synk_steps.call(self._grad_add_function, *data, *extra, batch=batch,
+                                         chunks=self.chunks))
+        else:
+            steps.append(synk_steps.call(
+                self.grad_function, *data, *extra, batch=batch, batch_s=batch_s,
+                num_slices=num_slices, shares=shares,
+                timings=None if balancer is None else balancer.record,
+            ))
         if self._piece_update is not None:
             steps += self._piece_update.update_steps()
         else:
@@ -514,6 +540,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
                         compile_kwargs: dict[str, Any] | None = None,
                         sharded: bool | None = None, givens: Any = None,
                         sliceable_shareds: Any = None, balance: bool = False,
+                        chunks: int | None = None,
                         exchange: Literal["bf16", "fp16"] | None = None,
                         **hyper: Any) -> TrainFunction:
     """Build a data-parallel training step: gradient, all-reduce, update.
@@ -574,6 +601,19 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         differ in the last bits. Not with ``sliceable_shareds`` (``batch_s`` chooses
         the rows there). The shares in use: ``train.balancer.in_use`` (None: the
         even split).
+    chunks : int, optional
+        Take each step's rows in this many chunks as the processes come free, instead
+        of an even block each: every process runs the next chunk not yet taken (a
+        shared counter) and adds its gradient into its exchange slot where it lies
+        (BLAS with beta = 1), until none is left; the gradients are weighted by the
+        rows each chunk had, so the step equals the even split's up to
+        floating-point rounding, whatever process ran which chunk. A process slowed by
+        another program beside it takes fewer chunks, and the others do not wait for
+        it. Costs a little on quiet cores (a lock per chunk, smaller products): see the
+        scaling page for when it pays. Scattered ``inputs`` on ``device="cpu"`` only;
+        not with ``balance``; a step called with ``num_slices`` or ``shares`` takes
+        the even split. Which rows a process takes depends on timing, so two runs may
+        differ in the last bits.
     exchange : {None, "bf16", "fp16"}
         None (default): the exact exchange of the gradient. ``"bf16"``/``"fp16"``: each
         process rounds its (row-weighted) gradient to bfloat16 or IEEE half before the
@@ -621,7 +661,7 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
     inputs, update_rule, rule_args = _forms(inputs, rule_and_args, "make_train_function")
     return TrainFunction(loss, params, inputs, _resolve_rule(update_rule), hyper,
                          compile_kwargs, rule_args, sharded, givens, sliceable_shareds,
-                         balance, exchange)
+                         balance, exchange, chunks)
 
 
 def make_train_function_pytensor(loss: Variable, params: Sequence[SharedVariable],

@@ -52,7 +52,7 @@ def make_block(gc_of_this_test):
     yield make
     prefixes = [p for p, _ in made]
     for _, block in made:
-        for semaphore in block._semaphores:
+        for semaphore in (*block._semaphores, block._take_lock):
             semaphore.close()
     made.clear()
     gc.collect()
@@ -83,12 +83,51 @@ def test_block_releases_its_fd_when_dropped(gc_of_this_test):
     before = _open_fds()
     prefix = shmem.new_session_prefix()
     block = C.ControlBlock(prefix, 2, 0.0)
-    for semaphore in block._semaphores:
+    for semaphore in (*block._semaphores, block._take_lock):
         semaphore.close()
     del block
     gc.collect()
     assert _open_fds() == before
     assert _entries(prefix) == []
+
+
+# ---------------------------------------------------------------- sharing out work
+
+
+def test_take_hands_out_each_piece_once_and_starts_again_for_a_new_tag(make_block):
+    block = make_block(2)
+    assert [block.take(7, 3, _no_poll) for _ in range(5)] == [0, 1, 2, 3, 3]
+    assert [block.take(8, 2, _no_poll) for _ in range(3)] == [0, 1, 2]  # a new tag
+    assert block.take(7, 3, _no_poll) == 3  # a rank late on the older tag: all taken
+    assert block.take(8, 2, _no_poll) == 2  # (and the newer one is not disturbed)
+
+
+def test_take_from_threads_never_hands_a_piece_out_twice(make_block):
+    block = make_block(2)
+    got: list[list[int]] = [[], [], []]
+
+    def taker(mine: list[int]) -> None:
+        while (k := block.take(11, 500, _no_poll)) < 500:
+            mine.append(k)
+
+    threads = [threading.Thread(target=taker, args=(mine,)) for mine in got]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(k for mine in got for k in mine) == list(range(500))
+
+
+def test_a_held_take_lock_runs_the_watch(make_block):
+    block = make_block(2, poll=0.01)
+    block._take_lock.acquire()  # a holder that never lets go (a dead process)
+
+    def watch():
+        raise BarrierAborted("a peer died")
+
+    with pytest.raises(BarrierAborted):
+        block.take(12, 4, watch)
+    block._take_lock.release()
 
 
 # ---------------------------------------------------------------- one command

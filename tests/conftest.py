@@ -73,11 +73,11 @@ DEFAULT_TIER = "not (sizes or slow or demo or mpi)"
 # What each marker means, and the steps of CI that select it: pyproject.toml.
 _STACK_MODULES = ["test_pymc*", "test_tutorials", "test_function", "test_rows",
                   "test_function_errors", "test_distribute_opfromgraph",
-                  "test_distribute_ops", "test_checkpoint", "test_gpu"]
+                  "test_distribute_ops", "test_checkpoint", "test_gpu", "test_chunks"]
 _DEVICE_MODULES = ["test_function", "test_function_errors", "test_data", "test_collectives",
                    "test_steps", "test_train", "test_shares", "test_checkpoint"]
 _REPLAY_MODULES = ["test_function", "test_collectives", "test_steps", "test_data",
-                   "test_rows"]
+                   "test_rows", "test_chunks"]
 TIERS: list[tuple[str, set[str]]] = [
     # the area: by folder; programs run as users run them are "demo"
     ("unit/*", {"unit"}),
@@ -93,6 +93,7 @@ TIERS: list[tuple[str, set[str]]] = [
     *((f"integration/{m}.py::*", {"stack"}) for m in _STACK_MODULES),
     ("unit/test_pymc_*", {"stack"}),
     ("unit/test_rows.py::*", {"stack"}),  # PyTensor's shape inference and rewrites
+    ("unit/test_chunks_unit.py::*", {"stack"}),  # DotInto's gemm on each backend
     # the docs' PyMC examples; the others take the library paths of the stack suites
     # above (functions, collectives, steps) and run on the two newer PyTensors
     ("integration/test_docs_examples.py::test_docs_example_runs[pymc_*", {"stack"}),

@@ -28,3 +28,23 @@ def test_a_worker_dying_inside_a_step_breaks_the_session():
             steps.run(two)
     finally:
         synk.close()
+
+
+def test_a_worker_failing_in_a_call_in_chunks():
+    """Rows in chunks (a counter the processes share): a worker that raises gives
+    WorkerError and the next call takes every chunk again; one killed gives
+    WorkerDiedError, never a hang."""
+    synk.fork(3)
+    try:
+        x = pt.dmatrix("x")
+        f = synk.function([x], (x.sum(), "sum"))
+        synk.distribute()
+        data = synk.data(np.ones((50, 2)))
+        assert f(data, chunks=7) == 100.0
+        with fault_at("function", "raise", ranks=[2]), pytest.raises(synk.WorkerError):
+            f(data, chunks=7)
+        assert f(data, chunks=7) == 100.0
+        with fault_at("function", "kill", ranks=[1]), pytest.raises(synk.WorkerDiedError):
+            f(data, chunks=7)
+    finally:
+        synk.close()

@@ -70,12 +70,15 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   ``sharded_tests_passed`` counts its tests that passed, over every run. A run killed
   at its time limit still reports the tests it finished (from pytest's verbose
   output); a failed run records its first distinct tracebacks (``reasons``).
-- ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 4 and
-  16, each against the ceiling of n plain programs running at once, with its phase
-  account (``--phases``: every rank's compute, gather, update, exchange, waiting and
-  CPU time per step, and its CPU time per empty command and 4-byte all-reduce), and
-  beside the even split the step with rows balanced by measured speed (``--balance``:
-  at 16 on an H200 machine the ranks' compute for the same rows ranged 25-37 ms);
+- ``cpu_scaling``: ``benchmarks/scaling.py`` (MLP, ``device="cpu"``) at n = 1, 2, 4, 8
+  and 16, each against the ceiling of n plain programs running at once and torch's
+  ``DistributedDataParallel`` (gloo, one thread a process) in the same rounds, with
+  its phase account (``--phases``: every rank's compute, gather, update, exchange,
+  waiting and CPU time per step, and its CPU time per empty command and 4-byte
+  all-reduce), and beside the even split the step whose rows the processes take in
+  chunks as they come free (``--chunks-per-process 2``: at 16 on an H200 machine the
+  ranks' compute for the same rows ranged 25-37 ms, so the others waited for the
+  slowest);
   ``scaling.draw_phases`` draws the landed JSON's ``phases``.
 - ``cpu_all_reduce``: ``benchmarks/collectives.py`` at n = 2, 8, 16, 4 B and 64 MiB,
   beside mpi4py's ``Allreduce`` (when ``mpirun`` is on the PATH).
@@ -149,9 +152,11 @@ FULL = {
     "step_mlp_rows": 256, "step_resnet": {"blocks": [1, 1, 1, 1], "width": 16,
                                           "image_size": 32, "rows": 64},
     "step_rounds": 5, "step_seconds": 1.0,
-    "scaling_sizes": [1, 4, 16], "scaling_rows": 256, "scaling_rounds": 2,
+    # the even and the chunked step (issue 62) beside torch DDP and the ceiling
+    "scaling_sizes": [1, 2, 4, 8, 16], "scaling_rows": 256, "scaling_rounds": 2,
     "scaling_seconds": 0.3, "scaling_attempts": 2,
-    "scaling_phase_steps": 20, "scaling_fixed_commands": 300, "scaling_balance": True,
+    "scaling_phase_steps": 20, "scaling_fixed_commands": 300, "scaling_balance": False,
+    "scaling_chunks_per_process": 2, "scaling_torch": True,
     "allreduce_n": [2, 8, 16], "allreduce_bytes": [4, 64 * MIB], "allreduce_scale": 0.25,
     "pymc_rows": 300_000, "pymc_sizes": [1, 4, 16], "pymc_repeats": 3,
     "pymc_rounds": 1,
@@ -163,7 +168,7 @@ FULL = {
     # seconds each part may take at most (less when the deadline is near)
     "budgets": {"environment": 20, "nccl_unit": 45, "nccl_all_reduce": 25,
                 "nccl_two_ranks": 30, "step_overhead": 90, "gpu_tests": 110,
-                "cpu_scaling": 150, "cpu_all_reduce": 45, "pymc_evaluation": 50,
+                "cpu_scaling": 240, "cpu_all_reduce": 45, "pymc_evaluation": 50,
                 "pymc_chains": 100, "pymc_peers": 240},
 }
 LOCAL = dict(FULL, **{
@@ -176,6 +181,7 @@ LOCAL = dict(FULL, **{
     "scaling_sizes": [1, 2], "scaling_rows": 32, "scaling_rounds": 1,
     "scaling_seconds": 0.1, "scaling_attempts": 1,
     "scaling_phase_steps": 3, "scaling_fixed_commands": 20, "scaling_balance": False,
+    "scaling_chunks_per_process": 2, "scaling_torch": False,
     "allreduce_n": [2], "allreduce_bytes": [4, 1 * MIB], "allreduce_scale": 0.02,
     "pymc_rows": 20_000, "pymc_sizes": [1, 2], "pymc_repeats": 3, "pymc_rounds": 1,
     "chains_rows": 2_000, "chains_draws": 20, "chains_layouts": ["1x2", "2x1"],
@@ -611,7 +617,9 @@ def part_cpu_scaling(cfg: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="synk-device-scaling-") as tmp:
         command = [sys.executable, str(BENCHMARKS / "scaling.py"), "--model", "mlp",
                    "--sizes", ",".join(map(str, cfg["scaling_sizes"])), "--lean",
-                   "--no-state", "--no-torch", "--rows", str(cfg["scaling_rows"]),
+                   "--no-state", *([] if cfg["scaling_torch"] else ["--no-torch"]),
+                   "--chunks-per-process", str(cfg["scaling_chunks_per_process"]),
+                   "--rows", str(cfg["scaling_rows"]),
                    "--rounds", str(cfg["scaling_rounds"]), "--seconds",
                    str(cfg["scaling_seconds"]), "--attempts", str(cfg["scaling_attempts"]),
                    "--dataset-rows", str(max(1024, 4 * cfg["scaling_rows"]
@@ -628,8 +636,10 @@ def part_cpu_scaling(cfg: dict) -> dict:
     return {"command": done["command"], "seconds": done["seconds"],
             "vs_ceiling_per_n": headline.get("vs_ceiling_per_n"),
             "vs_ceiling_per_n_balanced": headline.get("vs_ceiling_per_n_balanced"),
-            "balance": report.get("balance"),
-            "target": "synk-16 shuffled >= 0.9 of 16 plain programs at once",
+            "balance": report.get("balance"), "chunks": report.get("chunks"),
+            "torch": report.get("torch"),
+            "target": "synk-16 shuffled >= 0.85 of 16 plain programs at once and >= 1.1x "
+                      "torch-ddp-16 (the even or the chunked step)",
             "headline": headline, "load": report.get("load"),
             "phases": {k: v for k, v in report.get("phases", {}).items() if k != "figure"},
             "configurations": [{k: c[k] for k in ("name", "samples_per_s", "ms_per_step",

@@ -4,7 +4,8 @@ Usage::
 
     python benchmarks/scaling.py [--model mlp|cnn] [--max-n N] [--rows 256]
         [--rounds 5] [--seconds 1.0] [--profile] [--wait-quiet 600] [--out DIR]
-        [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance] [--chunks K] [--busy B]
+        [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance] [--chunks K]
+        [--chunks-per-process P] [--busy B]
 
 The workload is one SGD step on synthetic float32 data held in memory: an MLP
 784-1024-1024-10 (ReLU, softmax cross-entropy; 1.86 M parameters), or with
@@ -81,7 +82,8 @@ gather ``X[idx]`` is part of the timed step, in every framework); contiguous ste
 next block of rows. Each speed-up is against the baseline with the same access, as in
 the paper ("compared against their own respective base cases").
 
-``--chunks K`` adds, at each n > 1, ``synk-n chunksK``: the default (sharded) step
+``--chunks K`` (or ``--chunks-per-process P``: ``K = P * n`` at each n) adds, at
+each n > 1, ``synk-n chunksK``: the default (sharded) step
 built with ``make_train_function(..., chunks=K)`` in its own session: each step's rows
 in K chunks that the processes take as they come free, each chunk's gradient added
 into the process's exchange slot. The headline gives it over the even split, over
@@ -694,6 +696,11 @@ def wait_for_quiet(limit_s: float, threshold: float) -> dict:
 SPINNER = "while True:\n    pass\n"
 
 
+def chunks_at(args, n: int) -> int:
+    """The chunks of the chunked step at ``n`` processes (0: none)."""
+    return args.chunks or args.chunks_per_process * n
+
+
 def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
     spec = {"model": args.model, "dataset_rows": args.dataset_rows}
     rows = args.rows
@@ -740,8 +747,9 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     variant(batch, access, True), framework="synkhronos", n=n,
                     batch=batch, scaling=scaling, access=access, allreduce=True,
                     sharded=n > 1, balance=False))
-        if n > 1 and args.chunks >= 2 * n:  # the even split in slices of a chunk's rows
-            slices = args.chunks // n
+        chunks = chunks_at(args, n)
+        if n > 1 and chunks >= 2 * n:  # the even split in slices of a chunk's rows
+            slices = chunks // n
             for access in accesses:
                 configs.append(Config(
                     f"synk-{n} sliced{slices} scaled {access} allreduce-on", [remote],
@@ -756,14 +764,14 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     variant(rows * n, access, True), framework="synkhronos", n=n,
                     batch=rows * n, scaling="scaled", access=access, allreduce=True,
                     sharded=True, balance=True))
-        if n > 1 and args.chunks:  # rows taken in chunks as the processes come free
-            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, chunks=args.chunks)
+        if n > 1 and chunks:  # rows taken in chunks as the processes come free
+            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, chunks=chunks)
             for access in accesses:
                 configs.append(Config(
-                    f"synk-{n} chunks{args.chunks} scaled {access} allreduce-on", [remote],
+                    f"synk-{n} chunks{chunks} scaled {access} allreduce-on", [remote],
                     variant(rows * n, access, True), framework="synkhronos", n=n,
                     batch=rows * n, scaling="scaled", access=access, allreduce=True,
-                    sharded=True, chunks=args.chunks))
+                    sharded=True, chunks=chunks))
         if n > 1 and not args.lean:  # the unsharded form, and no exchange at all
             remote = start(kind="synk", n=n, spin=args.spin, sharded=False)
             for access in accesses:
@@ -937,7 +945,7 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
             even = find(configs, framework="synkhronos", n=m, scaling="scaled",
                         access=access, allreduce=True, balance=False)
             chunked = find(configs, framework="synkhronos", n=m, access=access,
-                           chunks=args.chunks) if args.chunks else None
+                           chunks=chunks_at(args, m)) if chunks_at(args, m) else None
             ddp = find(configs, framework="torch-ddp", n=m, access=access)
             ceiling = find(configs, framework="independent", n=m, access=access)
             if even is not None and ddp is not None:
@@ -945,11 +953,11 @@ def summarize(configs: list[Config], args) -> tuple[list[dict], dict]:
                     even, ddp)
             if chunked is None:
                 continue
-            key = f"synk-{m} chunks{args.chunks} scaled {access} allreduce-on"
+            key = f"synk-{m} chunks{chunks_at(args, m)} scaled {access} allreduce-on"
             if even is not None:
                 headline[f"{key} / even split"] = ratio(chunked, even)
             sliced = find(configs, framework="synkhronos", n=m, access=access,
-                          num_slices=args.chunks // m)
+                          num_slices=chunks_at(args, m) // m)
             if sliced is not None:  # the same rows per run of the function, fixed
                 headline[f"{key} / even split in slices of a chunk"] = ratio(chunked, sliced)
             if ddp is not None:
@@ -1282,6 +1290,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=0,
                         help="also the step whose rows are taken in this many chunks as "
                              "the processes come free (make_train_function(chunks=...))")
+    parser.add_argument("--chunks-per-process", type=int, default=0,
+                        help="the same with this many chunks per process at each n")
     parser.add_argument("--busy", type=int, default=0,
                         help="programs that keep a core busy beside the benchmark, from "
                              "before the servers start to the end of the measurement "
@@ -1356,7 +1366,9 @@ def main() -> None:
         "sizes": args.sizes,
         "lean": args.lean,
         "balance": balance if args.balance else "omitted: no --balance",
-        "chunks": args.chunks or "omitted: no --chunks",
+        "chunks": ({str(m): chunks_at(args, m) for m in args.sizes if m > 1}
+                   if args.chunks or args.chunks_per_process
+                   else "omitted: no --chunks or --chunks-per-process"),
         "busy_programs": args.busy,
         "load": dict(quiet, startup_s=round(startup_s, 1),
                      load_at_measurement=[round(v, 2) for v in load_before],

@@ -115,6 +115,8 @@ def test_every_other_part_passed_and_says_what_it_measured(report):
     assert parts["gpu_tests"]["result"]["platform"] == "cpu"
     scaling = parts["cpu_scaling"]["result"]
     assert set(scaling["vs_ceiling_per_n"]) == {"2"}
+    assert scaling["chunks"] == {"2": 4}  # the chunked step beside the even one
+    assert "synk-2 chunks4 scaled shuffled allreduce-on / even split" in scaling["headline"]
     phases = scaling["phases"]["per_n"]["2"]
     assert [r["rank"] for r in phases["ms_per_step"]] == [0, 1]
     assert all(r["exchange"] > 0 and r["compute"] > 0 for r in phases["ms_per_step"])

@@ -111,6 +111,16 @@ def _viewed_inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     return entry
 
 
+def _rows_first(ctx: RankContext, call: Call, i: int) -> np.ndarray:
+    """Scattered input ``i`` as this process maps it, viewed with its rows first
+    (``in_axes``: an input whose rows lie along another axis)."""
+    view = call_view(call.scattered[i], ctx)
+    axes = call.axes
+    if axes is not None and axes[i]:
+        view = np.moveaxis(view, axes[i], 0)
+    return view
+
+
 def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays, and its weight (its row count)."""
     n, rank = ctx.size, ctx.rank
@@ -133,13 +143,9 @@ def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
         if weight or call.run_if_empty:
             buffers = call.minibatch or (False,) * len(call.scattered)
             positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
-            axes = call.axes
-            for i, ref in enumerate(call.scattered):
+            for i in range(len(call.scattered)):
                 rows = positions if buffers[i] else mine
-                view = call_view(ref, ctx)
-                if axes is not None and axes[i]:  # (``in_axes``) its rows first: a view
-                    view = np.moveaxis(view, axes[i], 0)
-                scattered.append(_cast(select_rows(view, rows), casts[i]))
+                scattered.append(_cast(select_rows(_rows_first(ctx, call, i), rows), casts[i]))
     offset = len(call.scattered)
     bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
     return scattered, bcast, weight
@@ -250,13 +256,7 @@ def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tu
         indices = None
         first, stop = call.batch_range
         length = stop - first
-    axes = call.axes
-    sources = []
-    for i, ref in enumerate(call.scattered):
-        view = call_view(ref, ctx)
-        if axes is not None and axes[i]:
-            view = np.moveaxis(view, axes[i], 0)
-        sources.append(view)
+    sources = [_rows_first(ctx, call, i) for i in range(len(call.scattered))]
     buffers = call.minibatch or (False,) * len(sources)
     offset = len(call.scattered)
     bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/scaling.py [--model mlp|cnn] [--max-n N] [--rows 256]
         [--rounds 5] [--seconds 1.0] [--profile] [--wait-quiet 600] [--out DIR]
         [--sizes 1,2,4,8,16] [--lean] [--no-state] [--balance] [--chunks K]
-        [--chunks-per-process P] [--busy B]
+        [--chunks-per-process P] [--busy B] [--busy-pinned]
 
 The workload is one SGD step on synthetic float32 data held in memory: an MLP
 784-1024-1024-10 (ReLU, softmax cross-entropy; 1.86 M parameters), or with
@@ -95,6 +95,9 @@ then stay in cache, gains that from chunks too: this tells the two gains apart).
 ``--busy B`` keeps B cores busy beside the whole run with pure-Python spinning
 programs (another user's job on the machine: the 2-core case of one busy core is
 ``--busy 1``); their processes count as the benchmark's own, not as foreign load.
+``--busy-pinned`` holds each of them to one core (the last usable ones): a program
+that stays on its core, so that the process the scheduler puts beside it runs at
+half speed until it moves, where an unpinned one is shared out among all.
 
 ``--profile`` adds the paper's Table 1: the shuffled, batch-scaled, all-reduce
 configuration run inside ``synk.profile()`` at n=1 and n=max, beside the plain program
@@ -693,7 +696,7 @@ def wait_for_quiet(limit_s: float, threshold: float) -> dict:
 
 
 # another program keeping one core busy (pure Python: no BLAS threads, no memory traffic)
-SPINNER = "while True:\n    pass\n"
+SPINNER = "import os\nos.sched_setaffinity(0, {cores})\nwhile True:\n    pass\n"
 
 
 def chunks_at(args, n: int) -> int:
@@ -1290,6 +1293,9 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=0,
                         help="also the step whose rows are taken in this many chunks as "
                              "the processes come free (make_train_function(chunks=...))")
+    parser.add_argument("--busy-pinned", action="store_true",
+                        help="each --busy program held to one core (the last usable ones), "
+                             "as a program that stays on its core does")
     parser.add_argument("--chunks-per-process", type=int, default=0,
                         help="the same with this many chunks per process at each n")
     parser.add_argument("--busy", type=int, default=0,
@@ -1317,8 +1323,10 @@ def main() -> None:
         args.tmp = tmp
         started = time.monotonic()
         configs, remotes = build_configs(args, torch_problem is None)
-        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER])
-                    for _ in range(args.busy)]
+        usable = sorted(os.sched_getaffinity(0))
+        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER.format(
+            cores={usable[-1 - i]} if args.busy_pinned else set(usable))])
+            for i in range(args.busy)]
         try:
             # synk first, alone: fork() picks its spin from the load average, which the
             # other servers' compiling would raise
@@ -1369,7 +1377,7 @@ def main() -> None:
         "chunks": ({str(m): chunks_at(args, m) for m in args.sizes if m > 1}
                    if args.chunks or args.chunks_per_process
                    else "omitted: no --chunks or --chunks-per-process"),
-        "busy_programs": args.busy,
+        "busy_programs": args.busy, "busy_pinned": args.busy_pinned,
         "load": dict(quiet, startup_s=round(startup_s, 1),
                      load_at_measurement=[round(v, 2) for v in load_before],
                      load_after_measurement=[round(v, 2) for v in load_after],

@@ -211,7 +211,11 @@ class Profile:
         """Totals in seconds: the per-rank phases are averaged over the ranks that ran.
 
         ``function_max`` sums the slowest rank's function time per call, so
-        ``function_max - function`` is the imbalance between processes.
+        ``function_max - function`` is the imbalance between processes. The steps'
+        phases (``per_rank``) come as ``step_<phase>`` (``step_compute``,
+        ``step_update``, ``step_exchange``, ``step_wait``, ...: averaged over the
+        ranks), and ``step_compute_max`` sums the slowest rank's compute per step: at
+        any number of processes, one process included (all zero without steps).
         """
         calls = [r for r in self.records if r.kind == "call"]
         collectives = [r for r in self.records if r.kind == "collective"]
@@ -232,7 +236,17 @@ class Profile:
             "straggler": sum(r.straggler for r in calls + steps),
             "reduce": sum(r.reduce for r in calls),
             "collective": sum(r.total for r in collectives),
+            **self._step_summary(),
         }
+
+    def _step_summary(self) -> dict[str, float]:
+        """``summary``'s step phases (see there)."""
+        ranks = self.per_rank()
+        out = {f"step_{phase}": (sum(entry[phase] for entry in ranks) / len(ranks)
+                                 if ranks else 0.0) for phase in PHASES + CPU}
+        out["step_compute_max"] = sum(max((entry["compute"] for entry in step), default=0.0)
+                                      for step in self.step_phases())
+        return out
 
 
 def _call_timings(reply: Any) -> tuple[float, float] | None:

@@ -148,6 +148,12 @@ def test_a_training_step_has_every_ranks_phases(n):
         spent = sum(master[phase] for phase in PHASES)
         assert spent <= sum(r.total for r in prof.records if r.kind == "step") + 1e-4
         assert len(prof.step_phases()) == 3
+        summary = prof.summary()  # the same phases, averaged over the ranks
+        for phase in PHASES:
+            assert summary[f"step_{phase}"] == pytest.approx(
+                sum(entry[phase] for entry in per_rank) / n, abs=1e-12), phase
+        assert summary["step_compute"] > 0 and (summary["step_exchange"] > 0) == (n > 1)
+        assert summary["step_compute_max"] >= summary["step_compute"] - 1e-12
     finally:
         synk.close()
     w_plain = pytensor.shared(values.copy(), name="w")

@@ -236,10 +236,11 @@ class _Takes:
         if seq != self.seq:
             self.seq, self.count = seq, 0
         self.count += 1
-        return seq * 1024 + self.count
+        return seq * _TAGS_PER_COMMAND + self.count
 
 
 _TAKES: RankVar[_Takes] = RankVar("chunk takes", lambda ctx: _Takes())
+_TAGS_PER_COMMAND = 1 << 20  # (more chunked calls than this in one command: none)
 
 
 def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tuple | None:
@@ -283,7 +284,7 @@ def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tu
         done = clock()
         gather += ran - started
         compute += done - ran
-        for acc, value in zip(outputs, values, strict=False):
+        for acc, value in zip(outputs, values, strict=True):
             acc.add(value, hi - lo)
         rows += hi - lo
     if rows == 0:

@@ -166,8 +166,9 @@ def check_chunked(chunks: Any, ops: list[ReduceOp], subset: tuple[int, ...] | No
         raise ValueError(f"chunks must be None or an int >= 1; got {chunks!r}")
     for i in range(len(ops)) if subset is None else subset:
         if ops[i] in (ReduceOp.GATHER, ReduceOp.NONE):
+            shown = "None" if ops[i] is ReduceOp.NONE else repr(ops[i].value)
             raise ValueError(
-                f"output {i} has op {ops[i].value!r}: in chunks the processes run the rows "
+                f"output {i} has op {shown}: in chunks the processes run the rows "
                 "in the order they take them, so its rows could not come back in order; "
                 "call without chunks, or leave it out with output_subset")
     for variable, value in updates:

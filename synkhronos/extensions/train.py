@@ -609,8 +609,13 @@ def make_train_function(loss: Variable, params: Sequence[SharedVariable],
         rows each chunk had, so the step equals the even split's up to
         floating-point rounding, whatever process ran which chunk. A process slowed by
         another program beside it takes fewer chunks, and the others do not wait for
-        it. Costs a little on quiet cores (a lock per chunk, smaller products): see the
-        scaling page for when it pays. Scattered ``inputs`` on ``device="cpu"`` only;
+        it. Every chunk is a call of the gradient function, which pays what a call
+        costs whatever its rows (reading every weight, writing every weight's
+        gradient): for a model with large weights and few rows a process (the MLP of
+        ``benchmarks/scaling.py`` at 256 rows) that is more than the wait it saves,
+        and the even split stays faster; see the performance page's "Rows taken as
+        the processes come free" for when it pays. Scattered ``inputs`` on
+        ``device="cpu"`` only;
         not with ``balance``; a step called with ``num_slices`` or ``shares`` takes
         the even split. Which rows a process takes depends on timing, so two runs may
         differ in the last bits.

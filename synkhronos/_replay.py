@@ -78,6 +78,13 @@ class Record:
     epoch: int  # valid while ``epoch.current`` is this
 
 
+def slot_of(num_slices: int, chunks: int | None) -> Any:
+    """The first half of a record's key: ``num_slices``, or with rows in chunks
+    ``(num_slices, chunks)`` (a chunked call is kept apart from the same call on
+    blocks: its message differs)."""
+    return (num_slices, chunks) if chunks else num_slices
+
+
 def keep(prepared: PreparedCall, key: tuple, call: Call) -> None:
     """After a plain call ran (the caller holds the session): keep its record."""
     if not epoch.REPLAY:
@@ -92,13 +99,14 @@ def keep(prepared: PreparedCall, key: tuple, call: Call) -> None:
     buffers = prepared.staging.destinations(refs, positions)
     if buffers is None:  # (staged as a later call of its command: not where it reads)
         return
-    in_place = prepared.reads_in_place and call.num_slices == 1 and not call.timings and (
+    in_place = (prepared.reads_in_place and call.num_slices == 1 and not call.timings
+                and not call.chunks) and (
         sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
             for i in positions) >= _IN_PLACE_BYTES)
     sync = (functools.partial(prepared.staging.sync, positions)
             if prepared.staging.split is not None else None)
-    records[(call.num_slices, key)] = Record(call, prepared.prepared.output_ops, positions,
-                                             buffers, in_place, sync, epoch.current)
+    records[(slot_of(call.num_slices, call.chunks), key)] = Record(
+        call, prepared.prepared.output_ops, positions, buffers, in_place, sync, epoch.current)
 
 
 def run(session: Session, record: Record, args: tuple) -> list:

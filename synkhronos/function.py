@@ -240,10 +240,12 @@ class Function:
                 variants.sliced if type(num_slices) is int else None)
             if (plain is not None and not kwargs and batch is None and batch_s is None
                     and output_subset is None and self._slices is None and shares is None
-                    and chunks is None):
-                # Inputs like an earlier call's and nothing else asked: replay it
+                    and (chunks is None or (type(chunks) is int and chunks > 0))):
+                # Inputs like an earlier call's and nothing else asked: replay it (rows
+                # in chunks too: the same message, the counter's tag is the command's)
                 key = repeat_key(args)
-                record = plain.records.get((num_slices, key)) if key is not None else None
+                record = (plain.records.get((_replay.slot_of(num_slices, chunks), key))
+                          if key is not None else None)
                 if record is not None and record.epoch == epoch.current:
                     if session.instrument is None:  # (``replay`` inline: every
                         # repeated call comes here)
@@ -314,7 +316,7 @@ class Function:
         key = repeat_key(args) if (
             not kwargs and batch is None and batch_s is None
             and subset is None and self._slices is None
-            and shares is None and not chunks
+            and shares is None
             and (not asked or session.instrument is not None)) else None
         ops = prepared.prepared.output_ops
 

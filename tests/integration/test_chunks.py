@@ -19,10 +19,10 @@ import pytest
 
 import synkhronos as synk
 from synkhronos.extensions import make_train_function, make_train_function_pytensor
-from synkhronos.testing import rank_values
+from synkhronos.testing import commands_run, rank_values
 from tests.unit.test_updates_unit import initial_params, make_data, symbolic_model
 
-from ..conftest import DEVICE, sizes_to_run
+from ..conftest import DEVICE, REPLAY, sizes_to_run
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,10 +111,22 @@ def test_every_chunk_runs_once_and_the_result_is_the_plain_one(made, batch, chun
 
 
 def test_the_counter_starts_again_for_every_call_and_every_step(made):
+    total = np.asarray(40.0)  # (an array: a repeated call may replay)
+    for data in (made.xd, X):  # the repeated call replays its message (the one command)
+        made.zero()
+        got = made.f(data, total, chunks=6)
+        for _ in range(2):
+            before = commands_run()
+            got = made.f(data, total, chunks=6)
+            assert commands_run() == before + 1
+        assert_every_row_once_and_like_plain(made, got, np.arange(40), calls=3)
+    kept = [slot for slot, _ in made.f._variants.plain.records]  # (what replay kept)
+    assert ((1, 6) in kept) == REPLAY
     made.zero()
-    for _ in range(3):
-        got = made.f(made.xd, 40.0, chunks=6)
-    assert_every_row_once_and_like_plain(made, got, np.arange(40), calls=3)
+    made.f(made.xd, 40.0)  # the same arguments on blocks: kept apart from the chunks
+    made.f(made.xd, 40.0, chunks=6)
+    assert_every_row_once_and_like_plain(made, made.f(made.xd, 40.0), np.arange(40),
+                                         calls=3)
     made.zero()
     results = synk.steps.run([synk.steps.call(made.f, made.xd, 40.0, chunks=6),
                               synk.steps.call(made.f, made.xd, 40.0, chunks=9)])
@@ -137,6 +149,7 @@ def test_what_chunks_cannot_do_is_refused_before_anything_moves(made):
         (lambda: made.f(made.xd, 40.0, chunks=3, num_slices=2), "num_slices fixes them"),
         (lambda: made.f(made.xd, 40.0, chunks=3, shares=[1.0] * made.n), "shares fixes"),
         (lambda: made.f(made.xd, 40.0, chunks=0), "an int >= 1"),
+        (lambda: made.f(made.xd, 40.0, chunks=-2), "an int >= 1"),
         (lambda: made.f(made.xd, 40.0, chunks=True), "an int >= 1"),
         (lambda: made.f(made.xd, 40.0, chunks=2.0), "an int >= 1"),
     ]

@@ -124,31 +124,47 @@ def _rows_first(ctx: RankContext, call: Call, i: int) -> np.ndarray:
 def _inputs(ctx: RankContext, call: Call) -> tuple[list, list, int]:
     """This rank's scattered and broadcast arrays, and its weight (its row count)."""
     n, rank = ctx.size, ctx.rank
-    casts = call.casts
     scattered: list[np.ndarray] = []
     weight = 1
     if call.scattered:
+        length, indices, first = _selected(ctx, call)
         offsets = call.offsets  # rows in proportion to shares, or None: the even split
-        if call.batch_indices is not None:
-            indices = call_view(call.batch_indices, ctx)
-            lo, hi = (block(len(indices), n, rank) if offsets is None
-                      else (offsets[rank], offsets[rank + 1]))
-            mine = Batch(indices=indices[lo:hi])
-        else:
-            start, stop = call.batch_range
-            lo, hi = (block(stop - start, n, rank) if offsets is None
-                      else (offsets[rank], offsets[rank + 1]))
-            mine = Batch(start=start + lo, stop=start + hi)
+        lo, hi = (block(length, n, rank) if offsets is None
+                  else (offsets[rank], offsets[rank + 1]))
         weight = hi - lo
         if weight or call.run_if_empty:
-            buffers = call.minibatch or (False,) * len(call.scattered)
-            positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
-            for i in range(len(call.scattered)):
-                rows = positions if buffers[i] else mine
-                scattered.append(_cast(select_rows(_rows_first(ctx, call, i), rows), casts[i]))
-    offset = len(call.scattered)
-    bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
-    return scattered, bcast, weight
+            sources = [_rows_first(ctx, call, i) for i in range(len(call.scattered))]
+            scattered = _scattered_rows(call, sources, indices, first, lo, hi)
+    return scattered, _broadcast(ctx, call), weight
+
+
+def _selected(ctx: RankContext, call: Call) -> tuple[int, np.ndarray | None, int]:
+    """The call's selected rows: ``(how many, the batch indices or None, the first row
+    of a range)``."""
+    if call.batch_indices is not None:
+        indices = call_view(call.batch_indices, ctx)
+        return len(indices), indices, 0
+    start, stop = call.batch_range
+    return stop - start, None, start
+
+
+def _scattered_rows(call: Call, sources: list, indices: np.ndarray | None, first: int,
+                    lo: int, hi: int) -> list[np.ndarray]:
+    """Selected rows ``lo:hi`` of each scattered input (``sources``, rows first): a
+    view of a range, this process's own gather of indices, or a minibatch buffer's
+    rows ``lo:hi``; cast where the call asks."""
+    mine = (Batch(indices=indices[lo:hi]) if indices is not None
+            else Batch(start=first + lo, stop=first + hi))
+    positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
+    buffers, casts = call.minibatch, call.casts
+    return [_cast(select_rows(view, positions if buffers and buffers[i] else mine), casts[i])
+            for i, view in enumerate(sources)]
+
+
+def _broadcast(ctx: RankContext, call: Call) -> list[np.ndarray]:
+    """The broadcast inputs as this process maps them, cast where the call asks."""
+    offset, casts = len(call.scattered), call.casts
+    return [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
 
 
 def _sliceable_rows(ctx: RankContext, call: Call, prepared: Prepared) -> list[np.ndarray]:
@@ -249,18 +265,9 @@ def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tu
     chunks = call.chunks
     control = ctx.control
     tag = _TAKES.get(ctx).tag(ctx)
-    casts = call.casts
-    if call.batch_indices is not None:
-        indices = call_view(call.batch_indices, ctx)
-        first, length = 0, len(indices)
-    else:
-        indices = None
-        first, stop = call.batch_range
-        length = stop - first
+    length, indices, first = _selected(ctx, call)
     sources = [_rows_first(ctx, call, i) for i in range(len(call.scattered))]
-    buffers = call.minibatch or (False,) * len(sources)
-    offset = len(call.scattered)
-    bcast = [_cast(call_view(ref, ctx), casts[offset + i]) for i, ref in enumerate(call.bcast)]
+    bcast = _broadcast(ctx, call)
     outputs = [Accumulator(op) for op in prepared.output_ops]
     rows = 0
     gather = compute = 0.0
@@ -274,11 +281,7 @@ def _run_chunks(ctx: RankContext, call: Call, prepared: Prepared, fn: Any) -> tu
         if hi == lo:
             continue
         started = clock()
-        mine = (Batch(indices=indices[lo:hi]) if indices is not None
-                else Batch(start=first + lo, stop=first + hi))
-        positions = Batch(start=lo, stop=hi)  # a minibatch buffer's rows
-        scattered = [_cast(select_rows(view, positions if buffers[i] else mine), casts[i])
-                     for i, view in enumerate(sources)]
+        scattered = _scattered_rows(call, sources, indices, first, lo, hi)
         ran = clock()
         values = _as_list(fn(*scattered, *bcast))
         done = clock()

@@ -196,25 +196,19 @@ def _numba_gemm_add(dtype: np.dtype) -> Any:
     return gemm_add
 
 
+@numba_njit
+def _numba_dot_set(place, a, b):
+    np.dot(a, b, place)
+
+
 @register_funcify_default_op_cache_key(DotInto)
 def _numba_dot_into(op: DotInto, node: Any = None, **kwargs: Any) -> Any:
     start, stop, inplace = op.start, op.stop, op.inplace
-
     if op.add:
         dtype = np.dtype(node.outputs[0].type.dtype if node is not None else "float64")
-        gemm_add = _numba_gemm_add(dtype)
-
-        @numba_njit
-        def dot_add_into(flat, a, b):
-            rows, cols = a.shape[0], b.shape[1]
-            if rows * cols != stop - start:
-                raise ValueError("DotInto: the product does not fill its place")
-            if not inplace:
-                flat = flat.copy()
-            gemm_add(flat[start:stop].reshape((rows, cols)), a, b)
-            return flat
-
-        return dot_add_into
+        write = _numba_gemm_add(dtype)
+    else:
+        write = _numba_dot_set
 
     @numba_njit
     def dot_into(flat, a, b):
@@ -223,7 +217,7 @@ def _numba_dot_into(op: DotInto, node: Any = None, **kwargs: Any) -> Any:
             raise ValueError("DotInto: the product does not fill its place")
         if not inplace:
             flat = flat.copy()
-        np.dot(a, b, flat[start:stop].reshape((rows, cols)))
+        write(flat[start:stop].reshape((rows, cols)), a, b)
         return flat
 
     return dot_into

@@ -722,6 +722,19 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
             out["allreduce"] = allreduce
         return out
 
+    def sharded_step(n: int, remote: Remote, label: str, num_slices: int = 1,
+                     **labels) -> None:
+        """The default (sharded) step of ``remote`` at ``n``, batch scaled, with the
+        exchange, at both accesses: ``synk-n <label>``."""
+        for access in accesses:
+            step = variant(rows * n, access, True)
+            if num_slices > 1:
+                step["num_slices"] = labels["num_slices"] = num_slices
+            configs.append(Config(
+                f"synk-{n} {label} scaled {access} allreduce-on", [remote], step,
+                framework="synkhronos", n=n, batch=rows * n, scaling="scaled",
+                access=access, allreduce=True, sharded=True, **labels))
+
     for threads, name in ((1, "pytensor-1thread"), ("all", "pytensor-threads")):
         remote = start(kind="pytensor", threads=threads)
         batches = [rows] if threads == 1 or args.max_n == 1 else [rows, rows * args.max_n]
@@ -752,29 +765,15 @@ def build_configs(args, torch_ok: bool) -> tuple[list[Config], list[Remote]]:
                     sharded=n > 1, balance=False))
         chunks = chunks_at(args, n)
         if n > 1 and chunks >= 2 * n:  # the even split in slices of a chunk's rows
-            slices = chunks // n
-            for access in accesses:
-                configs.append(Config(
-                    f"synk-{n} sliced{slices} scaled {access} allreduce-on", [remote],
-                    dict(variant(rows * n, access, True), num_slices=slices),
-                    framework="synkhronos", n=n, batch=rows * n, scaling="scaled",
-                    access=access, allreduce=True, sharded=True, num_slices=slices))
+            sharded_step(n, remote, f"sliced{chunks // n}", num_slices=chunks // n)
         if n > 1 and args.balance:  # rows in proportion to each process's measured speed
-            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, balance=True)
-            for access in accesses:
-                configs.append(Config(
-                    f"synk-{n} balanced scaled {access} allreduce-on", [remote],
-                    variant(rows * n, access, True), framework="synkhronos", n=n,
-                    batch=rows * n, scaling="scaled", access=access, allreduce=True,
-                    sharded=True, balance=True))
+            sharded_step(n, start(kind="synk", n=n, spin=args.spin, sharded=True,
+                                  balance=True),
+                         "balanced", balance=True)
         if n > 1 and chunks:  # rows taken in chunks as the processes come free
-            remote = start(kind="synk", n=n, spin=args.spin, sharded=True, chunks=chunks)
-            for access in accesses:
-                configs.append(Config(
-                    f"synk-{n} chunks{chunks} scaled {access} allreduce-on", [remote],
-                    variant(rows * n, access, True), framework="synkhronos", n=n,
-                    batch=rows * n, scaling="scaled", access=access, allreduce=True,
-                    sharded=True, chunks=chunks))
+            sharded_step(n, start(kind="synk", n=n, spin=args.spin, sharded=True,
+                                  chunks=chunks),
+                         f"chunks{chunks}", chunks=chunks)
         if n > 1 and not args.lean:  # the unsharded form, and no exchange at all
             remote = start(kind="synk", n=n, spin=args.spin, sharded=False)
             for access in accesses:

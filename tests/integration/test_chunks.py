@@ -22,7 +22,7 @@ from synkhronos.extensions import make_train_function, make_train_function_pyten
 from synkhronos.testing import commands_run, rank_values
 from tests.unit.test_updates_unit import initial_params, make_data, symbolic_model
 
-from ..conftest import DEVICE, REPLAY, sizes_to_run
+from ..conftest import REPLAY, session_fixture
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,8 +36,8 @@ class Functions:
     """A function whose updates add into their variables (rows run, a gradient), one
     whose update does not, and training steps in chunks."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __init__(self) -> None:
+        self.n = synk.n_parallel()
         x = pt.dmatrix("x")
         w = pytensor.shared(W, name="w")
         self.rows = pytensor.shared(np.zeros(()), name="rows")  # rows this process ran
@@ -78,13 +78,7 @@ class Functions:
                                             learning_rate=0.05), params
 
 
-@pytest.fixture(scope="module", params=sizes_to_run([1, 2, 3]), ids=lambda n: f"n{n}")
-def made(request):
-    synk.fork(request.param, device=DEVICE)
-    try:
-        yield Functions(request.param)
-    finally:
-        synk.close()
+made = session_fixture(Functions)
 
 
 def selected(batch) -> np.ndarray:

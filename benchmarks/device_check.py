@@ -37,7 +37,7 @@ still run. A part that cannot run on this machine is ``skipped`` with the reason
   versions of Python, numpy, PyTensor, JAX, CuPy, NCCL, PyMC, mpi4py and torch.
 - ``nccl_unit``: the tests marked ``nccl`` (one-rank NCCL all-reduce and broadcast on
   device buffers through the private ``synkhronos._runtime.nccl``, which only unit
-  tests may import; the next two parts run ``python -m synkhronos.testing.nccl_probe``).
+  tests may import; the next two parts run ``tests/support/nccl_probe.py``).
 - ``nccl_all_reduce``: a one-rank ``Communicator.all_reduce`` and ``broadcast`` of
   64 MiB of float32 on the GPU, timed (median of ``nccl_trials``).
 - ``nccl_two_ranks``: two processes on the one GPU, each a ``Communicator(2, rank,
@@ -323,11 +323,11 @@ def part_nccl_unit(cfg: dict) -> dict:
     return record
 
 
-PROBE = [sys.executable, "-m", "synkhronos.testing.nccl_probe"]
+PROBE = [sys.executable, str(REPO / "tests" / "support" / "nccl_probe.py")]
 
 
 def _probe(args: list[str], timeout: float, env: dict | None = None) -> dict:
-    """Run ``python -m synkhronos.testing.nccl_probe ARGS``; its JSON line."""
+    """Run ``python tests/support/nccl_probe.py ARGS``; its JSON line."""
     done = subprocess.run([*PROBE, *args], cwd=REPO, env=env or child_env(),
                           capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:

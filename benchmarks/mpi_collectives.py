@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the checkout's tests/support
 SIZES = [4 * 16**k for k in range(7)]  # 4 B .. 64 MiB
 DTYPE = np.float32
 
@@ -143,7 +144,7 @@ def idle_percent(seconds: float = 0.5) -> float:
 
 def launch(argv: list[str], n: int, transport: str, library: str, netns, per_host: int,
            timeout: float) -> list[dict]:
-    from synkhronos.testing import mpiexec
+    from tests.support import mpiexec
 
     if n:
         line, env = mpiexec.command(library, n, argv, transport, netns=netns,
@@ -244,7 +245,7 @@ def main() -> None:
     if args.role == "local":
         return role_local(sizes, 4)
 
-    from synkhronos.testing import mpiexec
+    from tests.support import mpiexec
 
     library = mpiexec.mpi_library()
     if library is None:

@@ -1,6 +1,6 @@
 """Soak: many small calls and many fork/close cycles leave nothing behind.
 
-Runs :func:`synkhronos.testing.soak.soak` (which the test suite runs short, in
+Runs ``soak`` of ``tests/support/soak.py`` (which the test suite runs short, in
 ``tests/faults/test_soak.py``) at full length and prints its JSON: after a warm-up
 cycle (the baseline) and again at the end, the master's child processes, open file
 descriptors, synkhronos entries in /dev/shm and resident set size, whose growth over
@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from synkhronos.testing.soak import soak
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/
+from tests.support.soak import soak  # noqa: E402
 
 
 def main() -> None:

@@ -1,14 +1,14 @@
 """A short soak: calls and fork/close cycles return every resource to its baseline.
 
 The long version is ``benchmarks/soak.py`` (100 000 calls, 50 cycles); both run
-``synkhronos.testing.soak``.
+``tests/support/soak.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from synkhronos.testing.soak import soak
+from ..support.soak import soak
 
 
 @pytest.mark.timeout(240)

@@ -2,7 +2,7 @@
 machine.
 
 The command line of a launch, the three transports (``"shm"``, ``"tcp"``, ``"netns"``)
-and the network namespaces are :mod:`synkhronos.testing.mpiexec`'s, which the MPI
+and the network namespaces are ``tests/support/mpiexec.py``'s, which the MPI
 benchmark shares; this module runs a script of ``scripts/`` through them and cleans
 up after it. Every launch runs in its own process group with a timeout; on expiry the
 group is SIGKILLed and the test fails with the output so far. After every launch,
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from synkhronos.testing.mpiexec import (  # noqa: F401 (the tests take them from here too)
+from ..support.mpiexec import (  # noqa: F401 (the tests take them from here too)
     BIN,
     MPI_SHM_PREFIXES,
     NETNS_HOSTS,

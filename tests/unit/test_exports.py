@@ -33,11 +33,6 @@ def test_top_level_names_are_the_contracts():
     assert len(synk.__all__) == len(set(synk.__all__))
 
 
-# what the tests and the benchmarks share
-PUBLIC_MODULES += ["synkhronos.testing.soak", "synkhronos.testing.mpiexec",
-                   "synkhronos.testing.nccl_probe"]
-
-
 @pytest.mark.parametrize("module", PUBLIC_MODULES)
 def test_every_exported_name_exists_and_is_documented(module):
     mod = importlib.import_module(module)

@@ -44,9 +44,6 @@ PUBLIC = {
 }
 THIRD_PARTY_OF_RUNTIME = {"numpy", "posix_ipc"}
 DEVICE_MODULES = {"placement", "nccl"}  # the device libraries live behind these two
-# what the tests and the benchmarks share lives in synkhronos.testing's submodules
-PUBLIC |= {"synkhronos.testing.soak", "synkhronos.testing.mpiexec",
-           "synkhronos.testing.nccl_probe"}
 
 
 def _module_name(path: Path) -> str:
@@ -244,7 +241,9 @@ def test_fused_duck_types_no_backend():
 def _outside_files() -> list[Path]:
     roots = [ROOT / "tests" / "integration", ROOT / "tests" / "faults", ROOT / "tests" / "mpi",
              ROOT / "benchmarks", ROOT / "demos", ROOT / "docs" / "examples"]
-    files = [ROOT / "tests" / "conftest.py", ROOT / "tests" / "cases.py"]
+    # (tests/support/nccl_probe.py drives the private NCCL layer, as the unit tests do)
+    files = [ROOT / "tests" / "conftest.py", ROOT / "tests" / "cases.py",
+             ROOT / "tests" / "support" / "soak.py", ROOT / "tests" / "support" / "mpiexec.py"]
     for root in roots:
         if root.exists():
             files += sorted(root.rglob("*.py"))

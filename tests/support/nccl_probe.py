@@ -1,14 +1,14 @@
 """NCCL on a GPU, probed one step below a session: one rank alone, and two ranks on one
-device (run as ``python -m synkhronos.testing.nccl_probe``; it prints one JSON line).
+device (run as ``python tests/support/nccl_probe.py``; it prints one JSON line).
 
 A session hides which collectives layer it runs on; these probes call the NCCL layer
 (``synkhronos._runtime.nccl``) directly, to time a one-rank all-reduce and broadcast
 and to learn whether NCCL accepts two ranks on one GPU. ``benchmarks/device_check.py``
 runs them in subprocesses (a hung NCCL call is killed with its process)::
 
-    python -m synkhronos.testing.nccl_probe time NBYTES TRIALS  # one-rank all_reduce, broadcast
-    python -m synkhronos.testing.nccl_probe rank R UID_JSON     # one rank of a two-rank probe
-    python -m synkhronos.testing.nccl_probe uid                 # a communicator id for them
+    python tests/support/nccl_probe.py time NBYTES TRIALS  # one-rank all_reduce, broadcast
+    python tests/support/nccl_probe.py rank R UID_JSON     # one rank of a two-rank probe
+    python tests/support/nccl_probe.py uid                 # a communicator id for them
 
 Needs JAX and CuPy with NCCL (the ``gpu`` extra) and a CUDA GPU.
 """
@@ -27,7 +27,7 @@ def time_one_rank(nbytes: int, trials: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from .._runtime import nccl
+    from synkhronos._runtime import nccl
 
     comm = nccl.Communicator(1, 0, nccl.unique_id())
     x = jnp.ones(nbytes // 4, dtype=jnp.float32) * 3
@@ -54,7 +54,7 @@ def one_rank_of_two(rank: int, uid: list[int]) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from .._runtime import nccl
+    from synkhronos._runtime import nccl
 
     comm = nccl.Communicator(2, rank, uid)
     try:
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
     elif argv[0] == "rank":
         out = one_rank_of_two(int(argv[1]), json.loads(argv[2]))
     elif argv[0] == "uid":
-        from .._runtime import nccl
+        from synkhronos._runtime import nccl
 
         out = {"uid": list(nccl.unique_id())}
     else:

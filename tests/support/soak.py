@@ -7,7 +7,7 @@ entries in /dev/shm, and its resident set size. Every cycle builds a new PyTenso
 function, and PyTensor keeps some memory per compiled function for the life of the
 process with no synkhronos involved, so the growth over the cycles is set beside
 plain PyTensor building the same graph as often in a fresh process (the peer:
-``python -m synkhronos.testing.soak --plain-builds N`` prints its growth).
+``python tests/support/soak.py --plain-builds N`` prints its growth).
 
 The test suite runs a short soak (``tests/faults/test_soak.py``);
 ``benchmarks/soak.py`` runs the long one (100 000 calls, 50 cycles) and prints it.
@@ -28,8 +28,7 @@ import pytensor
 import pytensor.tensor as pt
 
 import synkhronos as synk
-
-from . import leftover_segments, session_open
+from synkhronos.testing import leftover_segments, session_open
 
 __all__ = ["soak", "snapshot", "children", "open_files"]
 
@@ -111,7 +110,7 @@ def _plain_growth(cycles: int) -> int:
     look 2% worse than it is.
     """
     out = subprocess.run(
-        [sys.executable, "-m", __name__, "--plain-builds", str(cycles)],
+        [sys.executable, __file__, "--plain-builds", str(cycles)],
         check=True, capture_output=True, text=True,
     )
     return json.loads(out.stdout)["growth_bytes"]
@@ -181,7 +180,7 @@ def soak(calls: int, cycles: int, n: int) -> dict:
     }
 
 
-def _main() -> None:  # the peer's process (python -m synkhronos.testing.soak)
+def _main() -> None:  # the peer's process (python tests/support/soak.py)
     parser = argparse.ArgumentParser(description="plain PyTensor's RSS growth per build")
     parser.add_argument("--plain-builds", type=int, required=True)
     args = parser.parse_args()

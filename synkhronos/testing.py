@@ -35,15 +35,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import _pytensor
-from .._core import context, faults
-from .._core.faults import POINTS
-from .._core.machines import leaders_of
-from .._core.protocol import Ping, RunCallable
-from .._core.session import current, require
-from .._runtime import shmem
-from .._scatter import split_bounds, weighted_counts
-from ..distribute import REGISTRY
+from . import _pytensor
+from ._core import context, faults
+from ._core.faults import POINTS
+from ._core.machines import leaders_of
+from ._core.protocol import Ping, RunCallable
+from ._core.session import current, require
+from ._runtime import shmem
+from ._scatter import split_bounds, weighted_counts
+from .distribute import REGISTRY
 
 __all__ = [
     "run_on_ranks",
@@ -299,7 +299,7 @@ def lane_runs() -> list[int]:
 
 
 def _lane_runs() -> int:
-    from .. import worker
+    from . import worker
 
     session = current()
     return worker.lane_runs if session is None else session.group.rounds_again
@@ -373,7 +373,7 @@ def skip_backend_preimport() -> None:
 
     For test programs that compile nothing for Numba (process handling, fault tests).
     """
-    from .. import lifecycle
+    from . import lifecycle
 
     lifecycle.PREIMPORT_BACKEND = False
 
@@ -385,6 +385,6 @@ def skip_watcher() -> None:
 
     For tests of that sweep.
     """
-    from .._runtime import watcher
+    from ._runtime import watcher
 
     watcher.ENABLED = False

@@ -129,10 +129,7 @@ def run(session: Session, record: Record, args: tuple) -> list:
         i += 1
     if record.sync is not None:
         record.sync()
-    replies = session.run_again(call) if session.runs_again else None
-    if replies is None:  # (not the last command's message)
-        replies = session.run_held(call, repeats=True)
-    return replies
+    return session.run_held(call, repeats=True)
 
 
 class Bound:

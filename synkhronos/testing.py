@@ -294,7 +294,7 @@ def lane_runs() -> list[int]:
     """Per rank, how many commands its process has run through a lane, a shortcut for
     a command that repeats the one before (a training loop's call): a worker's
     (``Executor.lanes``), and the master's command posted again as it stood
-    (``LocalGroup.round_again``; none at ``n_parallel=1``, where nothing is posted)."""
+    (``ControlBlock.post``; none at ``n_parallel=1``, where nothing is posted)."""
     return run_on_ranks(_lane_runs)
 
 
@@ -302,7 +302,10 @@ def _lane_runs() -> int:
     from . import worker
 
     session = current()
-    return worker.lane_runs if session is None else session.group.rounds_again
+    if session is None:
+        return worker.lane_runs
+    control = session.ctx.control
+    return 0 if control is None else control.reposts
 
 
 def session_open() -> bool:

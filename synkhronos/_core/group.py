@@ -73,7 +73,6 @@ class LocalGroup:
         self.workers: list[processes.Worker] = []
         self.ranks = [r for r in range(ctx.local_size) if r != ctx.local_rank]  # workers
         self._done_fields = ctx.control.done_fields(self.ranks) if ctx.control else []
-        self.rounds_again = 0  # commands posted again as they stood (``round_again``)
         self.host: str | None = None  # named in failures, over several machines
         self.also: Callable[[], None] | None = None  # the owner's part of ``watch``
         self.seq = 0  # the last command posted (or settled)
@@ -167,55 +166,6 @@ class LocalGroup:
             control.wait_done(local, seq, self._done_fields, self.watch)
             return local, own, control.replies.collect(self.ranks, ctx.arena,
                                                        not message.replies_reduced_at_once)
-        except KeyboardInterrupt:
-            self._interrupted(before, share_done)
-            raise
-        finally:
-            self._started = None
-
-    def round_again(self, message: Message, own_share: Share,
-                    ) -> tuple[Outcome, list | None, list[tuple[int, bool, Any]]] | None:
-        """``round`` for the message the last round posted, the same object (a training
-        loop's call): posted again as it stands (``ControlBlock.post_again``)
-        and, when every worker answers with arrays described as last time, their
-        replies taken as the views kept from then (``ReplySlots.replies_again``;
-        replies of None as they are).
-        Returns ``(own, replies, parts)``: the workers' replies by rank (None at this
-        rank), or None and ``parts`` as ``round`` gives them; or None having posted
-        nothing (the message is not the last one posted: the caller runs ``round``).
-        Signals that arrived before the post are forgotten, as ``Session.run_held``
-        does before a round."""
-        control = self.ctx.control
-        if control is None or control.again is not message:
-            return None
-        signals.forget()  # only a signal that arrives during this command is ours
-        local = self.ctx.local_rank
-        before = control.seq
-        share_done = False
-        try:
-            seq = control.post_again(message, local)
-            if not seq:
-                return None
-            self.seq = seq
-            self.rounds_again += 1
-            if self.timeout is not None:
-                self._started = time.monotonic()
-            own = own_share(message)
-            share_done = True
-            views = message.replies_reduced_at_once  # (views of the slots will do)
-            if own.failure is not None:
-                control.mark_failed(local, seq)
-            else:
-                replies = control.replies.replies_again(seq, self.ranks, views)
-                if replies is not None:  # every worker done already, as the last time
-                    return own, replies, []
-            control.wait_done(local, seq, self._done_fields, self.watch)
-            slots = control.replies
-            if own.failure is None:
-                replies = slots.replies_again(seq, self.ranks, views)
-                if replies is not None:
-                    return own, replies, []
-            return own, None, slots.collect(self.ranks, self.ctx.arena, not views)
         except KeyboardInterrupt:
             self._interrupted(before, share_done)
             raise

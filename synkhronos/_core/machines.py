@@ -492,7 +492,6 @@ class Several(Transport):
 
     def __init__(self, group: LocalGroup, machines: Machines):
         super().__init__(group)
-        self.round_again = None  # every command goes to the other machines first (run)
         self._machines = machines
         self._healthy = False
         self._closing: BaseException | None = None

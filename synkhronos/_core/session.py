@@ -64,14 +64,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from .._runtime import epoch, processes, signals
+from .._runtime import processes, signals
 from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
 from .execute import Executor, Outcome
 from .group import LocalGroup, Share
 from .protocol import Message
-from .transport import First, Transport, merge
+from .transport import First, Transport
 
 __all__ = ["Session", "State", "Instrument", "current", "require", "install"]
 
@@ -152,8 +152,6 @@ class Session:
         #: is distributed: then nothing is checked at all)
         self.fresh: Fresh | None = None
         self.transport = Transport(group)
-        #: Whether ``run_again`` may run a command (the transport has a lane for it).
-        self.runs_again = epoch.REPLAY and self.transport.round_again is not None
         # An RLock knows its owner: Python raises a Ctrl-C just after a C call returns,
         # so ``enter`` must be able to tell whether the interrupted acquire() got it.
         self._command_lock = threading.RLock()
@@ -176,7 +174,6 @@ class Session:
     def use(self, transport: Transport) -> None:
         """The transport ``fork`` chose (before the session is handed out)."""
         self.transport = transport
-        self.runs_again = epoch.REPLAY and transport.round_again is not None
 
     @property
     def replica_groups(self) -> tuple[tuple[int, int], ...] | None:
@@ -284,10 +281,6 @@ class Session:
         """
         took = self.enter()
         try:
-            if repeats and self.runs_again:  # (a message posted last, again: its lane)
-                replies = self.run_again(message)
-                if replies is not None:
-                    return replies
             return self.run_held(message, repeats)
         finally:
             if took:  # ``leave``, written out
@@ -319,42 +312,6 @@ class Session:
                 self._fail_raise(exc)
             except BaseException as exc:
                 self._fail_raise(exc)
-            if own.failure is not None or first is not None:
-                _raise_root_failure(self.ctx.master_rank, own, first)
-            return replies
-        finally:
-            self._running = False
-
-    def run_again(self, message: Message) -> list[Any] | None:
-        """``run_held(message, repeats=True)`` for the message the last command posted,
-        the same object (a training loop's call): the same command, with what the
-        layers between would look up again taken as it was (``LocalGroup.round_again``,
-        where the transport has it). None, having done nothing, where that does not
-        apply (a command left pending, an instrument watching, several machines,
-        another message posted since): the caller then runs ``run_held``."""
-        again = self.transport.round_again
-        if again is None or self.group.pending is not None or self.instrument is not None:
-            return None
-        self._running = True
-        try:
-            try:
-                ran = again(message, self._own_share)  # (it forgets earlier signals)
-            except KeyboardInterrupt as exc:
-                if not self.transport.interrupt_breaks:  # the group left the command
-                    raise _interrupted(exc) from None  # pending: the session stays
-                self._fail_raise(exc)
-            except BaseException as exc:
-                self._fail_raise(exc)
-            if ran is None:
-                return None
-            self.commands += 1
-            own, replies, parts = ran
-            if replies is not None:  # every worker's reply as the last time: none failed
-                replies[self.ctx.local_rank] = own.reply
-                return replies
-            replies = [None] * self.ctx.size
-            replies[self.ctx.local_rank] = own.reply
-            first = merge(replies, parts, None, 0) if parts else None
             if own.failure is not None or first is not None:
                 _raise_root_failure(self.ctx.master_rank, own, first)
             return replies

@@ -25,7 +25,6 @@ local round runs as here, and the other machines' replies join at the end.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._runtime.remote import RemoteFailure
@@ -60,10 +59,6 @@ class Transport:
     def __init__(self, group: LocalGroup):
         self.group = group
         self._size = group.ctx.size
-        #: ``LocalGroup.round_again``, where a command may be posted again as it stands
-        #: (every process is on this machine, and there are workers), else None.
-        self.round_again: Callable[..., Any] | None = (
-            group.round_again if group.ctx.control is not None else None)
 
     def run(self, message: Message, own_share: Share, key: Any
             ) -> tuple[list[Any], Outcome, First]:

@@ -77,6 +77,7 @@ import posix_ipc
 
 from . import shmem
 from .arena import Arena, ReleaseLog
+from .epoch import REPLAY
 from .memo import Decoded, Memo
 from .remote import BarrierAborted
 from .replies import REPLY_BYTES, STATUS_FAILED, STATUS_OK, ReplySlots
@@ -132,9 +133,9 @@ class ControlBlock:
         self._decoded = Decoded()  # worker: id -> message
         self._last_read: tuple[int, object] = (0, None)  # worker: the last (id, message)
         self._in_mailbox = 0  # master: the id of the message the mailbox holds (0: none)
-        #: The master's: the key of the last post while ``post_again`` may repeat it
-        #: (None: it may not).
-        self.again: object = None
+        #: The master's count of posts of the last post's message object again (a
+        #: training loop's call: no hash, no pickle; ``testing.lane_runs``).
+        self.reposts = 0
         #: While a timed command runs (``synk.profile``): this process's seconds of
         #: waiting at each barrier (after arriving, for the others), appended.
         self.clock: list[float] | None = None
@@ -166,7 +167,6 @@ class ControlBlock:
         """Let go of the mapping and the semaphores (the master, at ``close()``; the
         names were unlinked long ago). Nothing may use the block afterwards."""
         self.replies.close()  # the views of the slots, let go
-        self.again = None
         try:
             for view in (self._all_votes, self._sleepers, self.header,
                          self.release_log.words, self._buffer):
@@ -305,32 +305,17 @@ class ControlBlock:
         anything is written.
         """
         header = self.header
-        self.again = None  # (until this post has taken effect: see post_again)
         last = self._memo.last
-        if key is not None and last is not None and last[0] is key:
+        if key is not None and last is not None and last[0] is key and REPLAY:
             # The same object as the last command's (a training loop): no hash, no pickle.
             message_id = last[1]
             if self._in_mailbox != message_id:
                 self._fill_mailbox(message_id, last[2])
+            else:
+                self.reposts += 1
         else:
             message_id = self._publish(message, arena, key)
         header[_PAYLOAD_ID] = message_id
-        seq = header[_SEQ] + 1
-        header[_SEQ] = seq
-        if self._sleepers.tobytes() != self._nobody:  # wake_all, written out
-            self._wake(master_rank)
-        if message_id and header[_PAYLOAD_LEN] >= 0:  # kept in the mailbox, by its id
-            self.again = key
-        return seq
-
-    def post_again(self, message: object, master_rank: int) -> int:
-        """``post`` of the message the last post sent, the same object (a training
-        loop's call), while the mailbox still holds it: the sequence number bumped and
-        the sleepers woken, nothing looked up. Returns the sequence number, or 0 having
-        posted nothing (another message went since, or this one went unkeyed)."""
-        if self.again is not message:
-            return 0
-        header = self.header
         seq = header[_SEQ] + 1
         header[_SEQ] = seq
         if self._sleepers.tobytes() != self._nobody:  # wake_all, written out

@@ -31,7 +31,7 @@ thousands of times) are neither described nor decoded again:
   holds no described arrays);
 - the master keeps, per rank, the views it decoded of the slot with that number:
   while the number stands, they are the reply (``reply`` and ``collect`` with
-  ``copy=False``, and ``replies_again``, which answers a repeated command with them).
+  ``copy=False``, which answers a repeated command with them).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import posix_ipc
 
 from . import wire
 from .arena import Arena
+from .epoch import REPLAY
 from .wire import read_pickled, write_pickled
 
 __all__ = ["ReplySlots", "REPLY_BYTES", "STATUS_OK", "STATUS_FAILED"]
@@ -89,10 +90,6 @@ class ReplySlots:
         self._buffer = buffer
         self._header = header
         self._fields = fields
-        # (done, status, reply length, description number) of each rank: all that a
-        # repeated reply is read by (``replies_again``, twice a repeated command)
-        self._again = [(done, status, length, number)
-                       for _, done, status, length, _, number in fields]
         self._sleepers = sleepers
         self._wake_all = wake_all
         self._message_length = message_length
@@ -105,8 +102,9 @@ class ReplySlots:
         self._written: tuple[bytes | None, list] = (None, [])
         self._heads_written = 0
         self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * self._n
-        #: The workers' fields read at once, where the master is rank 0 of at least 2.
-        self._workers = _Workers(header, fields) if self._n > 1 else None
+        #: The workers' fields read at once, where the master is rank 0 of at least 2
+        #: (``SYNK_REPLAY=0``: never, and nothing found as before).
+        self._workers = _Workers(header, fields) if self._n > 1 and REPLAY else None
 
     def close(self) -> None:
         """Let go of the views of the slots (before the block lets go of its mapping)."""
@@ -220,8 +218,25 @@ class ReplySlots:
                 ) -> list[tuple[int, bool, object]]:
         """Every rank's ``(rank, failed, reply)`` for the command just done; an
         oversized message's segment freed. ``copy=False``: arrays in a reply are views
-        of its slot, valid until the next command (``wire.read_arrays``)."""
+        of its slot, valid until the next command (``wire.read_arrays``), and while
+        every rank answers by arrays of the description it wrote last time (a repeated
+        call's) they are the views read then, nothing read again.
+
+        When ``ranks`` are all the workers (1 to n - 1, the master being 0), a reply
+        that every one of them made as last time is found in one pass over each field
+        (``_Workers``): at 16 processes a loop over the ranks cost more than the rest
+        of an empty command. The list it returns is then the one it returned before:
+        callers read it, never change it."""
         header = self._header
+        if header[self._message_length] < 0:
+            self._release_message(arena)
+        workers = self._workers
+        if workers is not None and ranks == workers.ranks:
+            kept = workers.as_before(copy)
+            if kept is not None:
+                return kept
+        else:
+            workers = None
         fields = self._fields
         parts: list[tuple[int, bool, object]] = []
         for rank in ranks:
@@ -231,58 +246,20 @@ class ReplySlots:
                 parts.append((rank, failed, None))
                 continue
             if not copy and header[kind] == wire.ARRAYS:
-                kept = self._replies_read[rank]  # ``reply``'s views, written out: a
-                if kept[0] == header[number]:  # repeated call's reply
-                    parts.append((rank, failed, kept[1]))
+                read = self._replies_read[rank]  # ``reply``'s views, written out: a
+                if read[0] == header[number]:  # repeated call's reply
+                    parts.append((rank, failed, read[1]))
                     continue
             parts.append((rank, failed, self.reply(rank, arena, copy)))
-        if header[self._message_length] < 0:
-            self._release_message(arena)
+        if workers is not None and not copy:
+            workers.keep(parts)
         return parts
-
-    def replies_again(self, seq: int, ranks: list[int], views: bool = True) -> list | None:
-        """``collect(ranks, arena, copy=False)`` once every rank of ``ranks`` has
-        finished command ``seq`` with success, answering by arrays of the description
-        it wrote last time (a repeated call's), or by None (an empty command's): the
-        views ``reply`` made of each slot then, or None, indexed by rank (None at the
-        others), nothing read again. None when a rank has not finished yet, or its
-        reply is otherwise (failed, pickled, newly described, or arrays when ``views``
-        is False: ``collect`` then reads them).
-
-        When ``ranks`` are all the workers (1 to n - 1, the master being 0), their
-        fields are read in one pass each (``_Workers``): at 16 processes a loop over the
-        ranks cost more than the rest of an empty command."""
-        workers = self._workers
-        if workers is not None and ranks != workers.ranks:
-            workers = None  # (fields of every worker at once: not for another list)
-        if workers is not None:
-            fast = workers.replies_again(seq, views)
-            if fast is not None:
-                return fast or None  # ([]: a worker not done yet, or one failed)
-        header = self._header
-        fields = self._again
-        replies: list = [None] * self._n
-        kept = self._replies_read
-        # (A reply other than described arrays sets its number to 0, for which no views
-        # are ever kept: ``finish``.)
-        for rank in ranks:
-            done, status, length, number = fields[rank]
-            if header[done] != seq or header[status] != STATUS_OK:
-                return None
-            read = kept[rank]
-            if views and read[0] == header[number]:
-                replies[rank] = read[1]
-            elif header[length] != _NONE:
-                return None
-        if workers is not None and views:
-            workers.keep([kept[rank][0] for rank in ranks], replies)
-        return replies
 
 
 class _Workers:
     """The fields of ranks 1 to n - 1 as strided views of the header, each read in one
-    call (``tolist``), and the replies of views last answered by ``replies_again``
-    with the description numbers they were read under."""
+    call (``tolist``), and the parts ``collect`` last answered with views, under the
+    description numbers they were read under."""
 
     def __init__(self, header: memoryview, fields: list[Fields]):
         n = len(fields)
@@ -294,32 +271,34 @@ class _Workers:
             at = fields[1][position]
             return header[at : at + stride * (n - 1) : stride]
 
-        self.done, self.status, self.length, self.number = (
-            strided(1), strided(2), strided(3), strided(5))
-        self._kept: tuple[list, list] | None = None  # (numbers, replies by rank)
+        self.status, self.length, self.number = strided(2), strided(3), strided(5)
+        self._kept: tuple[list, list] | None = None  # (numbers, parts)
+        self._nones = [(rank, False, None) for rank in self.ranks]
 
-    def replies_again(self, seq: int, views: bool) -> list | None:
-        """``ReplySlots.replies_again``'s answer where it is one of two: every worker's
-        reply None, or (``views``) every worker's the views kept under the numbers
-        its slot still shows; ``[]`` when a worker has not finished or failed (the
-        answer is None); None otherwise (the caller looks rank by rank)."""
-        if self.done.tolist().count(seq) != self.count or any(self.status.tolist()):
-            return []
+    def as_before(self, copy: bool) -> list | None:
+        """``collect``'s answer when it is one of two: every worker's reply None, or
+        (not ``copy``) every worker's the views kept under the numbers its slot still
+        shows; None otherwise (a failure, a new reply: ``collect`` reads rank by
+        rank)."""
+        if any(self.status.tolist()):
+            return None
         kept = self._kept
-        if views and kept is not None and self.number.tolist() == kept[0]:
-            return list(kept[1])
+        if not copy and kept is not None and self.number.tolist() == kept[0]:
+            return kept[1]
         if self.length.tolist().count(_NONE) == self.count:
-            return [None] * (self.count + 1)
+            return self._nones
         return None
 
-    def keep(self, numbers: list, replies: list) -> None:
-        """The replies ``replies_again`` just answered rank by rank, all of them views
-        kept under ``numbers`` (a later answer is these while the numbers stand)."""
-        if all(r is not None for r in replies[1:]):
-            self._kept = (numbers, list(replies))
+    def keep(self, parts: list) -> None:
+        """The parts ``collect`` just answered rank by rank, with views: kept while
+        the numbers of their descriptions stand, if every one is a success answered by
+        described arrays (0: a reply of None or a pickle)."""
+        numbers = self.number.tolist()
+        if 0 not in numbers and not any(self.status.tolist()):
+            self._kept = (numbers, parts)
 
     def release(self) -> None:
         """Let go of the views (of the header, and of the slots in kept replies)."""
         self._kept = None
-        for view in (self.done, self.status, self.length, self.number):
+        for view in (self.status, self.length, self.number):
             view.release()

@@ -266,10 +266,7 @@ def run_step(session: Session, backend: Backend, step: Step) -> Any:
     """Run one step as its own command (the caller holds the session's command lock);
     its finished result."""
     try:
-        replies = (session.run_again(step.message)
-                   if step.repeats and session.runs_again else None)
-        if replies is None:  # (not the message of the last command: the usual way)
-            replies = session.run_held(step.message, repeats=step.repeats)
+        replies = session.run_held(step.message, repeats=step.repeats)
     except BaseException:
         if step.new:
             backend.discard(session.ctx, step.new)

@@ -599,42 +599,51 @@ def test_memo_same_object_is_found_without_hashing():
     assert decoded[3] == "message" and decoded.get(4) is None
 
 
-def test_post_again_and_replies_again_take_only_what_still_stands(make_block):
-    """A command posted again (``post_again``) only while the last post was that message,
-    keyed by itself; its replies taken as the kept views (``replies_again``) only once
-    the rank is done, with success, answering arrays described as last time (or None,
-    taken as it is): never after a reply of None, a pickled reply or a failure, even
-    when the arrays that follow are described alike, and never with ``views=False``."""
+def test_a_message_posted_again_and_replies_as_before_take_only_what_still_stands(
+        make_block):
+    """The last post's message posted again (the same object, keyed by itself) is
+    counted as a repost; ``collect``'s answer with views is the very list it gave the
+    last time only once the worker answered, with success, arrays described as last
+    time (or None): never after a reply of None, a pickled reply or a failure, even
+    when the arrays that follow are described alike, and never when copying.
+    ``SYNK_REPLAY=0``: neither, ever."""
     import numpy as np
 
+    from synkhronos._runtime.epoch import REPLAY
+
     block = make_block(2)
+    slots, arena, worker = block.replies, block.master_arena, block.worker_arena
     message = ("call", 1)
-    assert block.post_again(message, 0) == 0  # nothing posted yet
-    seq = block.post(message, 0, block.master_arena, key=message)
+    seq = block.post(message, 0, arena, key=message)
+    assert block.reposts == 0  # (the first post of it)
     like = (4, [np.zeros(3)])
-    block.replies.finish(1, seq, like, False, 0, block.worker_arena)
-    assert block.replies.replies_again(seq, [1]) is None  # the master has kept no views yet
-    kept = block.replies.reply(1, block.master_arena, copy=False)
-    seq = block.post_again(message, 0)
-    assert seq == block.seq and block.read_command(block.worker_arena) == message
-    assert block.replies.replies_again(seq, [1]) is None  # not done yet
-    block.replies.finish(1, seq, (4, [np.ones(3)]), False, 0, block.worker_arena)
-    got = block.replies.replies_again(seq, [1])
-    assert got[0] is None and got[1] is kept
-    np.testing.assert_array_equal(got[1][1][0], np.ones(3))
-    assert block.replies.replies_again(seq, [1], views=False) is None  # arrays: to be copied
+    slots.finish(1, seq, like, False, 0, worker)
+    first = slots.collect([1], arena, copy=False)
+    seq = block.post(message, 0, arena, key=message)
+    assert block.reposts == int(REPLAY) and seq == block.seq
+    assert block.read_command(worker) == message
+    slots.finish(1, seq, (4, [np.ones(3)]), False, 0, worker)
+    got = slots.collect([1], arena, copy=False)
+    assert (got is first) == REPLAY  # as before: nothing read again
+    np.testing.assert_array_equal(got[0][2][1][0], np.ones(3))
+    copied = slots.collect([1], arena, copy=True)
+    assert copied is not first and copied[0][2][1][0].base is None  # a copy
     for other in (None, "pickled", RuntimeError("failed")):
-        seq = block.post_again(message, 0)
-        block.replies.finish(1, seq, other, isinstance(other, Exception), 0, block.worker_arena)
-        for views in (True, False):
-            got = block.replies.replies_again(seq, [1], views)
-            assert got == [None, None] if other is None else got is None, other
-        seq = block.post_again(message, 0)
-        block.replies.finish(1, seq, like, False, 0, block.worker_arena)  # described as before
-        assert block.replies.replies_again(seq, [1]) is None  # but the slot was written anew
-        kept = block.replies.reply(1, block.master_arena, copy=False)
-        np.testing.assert_array_equal(kept[1][0], np.zeros(3))
-    block.post(("other",), 0, block.master_arena, key=("other",))
-    assert block.post_again(message, 0) == 0  # another message went since
-    block.post(message, 0, block.master_arena)  # unkeyed: pickled again, no id
-    assert block.post_again(message, 0) == 0
+        seq = block.post(message, 0, arena, key=message)
+        failed = isinstance(other, Exception)
+        slots.finish(1, seq, other, failed, 0, worker)
+        got = slots.collect([1], arena, copy=False)
+        assert got is not first and got[0][1] == failed, other
+        if other is None:
+            assert got == [(1, False, None)]
+        seq = block.post(message, 0, arena, key=message)
+        slots.finish(1, seq, like, False, 0, worker)  # described as before, written anew
+        again = slots.collect([1], arena, copy=False)
+        assert again is not first, other
+        first = again
+        np.testing.assert_array_equal(first[0][2][1][0], np.zeros(3))
+    reposts = block.reposts
+    block.post(("other",), 0, arena, key=("other",))
+    block.post(message, 0, arena, key=message)  # another message went since
+    block.post(message, 0, arena)  # unkeyed: pickled again, no id
+    assert block.reposts == reposts

@@ -16,8 +16,8 @@ collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather
 
 ``LANES`` names, per message type, a worker's shortcut for a command that repeats the
 last one (``Executor.lanes``): ``_shard.lane`` for a call in a training loop,
-``collectives.fused.all_reduce_lane`` for an ``all_reduce`` between steps (and
-``low_precision_lane`` for one with ``exchange=``).
+``collectives.fused.reduce_lane`` for an ``all_reduce`` between steps (with
+``exchange=`` or not).
 
 Over several machines, two more tables serve the leaders of the other machines
 (``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
@@ -38,8 +38,7 @@ from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
 from .collectives.fused import (
     AllReduce,
     LowPrecisionReduce,
-    all_reduce_lane,
-    low_precision_lane,
+    reduce_lane,
 )
 from .distribute import Distribute, prepare, receive
 
@@ -54,8 +53,8 @@ TABLE: dict[type[Message], Handler] = {
 
 LANES: dict[type[Message], Lane] = {  # a worker's shortcut for a command repeated
     Call: lane,
-    AllReduce: all_reduce_lane,
-    LowPrecisionReduce: low_precision_lane,
+    AllReduce: reduce_lane,
+    LowPrecisionReduce: reduce_lane,
 }
 
 LEADERS_ONLY: dict[type[Message], Handler] = dict(LEADERS_ONLY_HANDLERS)

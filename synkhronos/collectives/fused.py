@@ -61,7 +61,7 @@ from .backend import (
     store_value,
 )
 
-__all__ = ["HANDLERS", "Repeat", "Step", "all_reduce_lane", "low_precision_lane", "run_step",
+__all__ = ["HANDLERS", "Repeat", "Step", "reduce_lane", "run_step",
            "run_steps", "Mismatch"]
 
 
@@ -529,41 +529,38 @@ def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
     backend.broadcast(ctx, group)
 
 
-def _on_all_reduce(ctx: RankContext, message: AllReduce) -> Any:
-    if message.pair:
-        if ctx.rank == ctx.master_rank:
-            return None  # its values are in its slot already; the worker does the rest
-        backend = BACKEND.get(ctx)
-        group = backend.group(ctx, message.key, message.spec)
-        mismatch = backend.pair_reduce(ctx, group, message.op)
-        return None if mismatch is None else Mismatch(mismatch)
+def _reduction(ctx: RankContext, message: AllReduce | LowPrecisionReduce
+               ) -> Callable[[], Any]:
+    """A worker's part of a reduction message, made ready: the group found (mapped, with
+    the setup or the wire the message introduces), then a function that runs the
+    backend's primitive and returns the reply (None; the rank's shapes, or a
+    ``Mismatch``, when the ranks' shapes differ)."""
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    if message.setup is not None:
-        backend.accept(ctx, message.setup)
-    if backend.all_reduce(ctx, group, message.op):
-        return None
-    return _own_shapes(group.variables)
+    op = message.op
+    if isinstance(message, LowPrecisionReduce):
+        if message.wire is not None:
+            backend.map_wire(ctx, group, message.wire)
+        primitive = (backend.low_precision_reduce_scatter if message.scatter
+                     else backend.low_precision_all_reduce)
+        reduce = partial(primitive, ctx, group, op, message.exchange)
+    elif message.pair:
+        def pair() -> Any:
+            mismatch = backend.pair_reduce(ctx, group, op)
+            return None if mismatch is None else Mismatch(mismatch)
+
+        return pair
+    else:
+        if message.setup is not None:
+            backend.accept(ctx, message.setup)
+        reduce = partial(backend.all_reduce, ctx, group, op)
+    return lambda: None if reduce() else _own_shapes(group.variables)
 
 
-def _low_precision_primitive(ctx: RankContext, message: LowPrecisionReduce
-                             ) -> tuple[Any, Callable[..., bool]]:
-    """The group (its wire mapped if the message introduces it) and the backend's
-    primitive a ``LowPrecisionReduce`` runs."""
-    backend = BACKEND.get(ctx)
-    group = backend.group(ctx, message.key, message.spec)
-    if message.wire is not None:
-        backend.map_wire(ctx, group, message.wire)
-    primitive = (backend.low_precision_reduce_scatter if message.scatter
-                 else backend.low_precision_all_reduce)
-    return group, primitive
-
-
-def _on_low_precision(ctx: RankContext, message: LowPrecisionReduce) -> Any:
-    group, primitive = _low_precision_primitive(ctx, message)
-    if primitive(ctx, group, message.op, message.exchange):
-        return None
-    return _own_shapes(group.variables)
+def _on_reduction(ctx: RankContext, message: AllReduce | LowPrecisionReduce) -> Any:
+    if isinstance(message, AllReduce) and message.pair and ctx.rank == ctx.master_rank:
+        return None  # its values are in its slot already; the worker does the rest
+    return _reduction(ctx, message)()
 
 
 def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
@@ -699,8 +696,8 @@ def _with_points(handler: Callable[[RankContext, Any], Any]) -> Callable[[RankCo
 _RANK_PARTS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
     Shapes: _on_shapes,
     Broadcast: _on_broadcast,
-    AllReduce: _on_all_reduce,
-    LowPrecisionReduce: _on_low_precision,
+    AllReduce: _on_reduction,
+    LowPrecisionReduce: _on_reduction,
     Reduce: _on_reduce,
     ReduceScatter: _on_reduce_scatter,
     AllGatherPieces: _on_all_gather_pieces,
@@ -715,73 +712,32 @@ HANDLERS: dict[type[Message], Callable[[RankContext, Any], Any]] = {
 }
 
 
-def all_reduce_lane(ctx: RankContext, message: AllReduce
-                    ) -> Callable[[int, int], bool] | None:
-    """A worker's shortcut for an ``all_reduce`` repeated (``Executor.lanes``: the same
-    group and op again, an all-reduce between training steps): the backend's
-    ``pair_reduce`` (two ranks) or ``all_reduce`` called and the reply written, nothing
-    looked up, while the epoch it was made under stands (``_runtime/epoch.py``: a
-    mapping dropped), passing the fault points its handler passes. None for a message
-    that maps a new group or carries a setup."""
+def reduce_lane(ctx: RankContext, message: AllReduce | LowPrecisionReduce
+                ) -> Callable[[int, int], bool] | None:
+    """A worker's shortcut for a reduction repeated (``Executor.lanes``: the same group,
+    op and exchange again, an all-reduce between training steps): the primitive called
+    and the reply written, nothing looked up, while the epoch it was made under stands
+    (``_runtime/epoch.py``: a mapping dropped), passing the fault points its handler
+    passes (``_with_points``). None for a message that maps a new group, or carries a
+    setup or a wire."""
     replies = ctx.replies
-    if (replies is None or ctx.rank == ctx.master_rank
-            or message.spec is not None or message.setup is not None):
+    if (replies is None or ctx.rank == ctx.master_rank or message.spec is not None
+            or (message.wire if isinstance(message, LowPrecisionReduce) else message.setup)
+            is not None):
         return None
-    backend = BACKEND.get(ctx)
-    group = backend.group(ctx, message.key, None)
-    op, master_rank, arena = message.op, ctx.master_rank, ctx.arena
-    kept_under = epoch.current
-
-    if message.pair:
-        def run(seq: int, rank: int) -> bool:
-            if epoch.current != kept_under:
-                return False
-            if faults.ARMED:  # a test's: the points of the usual way (``_with_points``)
-                faults.hit("collective")
-            mismatch = backend.pair_reduce(ctx, group, op)
-            if faults.ARMED:
-                faults.hit("exchange")
-            replies.finish(rank, seq, None if mismatch is None else Mismatch(mismatch),
-                           False, master_rank, arena)
-            return True
-
-        return run
-    return _reduce_lane(ctx, group, partial(backend.all_reduce, ctx, group, op))
-
-
-def low_precision_lane(ctx: RankContext, message: LowPrecisionReduce
-                       ) -> Callable[[int, int], bool] | None:
-    """A worker's shortcut for a ``LowPrecisionReduce`` repeated (as ``all_reduce_lane``
-    for the exact one): the primitive called and the reply written, nothing looked up,
-    while the epoch it was made under stands. None for a message that maps a new group
-    or a new wire."""
-    replies = ctx.replies
-    if (replies is None or ctx.rank == ctx.master_rank
-            or message.spec is not None or message.wire is not None):
-        return None
-    group, primitive = _low_precision_primitive(ctx, message)
-    return _reduce_lane(ctx, group, partial(primitive, ctx, group, message.op,
-                                            message.exchange))
-
-
-def _reduce_lane(ctx: RankContext, group: Any, reduce: Callable[[], bool],
-                 ) -> Callable[[int, int], bool]:
-    """The lane of a reduction over ``group`` that every rank folds (``reduce()``:
-    False when a rank's shapes differ): the reply written, the fault points of the
-    usual way passed, while the epoch it was made under stands."""
-    replies, master_rank, arena = ctx.replies, ctx.master_rank, ctx.arena
-    assert replies is not None
+    reply = _reduction(ctx, message)
+    master_rank, arena = ctx.master_rank, ctx.arena
     kept_under = epoch.current
 
     def run(seq: int, rank: int) -> bool:
         if epoch.current != kept_under:
             return False
-        if faults.ARMED:  # a test's: the points of the usual way (``_with_points``)
+        if faults.ARMED:
             faults.hit("collective")
-        reply = None if reduce() else _own_shapes(group.variables)
+        answer = reply()
         if faults.ARMED:
             faults.hit("exchange")
-        replies.finish(rank, seq, reply, False, master_rank, arena)
+        replies.finish(rank, seq, answer, False, master_rank, arena)
         return True
 
     return run

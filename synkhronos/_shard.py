@@ -319,15 +319,16 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
 def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     """A worker's shortcut for ``call`` repeated (``Executor.lanes``), once it has a kept
     plan and its reply went into the slot as arrays: the plan run and its outputs
-    copied where the last reply's went (``ReplySlots.finish_kept``), with no lookup
-    of handler, plan or description. None: not such a call (not plain views, timings asked,
-    not planned yet, or a reply that was pickled)."""
+    copied where the last reply's went (``ReplySlots.finish`` given the description
+    the slot holds), with no lookup of handler, plan or description. None: not such a
+    call (not plain views, timings asked, not planned yet, or a reply that was
+    pickled)."""
     replies = ctx.replies
     if replies is None or not call.views_only or call.timings or call.num_slices != 1:
         return None
     views = _VIEWS.get(ctx)
     plan = views.plan
-    head = replies.written_head
+    head = replies.written
     if plan[0] is not call or head is None or views.epoch != epoch.current:
         return None
     _, fn, args, weight, strip = plan
@@ -344,8 +345,7 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
             outputs = _reduced_only(outputs, strip)
         if faults.ARMED:
             faults.hit("reply")
-        if not replies.finish_kept(rank, seq, head, outputs, master_rank):  # other shapes
-            replies.finish(rank, seq, (weight, outputs), False, master_rank, arena)
+        replies.finish(rank, seq, (weight, outputs), False, master_rank, arena, head)
         return True
 
     return run

@@ -25,8 +25,8 @@ Replies that repeat (a training loop calls one function with the same arguments
 thousands of times) are neither described nor decoded again:
 
 - the worker keeps the description its slot holds and the places of its arrays there
-  (``written_head``): a reply described alike is copied into those places
-  (``finish_kept`` for a repeated call's outputs, with no description made at all);
+  (``written``): a reply described alike is copied into those places (and a repeated
+  call's outputs, given with that description, with no description made at all);
   each new description gets a new number in the rank's header field (0: the slot
   holds no described arrays);
 - the master keeps, per rank, the views it decoded of the slot with that number:
@@ -99,7 +99,10 @@ class ReplySlots:
         # master's decoded reply of views, per rank (``wire.py``).
         # The worker numbers each description it writes into its slot (the header's
         # reply description number): the master reuses its views while it is the same.
-        self._written: tuple[bytes | None, list] = (None, [])
+        #: The description of the arrays this process's slot holds (the last reply
+        #: ``finish`` wrote as arrays), or None; ``_places``, where its arrays went.
+        self.written: bytes | None = None
+        self._places: list = []
         self._heads_written = 0
         self._replies_read: list[tuple[int, tuple]] = [(-1, ())] * self._n
         #: The workers' fields read at once, where the master is rank 0 of at least 2
@@ -108,20 +111,29 @@ class ReplySlots:
 
     def close(self) -> None:
         """Let go of the views of the slots (before the block lets go of its mapping)."""
-        self._written, self._replies_read = (None, []), []
+        self.written, self._places, self._replies_read = None, [], []
         if self._workers is not None:
             self._workers.release()
             self._workers = None
 
     # -- the worker's side ----------------------------------------------------------------
     def finish(self, rank: int, seq: int, reply: object, failed: bool, master_rank: int,
-               arena: Arena) -> None:
-        """A worker's end of a command: write the reply, mark done, wake the master."""
+               arena: Arena, head: bytes | None = None) -> None:
+        """A worker's end of a command: write the reply, mark done, wake the master.
+
+        ``head``: the description ``written`` held when a repeated call's reply
+        ``(weight, arrays)`` was first written (its rows, its outputs' dtypes and
+        shapes): while the slot still holds it and each array is like its place, the
+        arrays are copied where the last ones went, and no description is made (else
+        the reply is written in full)."""
         header = self._header
         at, done, status, length, kind, number = self._fields[rank]
-        if reply is None:
+        if head is not None and self._places_take(head, reply[1]):  # type: ignore[index]
+            header[length] = len(head)
+            header[kind] = wire.ARRAYS
+        elif reply is None:
             if header[number]:  # (0: the slot holds no described arrays,
-                self._written = (None, [])  # and nothing is kept of it: see below)
+                self.written, self._places = None, []  # and nothing is kept of it)
                 header[number] = 0
             header[length] = _NONE
         else:
@@ -129,18 +141,18 @@ class ReplySlots:
             if described is not None and (
                     len(described[0]) + described[2] <= _REPLY_FITS):  # wire.size, bounded
                 head, arrays = described[0], described[1]
-                written = self._written
-                if written[0] is head:  # the last reply's description: its places kept
-                    wire.write_places(written[1], arrays)
+                if self.written is head:  # the last reply's description: its places kept
+                    wire.write_places(self._places, arrays)
                 else:
-                    self._written = (None, [])  # until the slot holds ``head``
+                    self.written, self._places = None, []  # until the slot holds ``head``
                     self._heads_written += 1
                     header[number] = self._heads_written
-                    self._written = (head, wire.write_arrays(self._buffer, at, head, arrays))
+                    self._places = wire.write_arrays(self._buffer, at, head, arrays)
+                    self.written = head
                 header[length] = len(head)
                 header[kind] = wire.ARRAYS
             else:
-                self._written = (None, [])
+                self.written, self._places = None, []
                 header[number] = 0
                 pickled, _ = write_pickled(self._buffer, at, REPLY_BYTES, reply, arena)
                 header[length] = pickled
@@ -156,42 +168,21 @@ class ReplySlots:
         if header[sleeping]:
             semaphore.release()
 
-    @property
-    def written_head(self) -> bytes | None:
-        """The description of the arrays this process's reply slot holds (the last
-        reply ``finish`` wrote as arrays), or None."""
-        return self._written[0]
-
-    def finish_kept(self, rank: int, seq: int, head: bytes, arrays: list,
-                    master: int) -> bool:
-        """``finish`` for a reply described by ``head`` again (a repeated call's: its
-        rows and its outputs' dtypes and shapes, ``written_head``): ``arrays`` copied
-        where the last ones went, no description made. False when the slot holds
-        another description or an array is not like its place: the reply is not
-        finished (the caller's ``finish`` then writes the whole slot anew)."""
-        written = self._written
-        if written[0] is not head:
-            return False
-        places = written[1]
-        if len(places) != len(arrays):
+    def _places_take(self, head: bytes, arrays: object) -> bool:
+        """``arrays`` copied into the places of the arrays the slot holds, if it holds
+        the description ``head`` and each is like its place (one is written before the
+        next is checked: if one differs, the whole slot is written anew)."""
+        places = self._places
+        if self.written is not head or type(arrays) is not list or len(places) != len(arrays):
             return False
         i = 0
-        for a in arrays:  # (one written before the next is checked: if one differs, the
-            place = places[i]  # caller's ``finish`` rewrites the whole slot)
+        for a in arrays:
+            place = places[i]
             if (place is None or type(a) is not type(place) or a.shape != place.shape
                     or (a.dtype is not place.dtype and a.dtype != place.dtype)):
                 return False
             place[...] = a
             i += 1
-        header = self._header
-        _, done, status, length, kind, _ = self._fields[rank]
-        header[length] = len(head)
-        header[kind] = wire.ARRAYS
-        header[status] = STATUS_OK
-        header[done] = seq
-        sleeping, semaphore = self._sleepers[master]
-        if header[sleeping]:
-            semaphore.release()
         return True
 
     # -- the master's side ----------------------------------------------------------------

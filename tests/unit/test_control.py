@@ -532,25 +532,26 @@ def test_reply_of_arrays_round_trips_without_pickle(make_block):
     assert _entries(block.prefix) == []
 
 
-def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
-    """A repeated call's reply (``finish_kept``): the arrays where the last reply's went,
-    the master reading the same views; anything else refused (False) and finished the
-    usual way by the caller."""
+def test_a_repeated_reply_goes_where_the_last_went(make_block):
+    """A repeated call's reply given with the description the slot holds (``finish``'s
+    ``head``): the arrays where the last reply's went, the master reading the same
+    views; anything else written in full, as without it."""
     import numpy as np
 
     block = make_block(2)
-    assert block.replies.written_head is None  # nothing written yet
+    slots = block.replies
+    assert slots.written is None  # nothing written yet
     seq = block.post(None, 0, block.master_arena)
-    block.replies.finish(1, seq, (4, [np.zeros((2, 3)), np.zeros(3, "f4")]), False, 0,
+    slots.finish(1, seq, (4, [np.zeros((2, 3)), np.zeros(3, "f4")]), False, 0,
                  block.worker_arena)
-    head = block.replies.written_head
-    first = block.replies.reply(1, block.master_arena, copy=False)
+    head = slots.written
+    first = slots.reply(1, block.master_arena, copy=False)
     for k in range(1, 4):
         seq = block.post(None, 0, block.master_arena)
         arrays = [np.full((2, 3), float(k)), np.arange(3, dtype="f4") + k]
-        assert block.replies.finish_kept(1, seq, head, arrays, 0)
-        assert block.done(1) == seq and not block.failed(1)
-        got = block.replies.reply(1, block.master_arena, copy=False)
+        slots.finish(1, seq, (4, arrays), False, 0, block.worker_arena, head)
+        assert block.done(1) == seq and not block.failed(1) and slots.written is head
+        got = slots.reply(1, block.master_arena, copy=False)
         assert got[0] == 4 and got[1][0] is first[1][0]  # the master's views, kept
         for a, b in zip(got[1], arrays, strict=True):
             np.testing.assert_array_equal(a, b)
@@ -561,19 +562,19 @@ def test_finish_kept_writes_a_reply_like_the_last_where_it_went(make_block):
     like = [np.zeros((2, 3)), np.zeros(3, "f4")]
     for arrays in others:
         seq = block.post(None, 0, block.master_arena)
-        block.replies.finish(1, seq, (4, like), False, 0, block.worker_arena)
-        head = block.replies.written_head  # (a new one each time: the last reply was another)
+        slots.finish(1, seq, (4, like), False, 0, block.worker_arena)
+        head = slots.written  # (a new one each time: the last reply was another)
         seq = block.post(None, 0, block.master_arena)
-        assert not block.replies.finish_kept(1, seq, head, arrays, 0)
-        assert block.done(1) != seq  # not finished: the caller's finish does it
-        block.replies.finish(1, seq, (4, arrays), False, 0, block.worker_arena)
-        got = block.replies.reply(1, block.master_arena)
+        slots.finish(1, seq, (4, arrays), False, 0, block.worker_arena, head)
+        assert block.done(1) == seq and slots.written is not head  # written in full
+        got = slots.reply(1, block.master_arena)
         for a, b in zip(got[1], arrays, strict=True):
             np.testing.assert_array_equal(a, b)
     seq = block.post(None, 0, block.master_arena)
-    assert not block.replies.finish_kept(1, seq, head, like, 0)  # the slot holds another head
-    block.replies.finish(1, seq, "pickled", False, 0, block.worker_arena)
-    assert block.replies.written_head is None  # the slot holds a pickle now
+    slots.finish(1, seq, (5, like), False, 0, block.worker_arena, head)  # another head
+    assert slots.reply(1, block.master_arena)[0] == 5
+    slots.finish(1, seq, "pickled", False, 0, block.worker_arena)
+    assert slots.written is None  # the slot holds a pickle now
 
 
 def test_memo_same_object_is_found_without_hashing():

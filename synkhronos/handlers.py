@@ -10,13 +10,13 @@ message                handler                        owner
 =====================  =============================  ==============================
 ``Call``               ``_shard.run_call``            function calls
 ``Distribute``         ``distribute.receive``         shipping compiled functions
-collective messages    ``collectives.fused.HANDLERS``  broadcast, reduce, gather, ...
+collective messages    ``collectives.ranks.HANDLERS``  broadcast, reduce, gather, ...
 ``Join``               ``_core.machines.join``         several machines
 =====================  =============================  ==============================
 
 ``LANES`` names, per message type, a worker's shortcut for a command that repeats the
 last one (``Executor.lanes``): ``_shard.lane`` for a call in a training loop,
-``collectives.fused.reduce_lane`` for an ``all_reduce`` between steps (with
+``collectives.ranks.reduce_lane`` for an ``all_reduce`` between steps (with
 ``exchange=`` or not).
 
 Over several machines, two more tables serve the leaders of the other machines
@@ -34,12 +34,9 @@ from ._core.machines import HANDLERS as MACHINE_HANDLERS
 from ._core.machines import LEADERS_ONLY_HANDLERS
 from ._core.protocol import Message
 from ._shard import lane, run_call
-from .collectives.fused import HANDLERS as COLLECTIVE_HANDLERS
-from .collectives.fused import (
-    AllReduce,
-    LowPrecisionReduce,
-    reduce_lane,
-)
+from .collectives.fused import AllReduce, LowPrecisionReduce
+from .collectives.ranks import HANDLERS as COLLECTIVE_HANDLERS
+from .collectives.ranks import reduce_lane
 from .distribute import Distribute, prepare, receive
 
 __all__ = ["TABLE", "LANES", "LEADERS_ONLY", "PREPARE"]

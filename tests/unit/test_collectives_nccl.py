@@ -25,6 +25,7 @@ from synkhronos._runtime import nccl as nccl_runtime
 from synkhronos._runtime.placement import JaxPlacement
 from synkhronos.collectives import backend, fused
 from synkhronos.collectives.nccl import NcclBackend
+from synkhronos.collectives.ranks import HANDLERS
 from synkhronos.collectives.staged import StagedBackend
 
 UID = (7, 1, 2)
@@ -105,7 +106,7 @@ def _on_every_rank(ranks, message):
 
     def run(index, ctx):
         try:
-            replies[index] = fused.HANDLERS[type(message)](ctx, message)
+            replies[index] = HANDLERS[type(message)](ctx, message)
         except BaseException as exc:  # reported below
             errors.append(exc)
 

@@ -14,9 +14,9 @@ Checked here:
 - no import cycle between the package's modules (imports at module level);
 - the modules that must not care how many machines there are, or which collectives
   backend runs, do not *name* them (identifiers and attributes in code, not prose):
-  ``collectives/fused.py`` and the one-machine backends name no machine, node,
-  leader, MPI or reduction mode between machines, and ``fused.py`` duck-types no
-  backend (no ``getattr``/``hasattr``);
+  ``collectives/fused.py``, ``ranks.py`` and the one-machine backends name no machine,
+  node, leader, MPI or reduction mode between machines, and the first two duck-type
+  no backend (no ``getattr``/``hasattr``);
 - the session's run path and the modules that only ask for a command to run or memory
   to be shared (``_core/session.py``, ``data.py``, ``_call.py``, ``function.py``,
   ``_core/execute.py``) name no machine, node, leader or MPI: that is the
@@ -174,9 +174,9 @@ def test_no_import_cycles():
 MACHINE_WORDS = {"node", "nodes", "leader", "leaders", "machine", "machines", "mpi",
                  "exact", "hierarchy", "local_barrier", "local_rank", "local_size",
                  "local_sizes", "leader_rank", "machine_of"}  # (FusedLayout has offsets)
-BACKEND_BLIND = ["collectives/fused.py", "collectives/backend.py", "collectives/cpu.py",
-                 "collectives/staged.py", "collectives/nccl.py", "collectives/api.py",
-                 "collectives/_checks.py"]
+BACKEND_BLIND = ["collectives/fused.py", "collectives/ranks.py", "collectives/backend.py",
+                 "collectives/cpu.py", "collectives/staged.py", "collectives/nccl.py",
+                 "collectives/api.py", "collectives/_checks.py"]
 
 
 def _code_names(path: Path) -> set[str]:
@@ -232,10 +232,11 @@ def test_no_attribute_chain_reaches_the_communicator(path):
                         f"(lines {chains}): ask Machines instead")
 
 
-def test_fused_duck_types_no_backend():
-    named = _code_names(PACKAGE / "collectives" / "fused.py")
+@pytest.mark.parametrize("name", ["fused.py", "ranks.py"])
+def test_fused_duck_types_no_backend(name):
+    named = _code_names(PACKAGE / "collectives" / name)
     assert not named & {"getattr", "hasattr"}, (
-        "fused.py asks a backend what it has; declare it on backend.Backend instead")
+        f"{name} asks a backend what it has; declare it on backend.Backend instead")
 
 
 def _outside_files() -> list[Path]:

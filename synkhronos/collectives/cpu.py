@@ -79,8 +79,8 @@ from .backend import (
 )
 from .rounded import Wire, encode_and_vote, fold_pieces, whole
 
-__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "load", "loaded",
-           "rebind"]
+__all__ = ["CpuBackend", "Group", "SMALL_BYTES", "MAX_GROUPS", "foreign_ranges",
+           "give_own_piece", "load", "loaded", "rebind"]
 
 SMALL_BYTES = 1 << 16  # lists up to this size take the one-barrier path
 MAX_GROUPS = 64  # resident groups kept; the least recently used one goes first
@@ -103,7 +103,7 @@ def _complement(size: int, taken: list[tuple[int, int]]) -> list[tuple[int, int]
     return free
 
 
-def _foreign(layout: FusedLayout, pieces: list) -> list:
+def foreign_ranges(layout: FusedLayout, pieces: list) -> list:
     """Per part, per variable: the ranges outside the part's own pieces."""
     return [[_complement(size, [(lo, hi) for j, lo, hi in mine if j == i])
              for i, size in enumerate(layout.sizes)]
@@ -147,7 +147,7 @@ class Group(backend.Group):
         self.flats = [[view.reshape(-1) for view in slot] for slot in self.slots]
         self.columns = [column(views) for views in zip(*self.slots, strict=True)]
         self.pair = self.small and n == 2  # all_reduce without a barrier: pair_reduce
-        self.foreign = _foreign(layout, self.pieces)  # rank -> variable -> ranges
+        self.foreign = foreign_ranges(layout, self.pieces)  # rank -> variable -> ranges
 
     @classmethod
     def slot_count(cls, ctx: RankContext) -> int:

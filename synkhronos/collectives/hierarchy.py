@@ -58,7 +58,7 @@ from .._reducers import ReduceOp, combine_into, combined
 from .._runtime.lowprec import Exchange
 from .._scatter import Batch, block, select_rows
 from .backend import Backend, FusedLayout, GroupSpec, Targets, column, register_backend
-from .cpu import CpuBackend, _foreign, give_own_piece, loaded, rebind
+from .cpu import CpuBackend, foreign_ranges, give_own_piece, loaded, rebind
 from .cpu import Group as LocalGroup
 from .rounded import encode_and_vote, fold_pieces
 
@@ -91,7 +91,7 @@ class MachineGroup(LocalGroup):
                                                       strict=True)]
         self.local_pieces = layout.pieces(ctx.local_size)  # this machine's own split
         self.foreign = [None] * n
-        for rank, ranges in zip(local, _foreign(layout, self.local_pieces), strict=True):
+        for rank, ranges in zip(local, foreign_ranges(layout, self.local_pieces), strict=True):
             self.foreign[rank] = ranges
 
     @classmethod

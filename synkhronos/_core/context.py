@@ -154,12 +154,6 @@ class RankContext:
     def is_master(self) -> bool:
         return self.rank == self.master_rank
 
-    @property
-    def in_master_process(self) -> bool:
-        """True in the master's own process (False in a worker, or in any process
-        forked from the master later, such as a ``multiprocessing`` child)."""
-        return self.is_master and _pid == self.master_pid
-
     def local_barrier(self) -> None:
         """Inside a command: wait until every rank of this machine reaches this point."""
         if self.control is not None:
@@ -189,10 +183,6 @@ class RankVar(Generic[T]):
         except KeyError:
             value = ctx._vars[self] = self._factory(ctx)
             return value
-
-    def peek(self, ctx: RankContext) -> T | None:
-        """The value if it was made, else None (builds nothing)."""
-        return ctx._vars.get(self)
 
     def __repr__(self) -> str:
         return f"<RankVar {self.name}>"

@@ -158,7 +158,6 @@ class Session:
         self._holder: int | None = None  # the thread holding the command lock
         self._running = False  # a command is in progress (in the holder's thread)
         self.commands = 0  # commands run so far (a test counts round trips with it)
-        self._cleanups: list[Callable[[], None]] = []
         # The master's own share of a message (made once: a command runs in microseconds)
         # (no keyword in it: a partial with one costs twice the call)
         self._own_share = functools.partial(executor.run, ctx)
@@ -189,10 +188,6 @@ class Session:
 
     def usable(self) -> bool:
         return self.state is _READY
-
-    def on_close(self, cleanup: Callable[[], None]) -> None:
-        """Run ``cleanup`` when the session closes (last registered, first run)."""
-        self._cleanups.append(cleanup)
 
     # -- admission ---------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -395,20 +390,13 @@ class Session:
             else:
                 group.stop(None)
         finally:
-            try:
-                for cleanup in reversed(self._cleanups):
-                    try:
-                        cleanup()
-                    except Exception as exc:  # the others still run
-                        log.warning("synkhronos: a clean-up at close failed: %s", exc)
-            finally:
-                self.group.release(close_control=not self._running)
-                self.ctx.watch = context.no_watch  # no cycle back to the session
-                if owned:
-                    self._command_lock.release()
-                if _current is self:
-                    install(None)
-                self.transport.end_close(self.broken)
+            self.group.release(close_control=not self._running)
+            self.ctx.watch = context.no_watch  # no cycle back to the session
+            if owned:
+                self._command_lock.release()
+            if _current is self:
+                install(None)
+            self.transport.end_close(self.broken)
 
 
 def _interrupted(exc: KeyboardInterrupt) -> KeyboardInterrupt:

@@ -9,6 +9,7 @@ the session is closed.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -318,6 +319,7 @@ def test_fork_close_cycles_release_fds_and_threads():
     """Churn: fork/close cycles leave file descriptors and BLAS limits as they were."""
     synk.fork(2)  # first fork pays the one-off imports
     synk.close()
+    gc.collect()  # what earlier tests dropped: its descriptors close now, not in the loop
     fds = len(os.listdir("/proc/self/fd"))
     blas = _blas_threads()
     numba_pool = _numba_pool_size()
@@ -326,6 +328,7 @@ def test_fork_close_cycles_release_fds_and_threads():
         synk.fork(3)
         ping()
         synk.close()
+    gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
     assert _blas_threads() == blas
     assert _numba_pool_size() == numba_pool

@@ -129,23 +129,24 @@ def test_every_collective_before_fork_says_to_fork(call, name):
 
 
 def test_fused_uses_only_what_the_backend_declares():
-    """Every attribute ``fused.py`` reads of a backend or a group is declared by
-    ``backend.Backend`` or ``backend.Group`` (no backend-specific feature reached by
-    name), and every abstract primitive is one it calls."""
+    """Every attribute ``fused.py`` (the master's steps) and ``ranks.py`` (each rank's
+    handlers) read of a backend or a group is declared by ``backend.Backend`` or
+    ``backend.Group`` (no backend-specific feature reached by name), and every abstract
+    primitive is one they call."""
     import ast
     from pathlib import Path
 
-    from synkhronos.collectives import fused
+    from synkhronos.collectives import fused, ranks
 
-    tree = ast.parse(Path(fused.__file__).read_text())
-    used = {"backend": set(), "group": set()}
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in used):
-            used[node.value.id].add(node.attr)
+    used: dict[str, set] = {"backend": set(), "group": set()}
+    for module in (fused, ranks):
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in used):
+                used[node.value.id].add(node.attr)
     declared_group = backend.Group(0, FusedLayout([], []), [])
     assert used["backend"] and used["group"]
     assert {a for a in used["backend"] if not hasattr(backend.Backend, a)} == set()
     assert {a for a in used["group"] if not hasattr(declared_group, a)} == set()
     unused = backend.Backend.__abstractmethods__ - used["backend"]
-    assert unused == set(), f"declared but never called by fused.py: {sorted(unused)}"
+    assert unused == set(), f"declared but never called by fused.py or ranks.py: {sorted(unused)}"

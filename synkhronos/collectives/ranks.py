@@ -17,7 +17,6 @@ nothing here asks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,9 @@ from .._scatter import Batch, select_rows
 from ..distribute import REGISTRY
 from .backend import (
     BACKEND,
+    Backend,
     FusedLayout,
+    Group,
     host_value,
     store_value,
 )
@@ -75,38 +76,41 @@ def _on_broadcast(ctx: RankContext, message: Broadcast) -> None:
     backend.broadcast(ctx, group)
 
 
-def _reduction(ctx: RankContext, message: AllReduce | LowPrecisionReduce
-               ) -> Callable[[], Any]:
-    """A worker's part of a reduction message, made ready: the group found (mapped, with
-    the setup or the wire the message introduces), then a function that runs the
-    backend's primitive and returns the reply (None; the rank's shapes, or a
-    ``Mismatch``, when the ranks' shapes differ)."""
+def _reduction_group(ctx: RankContext, message: AllReduce | LowPrecisionReduce
+                     ) -> tuple[Backend, Group]:
+    """The backend and the group a reduction message names (mapped, with the setup or
+    the wire the message introduces)."""
     backend = BACKEND.get(ctx)
     group = backend.group(ctx, message.key, message.spec)
-    op = message.op
     if isinstance(message, LowPrecisionReduce):
         if message.wire is not None:
             backend.map_wire(ctx, group, message.wire)
+    elif not message.pair and message.setup is not None:
+        backend.accept(ctx, message.setup)
+    return backend, group
+
+
+def _reduce(ctx: RankContext, backend: Backend, group: Group,
+            message: AllReduce | LowPrecisionReduce) -> Any:
+    """Run a reduction message's primitive on ``group``; the rank's reply (None; its
+    shapes, or a ``Mismatch``, when the ranks' shapes differ)."""
+    if isinstance(message, LowPrecisionReduce):
         primitive = (backend.low_precision_reduce_scatter if message.scatter
                      else backend.low_precision_all_reduce)
-        reduce = partial(primitive, ctx, group, op, message.exchange)
+        done = primitive(ctx, group, message.op, message.exchange)
     elif message.pair:
-        def pair() -> Any:
-            mismatch = backend.pair_reduce(ctx, group, op)
-            return None if mismatch is None else Mismatch(mismatch)
-
-        return pair
+        mismatch = backend.pair_reduce(ctx, group, message.op)
+        return None if mismatch is None else Mismatch(mismatch)
     else:
-        if message.setup is not None:
-            backend.accept(ctx, message.setup)
-        reduce = partial(backend.all_reduce, ctx, group, op)
-    return lambda: None if reduce() else _own_shapes(group.variables)
+        done = backend.all_reduce(ctx, group, message.op)
+    return None if done else _own_shapes(group.variables)
 
 
 def _on_reduction(ctx: RankContext, message: AllReduce | LowPrecisionReduce) -> Any:
     if isinstance(message, AllReduce) and message.pair and ctx.rank == ctx.master_rank:
         return None  # its values are in its slot already; the worker does the rest
-    return _reduction(ctx, message)()
+    backend, group = _reduction_group(ctx, message)
+    return _reduce(ctx, backend, group, message)
 
 
 def _on_reduce(ctx: RankContext, message: Reduce) -> Any:
@@ -271,7 +275,7 @@ def reduce_lane(ctx: RankContext, message: AllReduce | LowPrecisionReduce
             or (message.wire if isinstance(message, LowPrecisionReduce) else message.setup)
             is not None):
         return None
-    reply = _reduction(ctx, message)
+    backend, group = _reduction_group(ctx, message)
     master_rank, arena = ctx.master_rank, ctx.arena
     kept_under = epoch.current
 
@@ -280,7 +284,7 @@ def reduce_lane(ctx: RankContext, message: AllReduce | LowPrecisionReduce
             return False
         if faults.ARMED:
             faults.hit("collective")
-        answer = reply()
+        answer = _reduce(ctx, backend, group, message)
         if faults.ARMED:
             faults.hit("exchange")
         replies.finish(rank, seq, answer, False, master_rank, arena)

@@ -8,13 +8,11 @@ which owns everything that running it needs in the master:
 - its ``Prepared`` record (compiled function id, ops, sliceable and update variables):
   the static part, sent with the variant's first call and kept by every rank by id,
   so later calls send only the id and what varies (``Call``);
-- its ``Staging``: shared-memory buffers for numpy inputs and ``batch`` indices,
-  reused call after call (grown only when too small); over several machines each
-  buffer has a replica per machine, and a scattered input selected by a range of rows
-  sends each machine only the rows its processes take (``replica_rows``), the other
-  inputs whole;
+- its ``Staging`` (``_staging.py``): shared-memory buffers for numpy inputs and
+  ``batch`` indices, reused call after call (grown only when too small);
 - its records: what a plain call kept for the calls that repeat it (``_replay.py``:
-  the ``Call``, where its arrays were copied), so a training loop validates once;
+  the ``Call``, the buffers its arrays were copied into), so a training loop
+  validates once;
 - the reduction of the ranks' replies into what PyTensor would return.
 
 A ``Call`` is built without being run (``message``), so a training step can run
@@ -24,8 +22,7 @@ several in one command (a ``Sequence``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,11 +31,11 @@ from ._core.protocol import Message
 from ._core.session import Session
 from ._dataref import DataRef
 from ._reducers import ReduceOp, reduce_one, reduce_pairs, reduce_values
-from ._scatter import block
+from ._staging import Staging, replica_rows
 from ._validate import Checked
-from .data import Data, data
+from .data import Data
 
-__all__ = ["Call", "Prepared", "PreparedCall", "Staging", "combine", "repeat_key"]
+__all__ = ["Call", "Prepared", "PreparedCall", "combine", "repeat_key"]
 
 
 @dataclass(frozen=True)
@@ -83,160 +80,30 @@ class Call(Message):
     # is free (``_shard._run_chunks``); 0: each process its own block
 
 
-Split = Callable[[int, int, tuple[int, ...] | None], list[tuple[int, int]]]
-
-
-def replica_rows(groups: tuple[tuple[int, int], ...] | None, size: int) -> Split | None:
-    """``split(start, stop, offsets)``: the rows of ``[start, stop)`` that the processes
-    of each copy of the session's memory take (``groups``: per copy, its first rank and
-    its number of ranks; the rule that splits rows over ranks, or ``offsets`` when
-    ``shares`` split them); None with one copy."""
-    if groups is None:
-        return None
-    copies = list(groups)
-
-    def split(start: int, stop: int, offsets: tuple[int, ...] | None = None
-              ) -> list[tuple[int, int]]:
-        if offsets is not None:
-            return [(start + offsets[first], start + offsets[first + count])
-                    for first, count in copies]
-        length = stop - start
-        return [(start + block(length, size, first)[0],
-                 start + block(length, size, first + count - 1)[1])
-                for first, count in copies]
-
-    return split
-
-
-@dataclass
-class Staging:
-    """Shared-memory buffers a prepared call reuses for numpy inputs and batch indices.
-
-    One command may hold several calls of the same variant (``synkhronos.steps``):
-    each gets its own buffers (``command`` tells which command is being prepared), so no
-    call overwrites the arrays of another still waiting to run.
-
-    ``split``: over several machines, the rows each machine takes (``replica_rows``).
-    """
-
-    buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Data
-    split: Split | None = None
-    rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
-    _command: int = -1
-    _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
-
-    def put(self, slot: Any, array: np.ndarray, command: int = -1,
-            rows: list[tuple[int, int]] | None = None) -> DataRef:
-        """Copy ``array`` into the buffer for ``slot`` (grown if needed); return its ref.
-
-        ``rows``: over several machines, send each machine only these rows."""
-        if command != self._command:
-            self._command, self._uses = command, {}
-        use = self._uses.get(slot, 0)
-        self._uses[slot] = use + 1
-        key = (slot, use)
-        buffer = self.buffers.get(key)
-        if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
-            if rows is None:
-                buffer = self.buffers[key] = data(value=array, oversize=1.25)
-            else:
-                buffer = self.buffers[key] = data(dtype=array.dtype,
-                                                  shape=(0,) + array.shape[1:])
-                buffer._stage_rows(array, 1.25, rows)
-        elif rows is None:
-            buffer.set_value(array, oversize=1.25)
-        else:
-            buffer._stage_rows(array, 1.25, rows)
-        if self.split is not None:
-            self.rows[key] = rows
-        return buffer.ref()
-
-    def destinations(self, refs: tuple, arrays: Sequence[int]) -> tuple[Data, ...] | None:
-        """The buffers where a call whose ``refs`` this staging holds copies its numpy
-        arguments (at ``arrays``) when it repeats, while the epoch stands (no buffer
-        moved); None where a buffer does not hold its ref (the call was staged as a
-        later one in its command). The buffers, not their arrays: an array kept would
-        keep a regrown buffer's old memory mapped."""
-        kept = []
-        for i in arrays:
-            buffer = self.buffers.get((i, 0))
-            if buffer is None or not buffer.holds(refs[i]):
-                return None
-            kept.append(buffer)
-        return tuple(kept)
-
-    def sync(self, arrays: Sequence[int]) -> None:
-        """Over several machines: the refilled buffers to every machine's replica (the
-        rows each takes, as their last put sent)."""
-        for i in arrays:
-            rows = self.rows.get((i, 0))
-            if rows is None:
-                self.buffers[(i, 0)].sync()
-            else:
-                self.buffers[(i, 0)]._replicate_rows(rows)
-
-    def stage(self, checked: Checked, command: int, n_scattered: int = 0,
-              offsets: tuple[int, ...] | None = None, axes: tuple[int, ...] | None = None
-              ) -> tuple[list[DataRef], tuple[int, int], DataRef | None]:
-        """Refs for every input and the batch indices; numpy values are copied in
-        (``axes``: the row axis of each scattered input, None: 0 for all; an input
-        whose rows are not its axis 0 goes to every machine whole)."""
-        selection = checked.batch
-        rows = None
-        if (self.split is not None and selection is not None
-                and selection.indices is None):
-            rows = self.split(selection.start, selection.stop, offsets)
-        refs = [
-            value.ref() if isinstance(value, Data)
-            else self.put(i, value, command, rows if i < n_scattered and not (
-                axes and axes[i]) else None)
-            for i, value in enumerate(checked.values)
-        ]
-        if selection is None or selection.indices is None:
-            indices = None
-            span = (selection.start, selection.stop) if selection is not None else (0, 0)
-        else:
-            indices = self.put("batch", np.asarray(selection.indices, dtype=np.int64), command)
-            span = (0, 0)
-        return refs, span, indices
-
-
 _NOT_REDUCED = ReduceOp.NONE  # (an enum member costs a lookup in Python 3.11)
 
 
 class PreparedCall:
     """One compiled variant's calls, seen from the master (see the module docstring)."""
 
-    def __init__(self, prepared_id: int, prepared: Prepared, n_scattered: int,
-                 labels: list[str], prefix: str, split: Split | None = None,
-                 reads_in_place: bool = False, axes: tuple[int, ...] | None = None):
-        self.id = prepared_id
+    def __init__(self, session: Session, prepared: Prepared, n_scattered: int,
+                 labels: list[str], axes: tuple[int, ...] | None = None):
+        self.id = prepared.fn_id
         self.prepared = prepared
         self.registered = False  # every rank holds ``prepared``
         self._n_scattered = n_scattered
         self._labels = labels
-        self._prefix = prefix
+        self._prefix = session.ctx.prefix
         self._axes = axes  # each scattered input's row axis (``in_axes``), or None
-        self.staging = Staging(split=split)  # (split: several machines, their replicas)
+        # (split: several machines, the rows each one's replicas take)
+        self.staging = Staging(session, replica_rows(session.replica_groups, session.ctx.size))
         # (slices, key) -> the ``_replay.Record`` a plain call kept for its repeats
         self.records: dict[tuple, Any] = {}
-        # One process in all: a record of big numpy arguments reads them in place
-        self.reads_in_place = reads_in_place
+        # One process in all: a record of big numpy arguments reads them in place, where
+        # the placement says that costs less than the copy (CPU cores, a GPU; not JAX's
+        # CPU platform standing in for one)
+        self.reads_in_place = session.n == 1 and session.ctx.placement.reads_callers_arrays
         self._warned: set[int] = set()
-
-    @classmethod
-    def of(cls, session: Session, prepared: Prepared, n_scattered: int,
-           labels: list[str], axes: tuple[int, ...] | None = None) -> PreparedCall:
-        """The prepared calls of a variant in ``session``."""
-        return cls(
-            prepared.fn_id, prepared, n_scattered, labels, session.ctx.prefix,
-            replica_rows(session.replica_groups, session.ctx.size),
-            # One process in all: it reads big numpy inputs in place, where the
-            # placement says that costs less than the copy (CPU cores, a GPU; not
-            # JAX's CPU platform standing in for one)
-            reads_in_place=session.n == 1 and session.ctx.placement.reads_callers_arrays,
-            axes=axes,
-        )
 
     def message(self, checked: Checked, batch_s: tuple | None, num_slices: int,
                 timings: bool, command: int, shared_rows: tuple | None = None,

@@ -7,14 +7,16 @@ of calls keeps are cached per process (``call_view``) and dropped whenever the
 process's epoch moves on (``_runtime/epoch.py``: the arena dropped a mapping, among
 others), so no view keeps released memory.
 
-The owner's side of a release is ``release_segment``: a finalizer that the ``Data``
-registers for each allocation, so that freeing, reallocating or collecting the
-``Data`` unlinks the segment and logs the release for every worker (the arena).
+The owner's side is ``allocate``: a new segment from the arena, with the finalizer
+(``release_segment``) that unlinks it and logs the release for every worker when the
+owner -- a ``Data``, or a call's staging buffer (``_staging.py``) -- frees it, moves to
+a new one, or is collected.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,8 +25,9 @@ import posix_ipc
 from ._core import context
 from ._core.context import RankContext, RankVar
 from ._runtime import epoch, shmem
+from ._runtime.arena import Segment
 
-__all__ = ["DataRef", "call_view", "release_segment"]
+__all__ = ["DataRef", "allocate", "call_view", "release_segment"]
 
 
 class DataRef(NamedTuple):
@@ -111,8 +114,19 @@ def call_view(ref: DataRef, ctx: RankContext) -> np.ndarray:
     return array
 
 
+def allocate(owner: Any, session: Any, nbytes: int) -> tuple[Segment, weakref.finalize]:
+    """A new segment of ``nbytes`` for ``owner`` (in the master), and the finalizer that
+    releases it: call it to free the segment; it runs by itself when ``owner`` is
+    collected, and does nothing once the session is closed (its sweep took the rest)."""
+    ctx = session.ctx
+    segment = ctx.arena.create(nbytes)
+    release = weakref.finalize(owner, release_segment, ctx, segment.id, os.getpid(),
+                               session.is_closed)
+    return segment, release
+
+
 def release_segment(ctx: RankContext, segment_id: int, pid: int, closed: Any) -> None:
-    """Release one allocation of a ``Data`` (a finalizer: holds no reference to it).
+    """Release one allocation (``allocate``'s finalizer: holds no reference to its owner).
 
     Does nothing in a process other than the owner (a fork inherits the finalizer),
     or once the session is closed (``closed()`` true: the sweep took everything).

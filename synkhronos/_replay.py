@@ -4,12 +4,12 @@ The general path of a call (``Function.prepare``: bind, validate, stage, build t
 message; then the command) ends by keeping a ``Record`` of it (``keep``), under its
 key (``_call.repeat_key``: the same ``Data``, or arrays of the same dtype and shape,
 nothing else asked) in its variant's ``PreparedCall.records``: the ``Call`` message,
-the staging ``Data`` its numpy arguments were copied into, and the ops that reduce its
-replies. A record holds the epoch it was made under (``_runtime/epoch.py``); while the
-epoch stands nothing it relies on has moved, and a call with its key replays it
-(``Function.replay`` -> ``run``): the arrays copied where the first call's went, the
-kept message posted again. A stale record is never repaired: the call takes the
-general path, which keeps a new one.
+the staging buffers its numpy arguments were copied into (``_staging.py``) and the
+ops that reduce its replies. A record holds the epoch it was made under
+(``_runtime/epoch.py``); while the epoch stands nothing it relies on has moved, and a
+call with its key replays it (``Function.replay`` -> ``run``): the arrays copied where
+the first call's went, the kept message posted again. A stale record is never
+repaired: the call takes the general path, which keeps a new one.
 
 One record, three ways to find it:
 
@@ -30,8 +30,6 @@ every call, step and collective takes the general path, on every process.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -42,7 +40,7 @@ from ._call import Call, PreparedCall, repeat_key
 from ._core.session import Session
 from ._reducers import ReduceOp
 from ._runtime import epoch
-from .data import Data
+from ._staging import Buffer
 
 __all__ = ["Record", "Bound", "keep", "run"]
 
@@ -72,9 +70,10 @@ class Record:
     call: Call  # its message (registered: without the static part)
     ops: tuple[ReduceOp, ...]  # its outputs' reductions
     positions: tuple[int, ...]  # the positions of its numpy arguments
-    buffers: tuple[Data, ...]  # where each is copied (the variant's staging)
+    buffers: tuple[Buffer, ...]  # where each is copied (the variant's staging)
+    shapes: tuple[tuple[int, ...], ...]  # viewed with each argument's shape
     in_place: bool  # one process in all: try the caller's arrays where they are
-    sync: Callable[[], None] | None  # several machines: the copies to every replica
+    rows: tuple | None  # several machines: the rows each takes of each (or None: all)
     epoch: int  # valid while ``epoch.current`` is this
 
 
@@ -96,17 +95,17 @@ def keep(prepared: PreparedCall, key: tuple, call: Call) -> None:
         call = replace(call, prepared=None)
     positions = tuple(i for i, item in enumerate(key) if item[0] is None)
     refs = call.scattered + call.bcast
-    buffers = prepared.staging.destinations(refs, positions)
-    if buffers is None:  # (staged as a later call of its command: not where it reads)
+    found = prepared.staging.destinations(refs, positions)
+    if found is None:  # (staged as a later call of its command: not where it reads)
         return
     in_place = (prepared.reads_in_place and call.num_slices == 1 and not call.timings
                 and not call.chunks) and (
         sum(np.dtype(refs[i].dtype).itemsize * int(np.prod(refs[i].shape))
             for i in positions) >= _IN_PLACE_BYTES)
-    sync = (functools.partial(prepared.staging.sync, positions)
-            if prepared.staging.split is not None else None)
+    buffers, rows = found
     records[(slot_of(call.num_slices, call.chunks), key)] = Record(
-        call, prepared.prepared.output_ops, positions, buffers, in_place, sync, epoch.current)
+        call, prepared.prepared.output_ops, positions, buffers,
+        tuple(refs[i].shape for i in positions), in_place, rows, epoch.current)
 
 
 def run(session: Session, record: Record, args: tuple) -> list:
@@ -121,14 +120,15 @@ def run(session: Session, record: Record, args: tuple) -> list:
                 return session.run_held(call, repeats=True)
             finally:
                 _shard.put_back(session.ctx, token)
-    buffers = record.buffers
+    buffers, shapes = record.buffers, record.shapes
     i = 0
     for position in record.positions:
         # setitem casts as copyto(casting="unsafe"), at a third of its cost
-        buffers[i].data[...] = args[position]
+        buffers[i].view(shapes[i])[...] = args[position]
         i += 1
-    if record.sync is not None:
-        record.sync()
+    if record.rows is not None:  # several machines: the values to every replica
+        for buffer, shape, rows in zip(buffers, shapes, record.rows, strict=True):
+            buffer.publish(buffer.view(shape), rows)
     return session.run_held(call, repeats=True)
 
 

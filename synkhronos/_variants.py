@@ -101,7 +101,7 @@ class Variants:
             tuple(cast(int, uid(var)) for var, _ in self._updates) if sliced else (),
             tuple(self._update_ops) if sliced else (),
         )
-        prepared = self._prepared[fn_id] = PreparedCall.of(
+        prepared = self._prepared[fn_id] = PreparedCall(
             self._session, static, self._n_scattered, self._labels, self._axes)
         if key == (None, False):
             self.plain = prepared

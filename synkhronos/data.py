@@ -56,7 +56,6 @@ from __future__ import annotations
 import mmap
 import numbers
 import operator
-import os
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -65,7 +64,7 @@ import numpy as np
 
 from ._core import context
 from ._core.session import Session, State, require
-from ._dataref import DataRef, mapping, release_segment
+from ._dataref import DataRef, allocate, mapping
 from ._runtime import epoch, shmem
 from ._runtime.arena import Segment
 
@@ -178,7 +177,6 @@ class Data:
         self._name = name
         self._minibatch = bool(minibatch)
         self._session: Session | None = session
-        self._pid = os.getpid()
         self._segment = ""
         self._owned: Segment | None = None  # the segment this owner allocated
         self._map: mmap.mmap | None = None
@@ -321,21 +319,6 @@ class Data:
         segment = self._segment
         session.replicate(lambda transport: transport.publish_values(segment, values))
 
-    def _stage_rows(self, array: np.ndarray, oversize: float,
-                    bounds: list[tuple[int, int]]) -> None:
-        """The function layer's staging over several machines: write ``array`` here and
-        send each machine only its rows (``bounds``, by machine)."""
-        self._write(array, False, False, oversize, replicate=False)
-        self._replicate_rows(bounds)
-
-    def _replicate_rows(self, bounds: list[tuple[int, int]]) -> None:
-        session = self._session
-        if (session is None or not session.replica_groups or not session.usable()
-                or self._map is None):
-            return
-        view, segment = self._view, self._segment
-        session.replicate(lambda transport: transport.publish_rows(segment, view, bounds))
-
     def _replicate_item(self, session: Session, key: Any, value: Any) -> None:
         """Replay ``x[key] = value`` on the other machines' replicas."""
         if self._map is None:
@@ -434,8 +417,7 @@ class Data:
         self._show((0,) + self._shape[1:])
 
     # -- internals ---------------------------------------------------------------------------
-    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float,
-               replicate: bool = True):
+    def _write(self, array: np.ndarray, implicit: bool, force_cast: bool, oversize: float):
         """Validate ``array`` against dtype and ndim, make room, and copy it in."""
         if array.dtype != self._dtype and not force_cast:
             # A safe cast (uint8 -> int32, float32 -> float64) loses nothing: taken as a
@@ -465,8 +447,7 @@ class Data:
             self._show(array.shape)
         np.copyto(self._view, array, casting="unsafe")
         session = self._session
-        if (session is not None and session.replica_groups and replicate
-                and session.usable()):
+        if session is not None and session.replica_groups and session.usable():
             self._replicate_values(session)
 
     def _resize(self, shape: tuple[int, ...], oversize: float) -> None:
@@ -488,13 +469,10 @@ class Data:
     def _reallocate(self, items: int, keep: int) -> None:
         """Move to a new segment of ``items`` items, carrying over ``keep`` leading items."""
         session = self._check_session("growing the allocation")
-        arena = session.ctx.arena
-        segment: Segment = arena.create(items * self._dtype.itemsize)
-        finalizer = weakref.finalize(self, release_segment, session.ctx, segment.id, self._pid,
-                                     session.is_closed)
+        segment, finalizer = allocate(self, session, items * self._dtype.itemsize)
         if keep:
             assert self._owned is not None
-            arena.copy(self._owned, segment, keep * self._dtype.itemsize)
+            session.ctx.arena.copy(self._owned, segment, keep * self._dtype.itemsize)
         self._release()
         self._segment, self._map, self._alloc_size = segment.name, segment.buffer, items
         self._owned, self._finalizer = segment, finalizer
@@ -555,7 +533,6 @@ def _attach(
     self._name = name
     self._minibatch = minibatch
     self._session = None
-    self._pid = os.getpid()
     self._segment = segment
     self._owned = None
     self._map = mapping(segment, context.current()) if segment else None

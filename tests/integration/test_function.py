@@ -281,6 +281,24 @@ def test_repeated_numpy_calls_alternating_shapes_and_dtypes(model):
         assert_all_close(model.reduce(rows_d, Y), want)  # Data calls in between
 
 
+def test_alternating_numpy_shapes_each_replay_once_the_staging_fits(model, monkeypatch,
+                                                                     no_cyclic_gc):
+    """A loop that alternates two batch sizes of numpy rows (training, then
+    validation) on one function: once the staging buffer fits the bigger, each size
+    replays its own record (viewing the buffer with another shape moves nothing), and
+    every result is the plain function's."""
+    prepared = []
+    prepare = model.reduce.prepare
+    monkeypatch.setattr(model.reduce, "prepare",
+                        lambda *a, **k: prepared.append(1) or prepare(*a, **k))
+    sizes = [900, 50] * 4
+    for i, size in enumerate(sizes):
+        rows = X[:size] + i
+        assert_all_close(model.reduce(rows, Y), model.reduce.as_pytensor(rows, Y))
+    # one validation per size (the buffer grew for the first only); none without replay
+    assert len(prepared) == (2 if REPLAY else len(sizes))
+
+
 def test_repeated_sliced_calls_follow_slices_and_changes(model, monkeypatch, no_cyclic_gc):
     """Sliced calls repeat too (PyMC's likelihood runs in slices): the second call like
     the first is not validated again, and a change of num_slices, of the rows or of

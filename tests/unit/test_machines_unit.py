@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import synkhronos as synk
-from synkhronos._call import replica_rows
+from synkhronos._staging import replica_rows
 from synkhronos._core.machines import Machines
 from synkhronos._runtime import epoch, mpi, shmem
 from synkhronos._runtime.arena import Arena

@@ -38,7 +38,8 @@ from ._core import session as core_session
 from ._core.execute import Executor
 from ._core.group import LocalGroup
 from ._core.leader import Leader
-from ._core.machines import AcrossMachines, Machines, Several
+from ._core.link import Machines
+from ._core.machines import AcrossMachines, Several
 from ._core.protocol import Join
 from ._core.session import Session
 from ._runtime import devices, mpi, shmem

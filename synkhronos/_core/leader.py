@@ -41,7 +41,7 @@ from .._runtime.remote import RemoteFailure
 from . import faults
 from .execute import Executor, Outcome, at_reply
 from .group import LocalGroup
-from .machines import COMMAND, END, LEADERS_ONLY, Machines
+from .link import COMMAND, END, LEADERS_ONLY, Machines
 from .protocol import Message
 
 __all__ = ["Leader", "FAILURE_GRACE"]

@@ -18,8 +18,8 @@ Checked here:
   node, leader, MPI or reduction mode between machines, and the first two duck-type
   no backend (no ``getattr``/``hasattr``);
 - the session's run path and the modules that only ask for a command to run or memory
-  to be shared (``_core/session.py``, ``data.py``, ``_call.py``, ``function.py``,
-  ``_core/execute.py``) name no machine, node, leader or MPI: that is the
+  to be shared (``_core/session.py``, ``data.py``, ``_call.py``, ``_staging.py``,
+  ``function.py``, ``_core/execute.py``) name no machine, node, leader or MPI: that is the
   transport's (``_core/transport.py``, ``_core/machines.py``); and no module reaches
   the communicator through an attribute chain (``x.mpi``): ``Machines`` keeps it;
 - tests other than unit tests, benchmarks, demos and the docs' examples import only
@@ -211,7 +211,7 @@ def test_one_machine_collectives_name_no_machine(relative):
     assert not named, f"{relative} names {sorted(named)}: that belongs to collectives/hierarchy.py"
 
 
-TRANSPORT_BLIND = ["_core/session.py", "data.py", "_call.py", "function.py",
+TRANSPORT_BLIND = ["_core/session.py", "data.py", "_call.py", "_staging.py", "function.py",
                    "_core/execute.py"]
 TRANSPORT_WORDS = {"node", "nodes", "leader", "leaders", "machine", "machines", "mpi"}
 

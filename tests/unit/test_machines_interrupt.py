@@ -1,7 +1,7 @@
 """Ctrl-C in the master's link to the other machines (``Machines``), on a stand-in link.
 
 Every status round between machines is the same collective, in the same order, on
-every leader (``_core/machines.py``); a master interrupted there must still take part
+every leader (``_core/link.py``); a master interrupted there must still take part
 in each round the other leaders take part in, with the codes that keep them in step:
 
 - at a meeting point, or at the end of a command, Ctrl-C raises at once and leaves the
@@ -26,8 +26,8 @@ import types
 import numpy as np
 import pytest
 
-from synkhronos._core import machines as machines_module
-from synkhronos._core.machines import Machines
+from synkhronos._core import link as link_module
+from synkhronos._core.link import Machines
 from synkhronos._runtime.remote import BarrierAborted
 
 from .test_interruption import session_handlers
@@ -150,7 +150,7 @@ def test_ctrl_c_during_a_transfer_is_raised_once_it_is_over():
 
 
 def test_ctrl_c_held_past_the_grace_breaks_the_link_with_a_note(monkeypatch):
-    monkeypatch.setattr(machines_module, "INTERRUPT_GRACE", 0.05)
+    monkeypatch.setattr(link_module, "INTERRUPT_GRACE", 0.05)
     link = Link(others=[HERE], interrupt=("round0",), stuck=("round0",))
     machines = link_machines(link)
     with session_handlers():

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import synkhronos as synk
-from synkhronos._staging import replica_rows
-from synkhronos._core.machines import Machines
+from synkhronos._core.link import Machines
 from synkhronos._runtime import epoch, mpi, shmem
 from synkhronos._runtime.arena import Arena
 from synkhronos._scatter import split_bounds
+from synkhronos._staging import replica_rows
 from synkhronos.collectives.backend import FusedLayout
 from synkhronos.collectives.hierarchy import _runs, _spans, _whole
 from synkhronos.errors import WorkerDiedError, WorkerTimeoutError

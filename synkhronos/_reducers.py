@@ -1,6 +1,6 @@
 """The package-level name of the reduction kernels (``_runtime/reducers.py``).
 
-The kernels live in ``_runtime`` so that the MPI layer (``_runtime/mpi/exchange.py``)
+The kernels live in ``_runtime`` so that the MPI layer (``_machines/mpi/exchange.py``)
 folds values between machines with the same ufunc table as one machine does, without
 importing from the package above it. The layers above import them from here.
 """

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from . import lifecycle
-from ._runtime import devices, mpi
+from ._machines import mpi
+from ._runtime import devices
 
 __all__ = ["gather", "check", "format_report", "format_check", "OPTIONAL_PACKAGES"]
 

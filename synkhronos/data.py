@@ -39,7 +39,7 @@ arena's journal with the next message; the values the library writes (``set_valu
 ``x[i] = v``, and ``sync()`` after writes through ``x.data``) travel at once, to the
 other machines' leaders alone, through the session's transport (``Session.replicate``;
 the messages and their handlers live beside the several-machines transport,
-``_core/machines.py``: the bytes, broadcast between leaders straight into each
+``_machines/transport.py``: the bytes, broadcast between leaders straight into each
 replica, or the assignment, replayed). On one machine there is no other copy
 (``Session.replica_groups`` is None) and nothing is sent. A machine's
 workers read its replica, and a ``DataRef`` naming the master's segment finds it there.

@@ -11,7 +11,7 @@ message                handler                        owner
 ``Call``               ``_shard.run_call``            function calls
 ``Distribute``         ``distribute.receive``         shipping compiled functions
 collective messages    ``collectives.ranks.HANDLERS``  broadcast, reduce, gather, ...
-``Join``               ``_core.machines.join``         several machines
+``Join``               ``_machines.transport.join``    several machines
 =====================  =============================  ==============================
 
 ``LANES`` names, per message type, a worker's shortcut for a command that repeats the
@@ -20,8 +20,8 @@ last one (``Executor.lanes``): ``_shard.lane`` for a call in a training loop,
 ``exchange=`` or not).
 
 Over several machines, two more tables serve the leaders of the other machines
-(``_core.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
-to each machine's replica: ``_core.machines.LEADERS_ONLY_HANDLERS``), and ``PREPARE``,
+(``_machines.leader``): ``LEADERS_ONLY``, the messages for them alone (a ``Data`` write
+to each machine's replica: ``_machines.transport.LEADERS_ONLY_HANDLERS``), and ``PREPARE``,
 what a leader does with a command before its workers see it (``distribute.prepare``: this machine
 unpickles and compiles the functions once, before its workers load them).
 """
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from ._call import Call
 from ._core.execute import Handler, Lane
-from ._core.machines import HANDLERS as MACHINE_HANDLERS
-from ._core.machines import LEADERS_ONLY_HANDLERS
 from ._core.protocol import Message
+from ._machines.transport import HANDLERS as MACHINE_HANDLERS
+from ._machines.transport import LEADERS_ONLY_HANDLERS
 from ._shard import lane, run_call
 from .collectives.fused import AllReduce, LowPrecisionReduce
 from .collectives.ranks import HANDLERS as COLLECTIVE_HANDLERS

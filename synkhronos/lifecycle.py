@@ -16,9 +16,9 @@ failure at any step leaves nothing behind:
 Under an MPI launcher (``mpiexec``, ``srun``; ``launch`` tells from the environment,
 before anything else) every MPI process is its machine's leader and does steps 1-4
 for its own machine -- the workers are forked before MPI starts -- then starts MPI
-(``_runtime.mpi.start``), learns the machine table, and tells its processes their
+(``_machines.mpi.start``), learns the machine table, and tells its processes their
 global ranks (a ``Join`` command). On machine 0 ``fork()`` returns; on every other
-machine the leader serves commands (``_core.leader``) and its process ends when the
+machine the leader serves commands (``_machines.leader``) and its process ends when the
 master closes.
 """
 
@@ -37,12 +37,14 @@ from ._core import context as core_context
 from ._core import session as core_session
 from ._core.execute import Executor
 from ._core.group import LocalGroup
-from ._core.leader import Leader
-from ._core.link import Machines
-from ._core.machines import AcrossMachines, Several
 from ._core.protocol import Join
 from ._core.session import Session
-from ._runtime import devices, mpi, shmem
+from ._machines import backend as _machines_backend  # noqa: F401  (its collectives register)
+from ._machines import mpi
+from ._machines.leader import Leader
+from ._machines.link import Machines
+from ._machines.transport import AcrossMachines, Several
+from ._runtime import devices, shmem
 from ._threads import limit_threads
 from .collectives.fresh import Fresh
 from .distribute import REGISTRY

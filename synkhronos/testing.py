@@ -38,9 +38,9 @@ import numpy as np
 from . import _pytensor
 from ._core import context, faults
 from ._core.faults import POINTS
-from ._core.machines import leaders_of
 from ._core.protocol import Ping, RunCallable
 from ._core.session import current, require
+from ._machines.transport import leaders_of
 from ._runtime import shmem
 from ._scatter import split_bounds, weighted_counts
 from .distribute import REGISTRY

@@ -19,7 +19,7 @@ are rewritten before it runs anything). It holds what every layer may ask:
   (``meeting.barrier(ctx)``, ``meeting.agree(ctx, ok)``), a ``Meeting`` chosen once:
   one machine's (``OneMachine``: the control block) from the start, replaced when the
   process joins several machines (``Join``: the several-machines side,
-  ``_core/machines.py``, where a meeting spans the machines and a leader's also holds
+  ``_machines/transport.py``, where a meeting spans the machines and a leader's also holds
   its link to the other leaders). Code above asks the meeting, never how many
   machines there are; ``local_barrier`` meets this machine's ranks alone. Every wait
   watches that the peers are alive (``watch``).

@@ -46,7 +46,7 @@ for it. Nothing below the session knows about it.
 
 Steps 2-5 are the transport's (``_core/transport.py``), chosen once at ``fork`` and
 held: one machine's runs the local group's round (``_core/group.py``); the one over
-several machines wraps it (``_core/machines.py``). The session's run path is the same
+several machines wraps it (``_machines/transport.py``). The session's run path is the same
 for both; what differs is declared by the transport: what a failure means
 (``error``), how a command Ctrl-C left pending is settled (``settle``), whether an
 interrupt broke the session (``interrupt_breaks``: over several machines, one that

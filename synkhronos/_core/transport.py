@@ -19,7 +19,7 @@ never asks which one it has. A transport answers four things:
 
 ``Transport`` itself is one machine: its local group (``_core/group.py``) is every
 process, and there is nothing to publish. The several-machines transport
-(``_core/machines.py``) wraps it: the message goes to the other machines first, the
+(``_machines/transport.py``) wraps it: the message goes to the other machines first, the
 local round runs as here, and the other machines' replies join at the end.
 """
 

@@ -6,7 +6,7 @@ stand-in) with an id and what it made of it once (its pickle, or nothing); a rec
 keeps what it decoded by id (``Decoded``), so a repeated message is neither pickled
 nor unpickled again. Ids are never reused, so an id a receiver knows always names
 the same message. The control block (one machine: ``control.py``) and the leaders'
-link between machines (``_core/link.py``) both use it.
+link between machines (``_machines/link.py``) both use it.
 
 The sender's hot path is the same object posted again: ``Memo.last`` holds the last
 entry found or made, which the caller compares by identity before it hashes anything.
@@ -73,7 +73,7 @@ class Decoded:
         Messages kept; when full the receiver empties it itself (``put``), which is
         safe because ids are never reused: a forgotten id is decoded again from the
         message, which its sender then still sends in full. A receiver that only ever
-        gets an id without the message (``_core/link.py``) passes None and
+        gets an id without the message (``_machines/link.py``) passes None and
         empties it when the sender says (``clear``).
     """
 

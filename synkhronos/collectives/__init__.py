@@ -8,7 +8,7 @@ process; the backends: ``cpu`` (shared memory), ``hierarchy`` (several machines:
 through NCCL, when each process has its own GPU). Importing them here registers them.
 """
 
-from . import cpu, hierarchy, nccl, staged  # noqa: F401  (the backends register themselves)
+from . import cpu, nccl, staged  # noqa: F401  (the backends register themselves)
 from .api import (
     all_gather,
     all_reduce,

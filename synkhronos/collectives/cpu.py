@@ -45,7 +45,7 @@ A group's rank-side primitives take its variables: each rank loads its values in
 its slot (``load``; only what the others read, where a rank reads its own values in
 place), votes, runs the folds, and binds each variable to its result (``rebind``),
 through the session's placement (the identity on CPU; ``staged.py`` crosses to the
-device there). Over several machines ``hierarchy.py`` wraps this backend: it lays
+device there). Over several machines ``_machines/backend.py`` wraps this backend: it lays
 groups out with its own ``Group`` subclass (``group_type``) and uses ``load`` and
 ``rebind`` around its own folds.
 """
@@ -124,7 +124,7 @@ class Group(backend.Group):
     ``slots``, ``flats``, ``pieces`` and ``foreign`` are indexed by (global) rank;
     ``columns`` holds, per variable, one view of it in the slots of the processes that
     share this segment (its first axis: the slot; ``backend.column``). One slot per
-    process, at its rank; a subclass (``hierarchy.py``) lays out groups that span
+    process, at its rank; a subclass (``_machines/backend.py``) lays out groups that span
     machines (``_lay_out``, ``slot_count``).
     """
 

@@ -4,11 +4,16 @@
 handlers -> _core -> _runtime``; ``_runtime -> stdlib + numpy (+ posix_ipc, mpi4py)``.
 Checked here:
 
-- ``_runtime`` imports the standard library, numpy, posix_ipc (and mpi4py, for
-  ``_runtime/mpi*``; jax and cupy, for the device modules ``placement`` and ``nccl``)
-  only;
+- ``_runtime`` imports the standard library, numpy, posix_ipc (and jax and cupy, for
+  the device modules ``placement`` and ``nccl``) only;
 - ``_core`` imports those and ``_runtime`` and ``errors`` only: never PyTensor, never
   a layer above it;
+- several machines are one package behind the transport and backend interfaces
+  (``_machines``): it uses the engine, the mechanism and the collectives' backend
+  interface, and only the modules that put a session together (``lifecycle``, the
+  handler table, ``testing``, the environment report) import it; its MPI layer
+  (``_machines/mpi``) is mechanism, as ``_runtime`` is, and the only importer of
+  mpi4py;
 - ``extensions`` and ``pymc`` reach the rest of the package through its public names
   only (``from .. import fork``, ``synkhronos.steps``), never a private module;
 - no import cycle between the package's modules (imports at module level);
@@ -20,7 +25,7 @@ Checked here:
 - the session's run path and the modules that only ask for a command to run or memory
   to be shared (``_core/session.py``, ``data.py``, ``_call.py``, ``_staging.py``,
   ``function.py``, ``_core/execute.py``) name no machine, node, leader or MPI: that is the
-  transport's (``_core/transport.py``, ``_core/machines.py``); and no module reaches
+  transport's (``_core/transport.py``, ``_machines/transport.py``); and no module reaches
   the communicator through an attribute chain (``x.mpi``): ``Machines`` keeps it;
 - tests other than unit tests, benchmarks, demos and the docs' examples import only
   public modules, without exception (the MPI layer's own tests, which run that private
@@ -104,8 +109,6 @@ def _is_stdlib(name: str) -> bool:
                          ids=lambda p: str(p.relative_to(PACKAGE / "_runtime")))
 def test_runtime_imports_only_stdlib_numpy_posix_ipc(path):
     allowed = set(THIRD_PARTY_OF_RUNTIME)
-    if "mpi" in path.relative_to(PACKAGE / "_runtime").parts or path.stem.startswith("mpi"):
-        allowed.add("mpi4py")
     if path.stem in DEVICE_MODULES:
         allowed |= {"jax", "cupy"}
     for name in _imports(path, top_level_only=False):
@@ -125,6 +128,56 @@ def test_core_imports_only_runtime_and_errors(path):
         else:
             assert _is_stdlib(name) or name.split(".")[0] == "numpy", (
                 f"_core/{path.name} imports {name}")
+
+
+MACHINES = PACKAGE / "_machines"
+# what the several-machines package builds on: the engine, the mechanism, the
+# collectives' backend interface and the one-machine backend it wraps, the row math
+MACHINES_USE = ("synkhronos._machines", "synkhronos._core", "synkhronos._runtime",
+                "synkhronos.errors", "synkhronos.collectives.backend",
+                "synkhronos.collectives.cpu", "synkhronos.collectives.rounded",
+                "synkhronos._dataref", "synkhronos._reducers", "synkhronos._scatter")
+MACHINES_USERS = {"synkhronos.lifecycle", "synkhronos.handlers", "synkhronos.testing",
+                  "synkhronos._report"}
+
+
+@pytest.mark.parametrize("path", sorted(MACHINES.glob("*.py")), ids=lambda p: p.name)
+def test_machines_package_uses_the_layers_below_only(path):
+    for name in _imports(path, top_level_only=False):
+        if name.startswith("synkhronos"):
+            assert name.startswith(MACHINES_USE), f"_machines/{path.name} imports {name}"
+        else:
+            assert _is_stdlib(name) or name.split(".")[0] == "numpy", (
+                f"_machines/{path.name} imports {name}")
+
+
+@pytest.mark.parametrize("path", sorted((MACHINES / "mpi").glob("*.py")), ids=lambda p: p.name)
+def test_mpi_layer_imports_only_stdlib_numpy_mpi4py_and_runtime(path):
+    for name in _imports(path, top_level_only=False):
+        if name.startswith("synkhronos."):
+            assert name.startswith(("synkhronos._runtime", "synkhronos._machines.mpi")), (
+                f"_machines/mpi/{path.name} imports {name}")
+        else:
+            assert _is_stdlib(name) or name.split(".")[0] in {"numpy", "mpi4py"}, (
+                f"_machines/mpi/{path.name} imports {name}")
+
+
+def test_only_the_assembly_imports_the_machines_package():
+    importers = {}
+    for path in _package_files():
+        name = _module_name(path)
+        if name.startswith("synkhronos._machines"):
+            continue
+        for imported in _imports(path, top_level_only=False):
+            if imported.startswith("synkhronos._machines"):
+                importers.setdefault(name, set()).add(imported)
+            if imported.split(".")[0] == "mpi4py":
+                importers.setdefault(name, set()).add(imported)
+    assert set(importers) <= MACHINES_USERS, (
+        f"{sorted(set(importers) - MACHINES_USERS)} import several machines' modules or "
+        "mpi4py; go through the transport or the backend interface")
+    assert not any(name.startswith("mpi4py") for names in importers.values()
+                   for name in names), "only _machines/mpi imports mpi4py"
 
 
 ADD_ONS = sorted((PACKAGE / "extensions").glob("*.py")) + sorted((PACKAGE / "pymc").glob("*.py"))
@@ -208,7 +261,7 @@ def _words(name: str) -> set[str]:
 def test_one_machine_collectives_name_no_machine(relative):
     named = {name for name in _code_names(PACKAGE / relative)
              if _words(name) & MACHINE_WORDS}
-    assert not named, f"{relative} names {sorted(named)}: that belongs to collectives/hierarchy.py"
+    assert not named, f"{relative} names {sorted(named)}: that belongs to _machines/backend.py"
 
 
 TRANSPORT_BLIND = ["_core/session.py", "data.py", "_call.py", "_staging.py", "function.py",
@@ -221,7 +274,7 @@ def test_run_path_names_no_machine(relative):
     named = {name for name in _code_names(PACKAGE / relative)
              if _words(name) & TRANSPORT_WORDS}
     assert not named, (f"{relative} names {sorted(named)}: that belongs to the transport "
-                       "(_core/transport.py, _core/machines.py)")
+                       "(_core/transport.py, _machines/transport.py)")
 
 
 @pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(PACKAGE)))

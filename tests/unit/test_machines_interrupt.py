@@ -1,7 +1,7 @@
 """Ctrl-C in the master's link to the other machines (``Machines``), on a stand-in link.
 
 Every status round between machines is the same collective, in the same order, on
-every leader (``_core/link.py``); a master interrupted there must still take part
+every leader (``_machines/link.py``); a master interrupted there must still take part
 in each round the other leaders take part in, with the codes that keep them in step:
 
 - at a meeting point, or at the end of a command, Ctrl-C raises at once and leaves the
@@ -26,8 +26,8 @@ import types
 import numpy as np
 import pytest
 
-from synkhronos._core import link as link_module
-from synkhronos._core.link import Machines
+from synkhronos._machines import link as link_module
+from synkhronos._machines.link import Machines
 from synkhronos._runtime.remote import BarrierAborted
 
 from .test_interruption import session_handlers

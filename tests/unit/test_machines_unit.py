@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 import synkhronos as synk
-from synkhronos._core.link import Machines
-from synkhronos._runtime import epoch, mpi, shmem
+from synkhronos._machines import mpi
+from synkhronos._machines.backend import _runs, _spans, _whole
+from synkhronos._machines.link import Machines
+from synkhronos._runtime import epoch, shmem
 from synkhronos._runtime.arena import Arena
 from synkhronos._scatter import split_bounds
 from synkhronos._staging import replica_rows
 from synkhronos.collectives.backend import FusedLayout
-from synkhronos.collectives.hierarchy import _runs, _spans, _whole
 from synkhronos.errors import WorkerDiedError, WorkerTimeoutError
 
 

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from synkhronos._runtime import mpi
-from synkhronos._runtime.mpi import exchange
+from synkhronos._machines import mpi
+from synkhronos._machines.mpi import exchange
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The MPI layer's own tests: ``synkhronos._runtime.mpi`` under ``mpiexec``.
+"""The MPI layer's own tests: ``synkhronos._machines.mpi`` under ``mpiexec``.
 
 They exercise one private module, as every unit test does, so they live under
 ``tests/unit`` (the only tests that may import private modules); the test process

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from _machine import LocalMachine
 
-from synkhronos._runtime import mpi
+from synkhronos._machines import mpi
 
 
 def _sigterm(signum, frame):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from _machine import LocalMachine
 
-from synkhronos._runtime import mpi
+from synkhronos._machines import mpi
 
 LOCAL = 2
 N = 100_003  # odd: uneven chunks between machines

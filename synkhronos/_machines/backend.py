@@ -52,15 +52,22 @@ from typing import Any
 import numpy as np
 
 from .._core.context import RankContext
-from .._core.machines import AcrossMachines, leaders_of
 from .._dataref import DataRef
 from .._reducers import ReduceOp, combine_into, combined
 from .._runtime.lowprec import Exchange
 from .._scatter import Batch, block, select_rows
-from .backend import Backend, FusedLayout, GroupSpec, Targets, column, register_backend
-from .cpu import CpuBackend, foreign_ranges, give_own_piece, loaded, rebind
-from .cpu import Group as LocalGroup
-from .rounded import encode_and_vote, fold_pieces
+from ..collectives.backend import (
+    Backend,
+    FusedLayout,
+    GroupSpec,
+    Targets,
+    column,
+    register_backend,
+)
+from ..collectives.cpu import CpuBackend, foreign_ranges, give_own_piece, loaded, rebind
+from ..collectives.cpu import Group as LocalGroup
+from ..collectives.rounded import encode_and_vote, fold_pieces
+from .transport import AcrossMachines, leaders_of
 
 __all__ = ["MachinesBackend", "MachineGroup"]
 

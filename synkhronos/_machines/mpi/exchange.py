@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..reducers import ReduceOp, ufunc_of
+from ..._runtime.reducers import ReduceOp, ufunc_of
 
 __all__ = ["Exchange", "chunk_bounds"]
 

@@ -36,13 +36,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from .._runtime import mpi
+from .._core import faults
+from .._core.execute import Executor, Outcome, at_reply
+from .._core.group import LocalGroup
+from .._core.protocol import Message
 from .._runtime.remote import RemoteFailure
-from . import faults
-from .execute import Executor, Outcome, at_reply
-from .group import LocalGroup
+from . import mpi
 from .link import COMMAND, END, LEADERS_ONLY, Machines
-from .protocol import Message
 
 __all__ = ["Leader", "FAILURE_GRACE"]
 

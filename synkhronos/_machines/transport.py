@@ -1,7 +1,7 @@
 """Several machines: the transport over them and the meeting across them.
 
 A session under ``mpiexec`` has one leader per machine (the master on machine 0); only
-leaders talk MPI, and only through ``Machines`` (``_core/link.py``: the link between
+leaders talk MPI, and only through ``Machines`` (``link.py``: the link between
 leaders, its communicator private). This module owns what the core needs of several
 machines above that link:
 
@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from .._runtime import mpi, shmem, signals
-from .context import RankContext
-from .execute import Handler, Outcome
-from .group import LocalGroup, Share
+from .._core.context import RankContext
+from .._core.execute import Handler, Outcome
+from .._core.group import LocalGroup, Share
+from .._core.protocol import Join, Message
+from .._core.transport import First, Transport, merge, root_failure
+from .._runtime import shmem, signals
+from . import mpi
 from .link import END, LEADERS_ONLY, Machines
-from .protocol import Join, Message
-from .transport import First, Transport, merge, root_failure
 
 __all__ = ["Several", "AcrossMachines", "HANDLERS", "LEADERS_ONLY_HANDLERS", "DataWrite",
            "DataRows", "DataSetItem", "join", "leaders_of"]

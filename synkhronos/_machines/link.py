@@ -1,5 +1,5 @@
 """The link between the machines' leaders (``Machines``), for the several-machines
-transport and meeting (``_core/machines.py``).
+transport and meeting (``transport.py``).
 
 A session under ``mpiexec`` has one leader per machine; only leaders talk MPI, and only
 through this link (its communicator is private). It owns, and knows nothing of what a
@@ -57,12 +57,13 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .._runtime import mpi, signals
+from .._core.execute import Outcome
+from .._core.protocol import Message
+from .._runtime import signals
 from .._runtime.memo import Decoded, Memo
 from .._runtime.remote import BarrierAborted
 from ..errors import WorkerDiedError, WorkerTimeoutError
-from .execute import Outcome
-from .protocol import Message
+from . import mpi
 
 __all__ = ["Machines", "COMMAND", "LEADERS_ONLY", "END", "fatal", "INTERRUPT_GRACE"]
 
@@ -87,7 +88,7 @@ class Machines:
 
     Parameters
     ----------
-    leaders : synkhronos._runtime.mpi.Leaders
+    leaders : synkhronos._machines.mpi.Leaders
         Started, with the machine table.
     """
 

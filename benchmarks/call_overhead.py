@@ -9,7 +9,10 @@ series alike. Two patterns per round:
 - *repeated*, a training loop's: plain and synk with one kind of input in turn, so
   that each synk call repeats the command before it, which the master posts again as
   it stood and each worker runs through its lane (``numpy_repeated`` beside
-  ``plain_beside_numpy``, then ``data_repeated`` beside ``plain_beside_data``).
+  ``plain_beside_numpy``, then ``data_repeated`` beside ``plain_beside_data``);
+- *two sizes*, a loop that alternates a training and a validation batch: numpy rows of
+  ``--rows`` and of four times as many in turn, each size repeating its own earlier
+  call (``numpy_two_sizes`` beside ``plain_beside_two_sizes``).
 
 The overhead is the difference of the medians of a synk series and the plain series
 timed in turn with it. Reported per series: the median and p99 over every call, and
@@ -45,7 +48,7 @@ from _compiled import lane, run_pair  # noqa: E402
 from _harness import machine, rounds_summary  # noqa: E402
 
 SERIES = ("plain", "numpy", "data", "plain_beside_numpy", "numpy_repeated",
-          "plain_beside_data", "data_repeated")
+          "plain_beside_data", "data_repeated", "plain_beside_two_sizes", "numpy_two_sizes")
 
 
 def in_turn(calls: int, series: list[tuple]) -> None:
@@ -82,6 +85,14 @@ def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
                 parallel(value)
             in_turn(calls, [(plain, values, times[f"plain_beside_{kind}"]),
                             (parallel, value, times[f"{kind}_repeated"])])
+        bigger = np.ones((4 * rows, 3))
+        for _ in range(200):
+            parallel(values)
+            parallel(bigger)
+        in_turn(calls, [(plain, values, times["plain_beside_two_sizes"]),
+                        (parallel, values, times["numpy_two_sizes"]),
+                        (plain, bigger, times["plain_beside_two_sizes"]),
+                        (parallel, bigger, times["numpy_two_sizes"])])
         return times
     finally:
         synk.close()
@@ -161,6 +172,8 @@ def main() -> None:
             med["numpy_repeated"] - med["plain_beside_numpy"], 2),
         "repeated_overhead_data_input_us": round(
             med["data_repeated"] - med["plain_beside_data"], 2),
+        "two_sizes_overhead_numpy_input_us": round(
+            med["numpy_two_sizes"] - med["plain_beside_two_sizes"], 2),
         "repeated_overhead_numpy_input_every_round_us": [
             round(a - b, 2) for a, b in zip(per_round["numpy_repeated"],
                                             per_round["plain_beside_numpy"], strict=True)],

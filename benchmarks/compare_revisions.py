@@ -20,8 +20,9 @@ better).
 The figures:
 
 - ``call_overhead``: a tiny call's overhead over the plain PyTensor call (numpy
-  input, ``Data`` input; the mixed pattern, and the repeated one where the script
-  reports it), microseconds; both calls' own medians.
+  input, ``Data`` input; the mixed pattern, the repeated one, and numpy rows of two
+  sizes in turn, where the script reports them), microseconds; both calls' own
+  medians.
 - ``command_roundtrip``: the median empty command at n=2, spinning and not, and at n=1;
   the semaphore ping-pong beside it (the machine's wake-up floor).
 - ``collectives``: the resident all-reduce of 4 bytes and of 64 MiB.
@@ -96,6 +97,8 @@ BENCHMARKS: dict[str, tuple[list[str], dict]] = {
         "synk_numpy_input_median_us": lambda d: d["synk_numpy_input_median_us"],
         "repeated_overhead_numpy_input_us": lambda d: d["repeated_overhead_numpy_input_us"],
         "repeated_overhead_data_input_us": lambda d: d["repeated_overhead_data_input_us"],
+        "two_sizes_overhead_numpy_input_us":
+            lambda d: d.get("two_sizes_overhead_numpy_input_us"),
     }),
     "command_roundtrip": (["--rounds", "3000", "--blocks", "3"], {
         "n2_empty_command_us": lambda d: d["n2_ping_median_us"],

@@ -155,6 +155,15 @@ def functions(suite: Suite, n: int, notes: dict) -> dict[str, Check]:
     X2 += 1.0  # the same shape: a repeated call, its arrays copied where the first went
     checks["f/repeat"] = Check(np.stack([first, f(X2, Y)[1]]),
                                np.stack([want_first, (X2 * Y).sum(axis=0)]))
+    # fewer rows in the same staging buffer (viewed smaller, nothing moved), then each
+    # size repeated: each replays its own call, which sends every machine its own rows
+    X3 = X2[:20] * 2
+    fewer = f(X3, Y)[1]
+    X2 += 1.0
+    X3 += 1.0
+    checks["f/two_sizes"] = Check(
+        np.stack([fewer, f(X2, Y)[1], f(X3, Y)[1]]),
+        np.stack([((X3 - 1.0) * Y).sum(axis=0), (X2 * Y).sum(axis=0), (X3 * Y).sum(axis=0)]))
     checks["f/sliced"] = Check(suite.g(xd, num_slices=3), X.sum(axis=0))
     checks["f/updates"] = Check(np.stack(testing.rank_values(suite.w)), None)
     values = rng.standard_normal((4 * n, 3))

@@ -131,11 +131,12 @@ class Buffer:
             session.replicate(lambda transport: transport.publish_rows(segment, view, rows))
 
     def _grow(self, items: int) -> None:
+        # the new segment first: where it does not fit (ENOSPC), nothing has changed
+        segment, release = allocate(self, self._session, items * self.dtype.itemsize)
         if self._release is not None:
             self._release()  # (moves the epoch: the arena drops its mapping)
-        segment, self._release = allocate(self, self._session, items * self.dtype.itemsize)
         self.segment, self._map, self._items = segment.name, segment.buffer, items
-        self._views = {}
+        self._release, self._views = release, {}
 
 
 @dataclass

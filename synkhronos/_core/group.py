@@ -95,8 +95,11 @@ class LocalGroup:
         prefix = shmem.new_session_prefix()
         lock = shmem.ProgramLock(prefix)  # inherited by the workers
         try:
-            watcher.start(prefix)  # sweeps the prefix once the lock is free: a group kill
             control = ControlBlock(prefix, n, spin) if n > 1 else None
+            # The watcher sweeps the prefix once the lock is free (a group kill). It starts
+            # after the names the block makes (and unlinks at once): where one of them was
+            # squatted, its sweep would have taken the squatter's name too.
+            watcher.start(prefix)
         except BaseException:  # e.g. a squatted name: what it made is unlinked already
             lock.close()
             raise

@@ -10,7 +10,8 @@ others), so no view keeps released memory.
 The owner's side is ``allocate``: a new segment from the arena, with the finalizer
 (``release_segment``) that unlinks it and logs the release for every worker when the
 owner -- a ``Data``, or a call's staging buffer (``_staging.py``) -- frees it, moves to
-a new one, or is collected.
+a new one, or is collected; and ``publish``, which sends the owner's writes to the other
+machines' replicas (over several machines).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._core.context import RankContext, RankVar
 from ._runtime import epoch, shmem
 from ._runtime.arena import Segment
 
-__all__ = ["DataRef", "allocate", "call_view", "release_segment"]
+__all__ = ["DataRef", "allocate", "call_view", "publish", "release_segment"]
 
 
 class DataRef(NamedTuple):
@@ -123,6 +124,18 @@ def allocate(owner: Any, session: Any, nbytes: int) -> tuple[Segment, weakref.fi
     release = weakref.finalize(owner, release_segment, ctx, segment.id, os.getpid(),
                                session.is_closed)
     return segment, release
+
+
+def publish(session: Any, segment: str, buffer: Any, view: np.ndarray,
+            rows: list[tuple[int, int]] | None = None) -> None:
+    """Over several machines: ``view``'s values, the first bytes of ``buffer`` (the
+    mapping of ``segment``), to every other machine's replica of ``segment``
+    (``rows``: each machine only these rows of ``view``)."""
+    if rows is None:
+        values = np.frombuffer(buffer, np.uint8, view.nbytes)
+        session.replicate(lambda transport: transport.publish_values(segment, values))
+    else:
+        session.replicate(lambda transport: transport.publish_rows(segment, view, rows))
 
 
 def release_segment(ctx: RankContext, segment_id: int, pid: int, closed: Any) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ._core.session import Session
-from ._dataref import DataRef, allocate
+from ._dataref import DataRef, allocate, publish
 from ._runtime import shmem
 from ._scatter import block
 from ._validate import Checked
@@ -73,7 +73,7 @@ class Buffer:
     """One staging buffer: a segment of the master's, of one dtype, grown only when a
     value does not fit (see the module docstring)."""
 
-    __slots__ = ("dtype", "ndim", "segment", "shape", "_session", "_map", "_items",
+    __slots__ = ("dtype", "ndim", "segment", "shape", "rows", "_session", "_map", "_items",
                  "_release", "_views", "__weakref__")
 
     def __init__(self, session: Session, dtype: np.dtype, ndim: int):
@@ -81,6 +81,7 @@ class Buffer:
         self.ndim = ndim
         self.segment = ""  # no items, no segment (POSIX cannot map zero bytes)
         self.shape: tuple[int, ...] | None = None  # the last value's
+        self.rows: list[tuple[int, int]] | None = None  # the rows each machine took of it
         self._session = session
         self._map: Any = None
         self._items = 0
@@ -96,7 +97,7 @@ class Buffer:
             self._grow(max(size, int(size * _GROWTH)))
         view = self.view(array.shape)
         np.copyto(view, array, casting="unsafe")
-        self.shape = array.shape
+        self.shape, self.rows = array.shape, rows
         self.publish(view, rows)
         return DataRef(self.segment, self.dtype.str, array.shape)
 
@@ -123,12 +124,7 @@ class Buffer:
         session = self._session
         if session.replica_groups is None or self._map is None or not session.usable():
             return
-        segment = self.segment
-        if rows is None:
-            values = np.frombuffer(self._map, np.uint8, view.nbytes)
-            session.replicate(lambda transport: transport.publish_values(segment, values))
-        else:
-            session.replicate(lambda transport: transport.publish_rows(segment, view, rows))
+        publish(session, self.segment, self._map, view, rows)
 
     def _grow(self, items: int) -> None:
         # the new segment first: where it does not fit (ENOSPC), nothing has changed
@@ -153,7 +149,6 @@ class Staging:
     session: Session
     split: Split | None = None
     buffers: dict = field(default_factory=dict)  # (slot, use in the command) -> Buffer
-    rows: dict = field(default_factory=dict)  # (slot, use) -> each machine's rows, last put
     _command: int = -1
     _uses: dict = field(default_factory=dict)  # slot -> calls staged in this command
 
@@ -170,8 +165,6 @@ class Staging:
         buffer = self.buffers.get(key)
         if buffer is None or buffer.dtype != array.dtype or buffer.ndim != array.ndim:
             buffer = self.buffers[key] = Buffer(self.session, array.dtype, array.ndim)
-        if self.split is not None:
-            self.rows[key] = rows
         return buffer.put(array, rows)
 
     def destinations(self, refs: tuple, arrays: tuple[int, ...]
@@ -188,7 +181,7 @@ class Staging:
             if buffer is None or not buffer.holds(refs[i]):
                 return None
             kept.append(buffer)
-        rows = None if self.split is None else tuple(self.rows.get((i, 0)) for i in arrays)
+        rows = None if self.split is None else tuple(buffer.rows for buffer in kept)
         return tuple(kept), rows
 
     def stage(self, checked: Checked, command: int, n_scattered: int = 0,

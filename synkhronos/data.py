@@ -64,7 +64,7 @@ import numpy as np
 
 from ._core import context
 from ._core.session import Session, State, require
-from ._dataref import DataRef, allocate, mapping
+from ._dataref import DataRef, allocate, mapping, publish
 from ._runtime import epoch, shmem
 from ._runtime.arena import Segment
 
@@ -313,11 +313,8 @@ class Data:
 
     def _replicate_values(self, session: Session) -> None:
         """The visible values to the other machines' replicas, as bytes."""
-        if self._map is None:
-            return
-        values = np.frombuffer(self._map, np.uint8, self._view.nbytes)
-        segment = self._segment
-        session.replicate(lambda transport: transport.publish_values(segment, values))
+        if self._map is not None:
+            publish(session, self._segment, self._map, self._view)
 
     def _replicate_item(self, session: Session, key: Any, value: Any) -> None:
         """Replay ``x[key] = value`` on the other machines' replicas."""

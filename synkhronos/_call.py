@@ -182,10 +182,13 @@ def combine(ops: tuple[ReduceOp, ...], replies: list, master: int) -> list:
             if len(first_outputs) == len(second_outputs):  # no output is the master's alone
                 return reduce_pairs(ops, first_outputs, first_weight, second_outputs,
                                     second_weight)
-    ran = []
-    for reply in replies:
-        if reply is not None:
-            ran.append(reply)
+    if len(replies) == 1:  # one process in all
+        ran = replies if replies[0] is not None else []
+    else:
+        ran = []
+        for reply in replies:
+            if reply is not None:
+                ran.append(reply)
     if len(ran) == 1 and _NOT_REDUCED not in ops:  # one process ran (n=1, or few rows)
         weight, outputs = ran[0][0], ran[0][1]
         results = []

@@ -132,7 +132,10 @@ class Accumulator:
     """
 
     def __init__(self, op: ReduceOp | str) -> None:
-        self._op = parse_op(op)
+        self._op = op = parse_op(op)
+        # (asked at every value: looked up once; an enum's hash costs in Python 3.11)
+        self._gathers = op in _PER_PROCESS
+        self._ufunc: Any = _UFUNCS.get(op)
         self._count = 0
         self._total_weight = 0
         self._first_dtype: Any = None
@@ -167,9 +170,10 @@ class Accumulator:
         weight : int
             Its weight (row count), >= 0.
         """
-        weight = _check_weight(weight)
-        arr = np.asarray(value)
-        if self._op in _PER_PROCESS:  # one process's slices, back in row order
+        if type(weight) is not int or weight < 0:
+            weight = _check_weight(weight)
+        arr = value if type(value) is np.ndarray else np.asarray(value)
+        if self._gathers:  # one process's slices, back in row order
             self._add_gather(arr)
         elif self._acc is None:
             self._first_dtype, self._shape = arr.dtype, arr.shape
@@ -188,10 +192,13 @@ class Accumulator:
             if self._handed_out:
                 self._acc = self._acc.copy()
                 self._handed_out = False
+            acc = self._acc
             if self._op is _AVG:
                 self._add_avg(arr, weight)
+            elif arr.dtype is acc.dtype:
+                self._ufunc(acc, arr, out=acc)
             else:
-                _UFUNCS[self._op](self._acc, arr, out=self._acc, casting="unsafe")
+                self._ufunc(acc, arr, out=acc, casting="unsafe")
         self._count += 1
         self._total_weight += weight
 
@@ -201,7 +208,7 @@ class Accumulator:
             if (arr.ndim == 0) != (first.ndim == 0) or arr.shape[1:] != first.shape[1:]:
                 raise ValueError(f"value shape {arr.shape} cannot be gathered with the "
                                  f"first value's shape {first.shape}")
-        self._pieces.append(np.array(arr, copy=True))
+        self._pieces.append(arr.copy())
 
     def _add_avg(self, arr: np.ndarray, weight: int) -> None:
         acc = self._acc

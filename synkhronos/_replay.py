@@ -16,9 +16,12 @@ One record, three ways to find it:
 - ``Function.__call__``: a plain call looks its key up in its variant's records;
 - ``Bound``: calls whose first arguments are always the same ``Data`` (the rows of
   ``synkhronos.pymc``'s likelihood) hold the record of their last call, and check only
-  the epoch and their arrays' dtypes and shapes;
+  the epoch and their arrays' dtypes and shapes; with one process in all they then
+  call the compiled function on the rows where they are, with no command
+  (``_Direct``);
 - with one process in all (CPU cores or a GPU) a record of big numpy arguments is run
-  on the caller's arrays where they are (nobody else reads a copy: ``_shard``).
+  on the caller's arrays where they are (nobody else reads a copy:
+  ``_shard.on_arrays``, the master's share of the command).
 
 The workers keep their side of a repeated command the same way, under their own
 process's epoch: a kept plan (``_shard.py``) and the lanes of a command posted again
@@ -30,16 +33,18 @@ every call, step and collective takes the general path, on every process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from . import _shard
-from ._call import Call, PreparedCall, repeat_key
+from ._call import Call, PreparedCall, combine, repeat_key
 from ._core.session import Session
-from ._reducers import ReduceOp
+from ._reducers import Accumulator, ReduceOp
 from ._runtime import epoch
+from ._scatter import split_bounds
 from ._staging import Buffer
 
 __all__ = ["Record", "Bound", "keep", "run"]
@@ -61,6 +66,16 @@ class Replays(Protocol):
     def record(self, key: tuple, num_slices: int = 1) -> Record | None: ...
 
     def replay(self, record: Record, args: tuple) -> Any: ...
+
+    def as_returned(self, results: list) -> Any: ...
+
+    def direct_call(self) -> tuple[Callable[..., list], bool] | None: ...
+
+    @property
+    def inputs(self) -> list: ...
+
+    @property
+    def bcast_inputs(self) -> list: ...
 
 
 @dataclass(eq=False)
@@ -114,12 +129,9 @@ def run(session: Session, record: Record, args: tuple) -> list:
     session and has checked that the record is current."""
     call = record.call
     if record.in_place:
-        token = _shard.read_in_place(session.ctx, call, record.positions, args)
-        if token is not None:
-            try:
-                return session.run_held(call, repeats=True)
-            finally:
-                _shard.put_back(session.ctx, token)
+        handler = _shard.on_arrays(session.ctx, call, record.positions, args)
+        if handler is not None:
+            return session.run_held(call, True, handler)
     buffers, shapes = record.buffers, record.shapes
     i = 0
     for position in record.positions:
@@ -136,12 +148,13 @@ class Bound:
     """Calls of a ``Function`` whose first arguments are always the same ``Data`` and
     whose others are numpy arrays of one dtype and shape call after call: the rows and
     the point of ``synkhronos.pymc``'s likelihood, tens of thousands of calls a
-    sampling (``Function.bind``).
+    sampling (``Function.bind``), at any number of processes.
 
     Once a call has kept its record, the next checks only that the epoch stands and
     that its arrays have the dtypes and shapes they had, then replays it, without the
-    repeat key and its lookup. Anything else runs as ``fn(*fixed, *arrays,
-    num_slices=...)``, and its record is taken anew.
+    repeat key and its lookup; with one process in all, without a command either
+    (``_Direct``). Anything else runs as ``fn(*fixed, *arrays, num_slices=...)``, and
+    its record is taken anew.
     """
 
     def __init__(self, fn: Replays, fixed: tuple, num_slices: int):
@@ -149,6 +162,7 @@ class Bound:
         self._fixed = fixed
         self._num_slices = num_slices
         self._record: Record | None = None
+        self._direct: _Direct | None = None  # one process in all: the record run in place
         self._kinds: tuple = ()  # the arrays' (shape, dtype), as the record had them
 
     def __call__(self, *arrays: Any) -> Any:
@@ -167,6 +181,11 @@ class Bound:
                             break
                         i += 1
                     else:
+                        direct = self._direct
+                        if direct is not None and session.instrument is None:
+                            results = direct(arrays)
+                            if results is not None:
+                                return fn.as_returned(results)
                         return fn.replay(record, self._fixed + arrays)
             finally:
                 session.leave(took)
@@ -177,7 +196,7 @@ class Bound:
     def _keep(self, arrays: tuple) -> None:
         """After a call through ``Function.__call__``: hold its record, if it kept one
         whose numpy arguments are exactly the arrays."""
-        self._record = None
+        self._record = self._direct = None
         key = repeat_key((*self._fixed, *arrays))
         record = None if key is None else self._fn.record(key, self._num_slices)
         first = len(self._fixed)
@@ -185,3 +204,85 @@ class Bound:
             return
         self._record = record
         self._kinds = tuple((array.shape, array.dtype) for array in arrays)
+        if self._fn.session.n == 1:
+            self._direct = _Direct.of(self._fn, self._fixed, self._num_slices, record.ops)
+
+
+class _Direct:
+    """One process in all: a bound call run by calling the compiled function itself.
+
+    A replayed call is still a command (the message posted, the master's share run
+    through the handler table, the values staged in shared memory): 30-50 us, as much as
+    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, a bound
+    call calls the master's compiled function on trusted inputs
+    (``Function.direct_call``: the first call checked the ``Data``, and ``Bound``
+    checks each call's arrays' dtypes and shapes) with the ``Data``'s arrays where they
+    are and the caller's, its slices accumulated by each output's op as every process
+    accumulates its own (``_shard``), and the outputs returned as a call returns them.
+    An error is raised as PyTensor's call raises it (there is no command to fail).
+    """
+
+    def __init__(self, call: Callable[..., list], fresh: bool, fixed: tuple,
+                 scattered: int, slices: int, ops: tuple[ReduceOp, ...]):
+        self.call = call
+        self.fresh = fresh  # its outputs are new arrays at every call
+        self.fixed = fixed
+        self.scattered = scattered  # the first ones, sliced; the others whole
+        self.slices = slices
+        self.ops = ops
+        # every output summed over the slices: added in place, slice after slice, as
+        # an ``Accumulator`` adds them (a likelihood's slices: its cost per slice)
+        self.sums = all(op is ReduceOp.SUM for op in ops)
+        self._bounds: tuple[int, list] = (-1, [])  # (rows, its slices' bounds), the last
+
+    @classmethod
+    def of(cls, fn: Replays, fixed: tuple, num_slices: int,
+           ops: tuple[ReduceOp, ...]) -> _Direct | None:
+        """The direct form of ``fn`` bound to ``fixed``, its outputs reduced by ``ops``;
+        None where its call is more than the compiled function on its arguments
+        (``Function.direct_call``) or a ``Data`` is not exactly its input's (another
+        dtype, which a call casts; a minibatch buffer)."""
+        direct = fn.direct_call()
+        if direct is None:
+            return None
+        for item, var in zip(fixed, fn.inputs + fn.bcast_inputs, strict=False):
+            if item.dtype != var.type.dtype or item.ndim != var.ndim or item.minibatch:
+                return None
+        call, keeps_outputs = direct
+        return cls(call, not keeps_outputs, fixed, len(fn.inputs), num_slices, ops)
+
+    def __call__(self, arrays: tuple) -> list | None:
+        """The outputs, reduced as a command's replies would have been (this process's
+        alone: new arrays); None where there are no rows to cut into slices (the
+        command decides what runs)."""
+        args = [*[item.data for item in self.fixed], *arrays]
+        scattered = self.scattered
+        weight = len(args[0]) if scattered else 1
+        if self.slices == 1:  # (combine copies the outputs)
+            return combine(self.ops, [(weight, self.call(*args))], 0)
+        if weight == 0:
+            return None
+        rows, bounds = self._bounds
+        if rows != weight:
+            self._bounds = weight, (bounds := split_bounds(weight, self.slices))
+        call, sliced, whole = self.call, args[:scattered], args[scattered:]
+        if self.sums:
+            totals: list | None = None
+            for start, stop in bounds:
+                if stop == start:
+                    continue
+                outputs = call(*[a[start:stop] for a in sliced], *whole)
+                if totals is None:  # (the first slice's outputs, or copies of them)
+                    totals = outputs if self.fresh else [out.copy() for out in outputs]
+                else:
+                    for i, out in enumerate(outputs):
+                        totals[i] += out
+            return totals  # (new arrays: as combine would give them, without the copy)
+        accumulators = [Accumulator(op) for op in self.ops]
+        for start, stop in bounds:
+            if stop == start:
+                continue
+            for acc, value in zip(accumulators, call(
+                    *[a[start:stop] for a in sliced], *whole), strict=True):
+                acc.add(value, stop - start)
+        return combine(self.ops, [(weight, [acc.result() for acc in accumulators])], 0)

@@ -53,7 +53,7 @@ from ._runtime.remote import Refusal
 from ._scatter import Batch, block, select_batch_s, select_rows, slice_bounds
 from .distribute import REGISTRY
 
-__all__ = ["run_call", "lane", "PREPARED", "read_in_place", "put_back"]
+__all__ = ["run_call", "lane", "PREPARED", "on_arrays"]
 
 PREPARED: RankVar[dict[int, Prepared]] = RankVar("prepared calls", lambda ctx: {})
 
@@ -306,14 +306,20 @@ def run_call(ctx: RankContext, call: Call) -> tuple | None:
         plan = views.plan
         if plan[0] is call and views.epoch == epoch.current:
             # The last call again (a training loop): what the first run worked out.
-            if faults.ARMED:
-                _plan_points()
-            _, fn, args, weight, strip = plan
             if call.timings:
-                return _plan_with_timings(fn, args, weight, strip)
-            outputs = _as_list(fn(*args))
-            return weight, _reduced_only(outputs, strip) if strip else outputs
+                return _planned_with_timings(plan)
+            return _planned(plan)
     return _run_call(ctx, call)
+
+
+def _planned(plan: tuple) -> tuple:
+    """A kept plan run: its reply ``(weight, outputs)`` (``run_call``, ``lane``,
+    ``on_arrays``)."""
+    if faults.ARMED:
+        _plan_points()
+    _, fn, args, weight, strip = plan
+    outputs = _as_list(fn(*args))
+    return weight, _reduced_only(outputs, strip) if strip else outputs
 
 
 def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
@@ -331,21 +337,16 @@ def lane(ctx: RankContext, call: Call) -> Callable[[int, int], bool] | None:
     head = replies.written
     if plan[0] is not call or head is None or views.epoch != epoch.current:
         return None
-    _, fn, args, weight, strip = plan
     kept_under, arena = views.epoch, ctx.arena
     master_rank = ctx.master_rank
 
     def run(seq: int, rank: int) -> bool:
         if views.plan is not plan or epoch.current != kept_under:
             return False  # a mapping dropped, another plan kept
-        if faults.ARMED:
-            _plan_points()
-        outputs = _as_list(fn(*args))
-        if strip:
-            outputs = _reduced_only(outputs, strip)
+        reply = _planned(plan)
         if faults.ARMED:
             faults.hit("reply")
-        replies.finish(rank, seq, (weight, outputs), False, master_rank, arena, head)
+        replies.finish(rank, seq, reply, False, master_rank, arena, head)
         return True
 
     return run
@@ -358,15 +359,17 @@ def _plan_points() -> None:
     faults.hit("function")
 
 
-def read_in_place(ctx: RankContext, call: Call, positions: Sequence[int],
-                  args: tuple) -> tuple | None:
-    """One process in all (``n_parallel=1``): make ``call`` run at once (as a kept
-    plan) on the caller's numpy arrays (``args`` at ``positions``, of the dtypes and
-    shapes its first run had) where they are, instead of on copies in shared memory
-    that no other process reads. Returns what ``put_back`` needs after the run, or
-    None: this process has not kept ``call``'s views (it has not run it since the
-    arena last dropped a mapping), or an array is not what its copy would be (another
-    dtype, which the copy casts, or not C-contiguous), so the caller copies."""
+def on_arrays(ctx: RankContext, call: Call, positions: Sequence[int],
+              args: tuple) -> Callable[[RankContext, Call], tuple] | None:
+    """One process in all (``n_parallel=1``): the handler that runs ``call`` at once (as
+    its kept plan) on the caller's numpy arrays (``args`` at ``positions``, of the
+    dtypes and shapes its first run had) where they are, instead of on copies in
+    shared memory that no other process reads (``Session.run_held(..., handler=)``).
+    The kept plan is left as it was: nothing keeps the caller's arrays after the call,
+    as PyTensor's own call keeps none. None: this process has not kept ``call``'s views
+    (it has not run it since the arena last dropped a mapping), or an array is not what
+    its copy would be (another dtype, which the copy casts, or not C-contiguous), so
+    the caller copies."""
     views = _VIEWS.get(ctx)
     if views.epoch != epoch.current:
         return None
@@ -390,26 +393,15 @@ def read_in_place(ctx: RankContext, call: Call, positions: Sequence[int],
             arg = np.moveaxis(arg, axes[i], 0)  # function takes them: a view
         arrays[i] = arg
     # the master keeps every output (nothing to strip)
-    plan = views.plan = (call, fn, tuple(arrays), weight, False)
-    return kept, plan
+    plan = (call, fn, tuple(arrays), weight, False)
+    return lambda ctx, message: _planned(plan)
 
 
-def put_back(ctx: RankContext, token: tuple) -> None:
-    """After a run on the caller's arrays: the plan kept before it again, so that no
-    reference to the caller's arrays stays (as PyTensor's own call keeps none)."""
-    views = _VIEWS.get(ctx)
-    kept, plan = token
-    if views.plan is plan:
-        views.plan = kept
-
-
-def _plan_with_timings(fn: Any, args: tuple, weight: int, strip: Any) -> tuple:
-    """``run_call``'s plan, with its timings (its rows were gathered when the plan was
-    made)."""
+def _planned_with_timings(plan: tuple) -> tuple:
+    """``_planned``, with its timings (its rows were gathered when the plan was made)."""
     start = time.perf_counter()
-    outputs = _as_list(fn(*args))
-    seconds = time.perf_counter() - start
-    return weight, _reduced_only(outputs, strip) if strip else outputs, _timings(0.0, seconds)
+    weight, outputs = _planned(plan)
+    return weight, outputs, _timings(0.0, time.perf_counter() - start)
 
 
 def _timings(gather: float, function: float) -> np.ndarray:

@@ -249,7 +249,7 @@ class Function:
                 if record is not None and record.epoch == epoch.current:
                     if session.instrument is None:  # (``replay`` inline: every
                         # repeated call comes here)
-                        return self._returned(_replay.run(session, record, args),
+                        return self.returned(_replay.run(session, record, args),
                                               record.ops, None)
                     return self.replay(record, args)
             if session.instrument is not None:
@@ -324,7 +324,7 @@ class Function:
             prepared.registered = True
             if key is not None:
                 _replay.keep(prepared, key, call)
-            return self._returned(replies, ops, subset)
+            return self.returned(replies, ops, subset)
 
         return call, finish
 
@@ -364,11 +364,15 @@ class Function:
         return self._replayed(record, args)
 
     def _replayed(self, record: _replay.Record, args: tuple) -> Any:
-        return self._returned(_replay.run(self._session, record, args), record.ops, None)
+        return self.returned(_replay.run(self._session, record, args), record.ops, None)
 
-    def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
+    def returned(self, replies: list, ops, subset: tuple[int, ...] | None = None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
-        results = combine(ops, replies, self._session.ctx.master_rank)
+        return self.as_returned(combine(ops, replies, self._session.ctx.master_rank), subset)
+
+    def as_returned(self, results: list, subset: tuple[int, ...] | None = None):
+        """Reduced outputs in PyTensor's return conventions (rows put back along their
+        axis, a single output alone)."""
         if self._out_axes is not None:
             results = _rows.put_back(results, self._out_axes, subset)
         if self._single and (subset is None or len(subset) == 1):
@@ -377,18 +381,21 @@ class Function:
 
     @property
     def session(self) -> Session:
-        """The session this function runs in (an in-package seam: ``synkhronos.pymc``
+        """The session this function runs in (an in-package seam: ``_replay.Bound``
         holds it around calls that run without a command)."""
         return self._session
 
     def direct_call(self) -> tuple[Callable[..., list], bool] | None:
         """This process's compiled function called directly on trusted inputs (rows,
         then broadcast values; ``_pytensor.trusted_call``) and whether its outputs may
-        be overwritten by its next call; None where PyTensor must check the inputs.
+        be overwritten by its next call; None where PyTensor must check the inputs, or
+        a call is more than that function on its arguments, run in slices as a
+        process runs its own (updates, sliceable shared variables, rows along another
+        axis).
 
-        An in-package seam, for ``synkhronos.pymc`` without workers, which calls it
-        with no command (holding ``session`` around each call)."""
-        if not self._trusted:
+        For ``_replay.Bound`` with one process in all, which calls it with no command
+        (holding ``session`` around each call)."""
+        if not self._trusted or self._updates or self.sliceable_shareds or self._axes:
             return None
         call = _pytensor.trusted_call(self._local)
         if call is self._local:

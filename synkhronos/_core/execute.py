@@ -131,14 +131,17 @@ class Executor:
                 control.clock = None
         return (*replies, tuple(times))
 
-    def run(self, ctx: RankContext, message: Message, keep_exception: bool = False) -> Outcome:
+    def run(self, ctx: RankContext, message: Message, keep_exception: bool = False,
+            handler: Handler | None = None) -> Outcome:
         """This rank's part of ``message``: its reply, or its failure.
 
         ``keep_exception``: also pickle the exception into the failure (a worker's,
         for the master to raise as the cause); the master keeps the live one.
+        ``handler``: run this instead of the table's (``Session.run_held``'s).
         """
         try:
-            handler = self._table.get(type(message)) or self.handler(message)
+            if handler is None:
+                handler = self._table.get(type(message)) or self.handler(message)
             reply = handler(ctx, message)
         except KeyboardInterrupt:
             raise

@@ -68,7 +68,7 @@ from .._runtime import processes, signals
 from .._runtime.remote import Refusal, RemoteTraceback
 from ..errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from . import context
-from .execute import Executor, Outcome
+from .execute import Executor, Handler, Outcome
 from .group import LocalGroup, Share
 from .protocol import Message
 from .transport import First, Transport
@@ -284,8 +284,13 @@ class Session:
                 self._holder = None
                 self._command_lock.release()
 
-    def run_held(self, message: Message, repeats: bool = False) -> list[Any]:
-        """``run`` for a caller that holds the command lock (its ``enter`` returned)."""
+    def run_held(self, message: Message, repeats: bool = False,
+                 handler: Handler | None = None) -> list[Any]:
+        """``run`` for a caller that holds the command lock (its ``enter`` returned).
+
+        ``handler``: this process's share of ``message`` runs it instead of the
+        handler table's (one process in all: a call on the caller's arrays,
+        ``_shard.on_arrays``)."""
         self._running = True
         self.commands += 1
         try:
@@ -295,12 +300,14 @@ class Session:
             transport = self.transport
             instrument = self.instrument
             key = message if repeats else None
+            share = self._own_share if handler is None else functools.partial(
+                self.executor.run, self.ctx, handler=handler)
             try:
                 if instrument is None:
-                    replies, own, first = transport.run(message, self._own_share, key)
+                    replies, own, first = transport.run(message, share, key)
                 else:
                     replies, own, first = instrument.command(message, transport.run,
-                                                             self._own_share, key)
+                                                             share, key)
             except KeyboardInterrupt as exc:
                 if not transport.interrupt_breaks:  # the group left the command
                     raise _interrupted(exc) from None  # pending: the session stays

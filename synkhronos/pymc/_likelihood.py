@@ -374,8 +374,12 @@ def _build_part(model, plan, joined: tuple, values: Values, size: int,
     chunk's sums gathered rather than summed over the processes."""
     _, scattered, whole, arrays = joined
     _, theta, both = _flat_graph(joined, values)
+    # Exact mode gathers each chunk's sums, to add them in chunk order whatever process
+    # ran which (``Part.total_of``); one process runs its chunks in that order, one a
+    # slice, and sums them slice after slice: the same additions, nothing gathered.
+    gathered = chunks if size > 1 else None
     fn = function(inputs=scattered, bcast_inputs=[*whole, theta],
-                  outputs=(both, "gather" if chunks else "sum"),
+                  outputs=(both, "gather" if gathered else "sum"),
                   mode=compat.pymc_mode(model, mode), name="pymc_loglik")
     distribute()
     row_data: list[Data] = []
@@ -385,14 +389,13 @@ def _build_part(model, plan, joined: tuple, values: Values, size: int,
         # (exact: a process's chunks, at most all of them, one a slice)
         slices = chunks or _num_slices(_lengths(plan), size, grainsize)
         _check_rows(fn, row_data, values, model, plan.groups, size, slices,
-                    functools.partial(Part.total_of, chunks=chunks))
+                    functools.partial(Part.total_of, chunks=gathered))
         for group in plan.groups:  # (several: one call, a process's slices cut them all)
             log.info("synkhronos.pymc: %d rows of %s divided over %d processes, %s",
                      group.rows, ", ".join(sorted(group.roots.values())), size,
                      f"exact: {chunks} fixed chunks" if chunks else f"{slices} slices each")
         part = Part.of(fn, row_data, len(scattered), slices, both.dtype,
-                       tuple(group.rows for group in plan.groups), in_place=size == 1,
-                       chunks=chunks)
+                       tuple(group.rows for group in plan.groups), chunks=gathered)
         if size > 1:
             part.balance(values.flat(model.initial_point()), size)
     except BaseException:

@@ -9,11 +9,10 @@ rows in shared memory, the check). One evaluation, as PyMC's graph asks for it::
                                   variables and of their lengths: every process runs
                                   its share of every group's rows in its slices, in
                                   one compiled function, reduced once with op "sum";
-                                  the call replayed (``bound``), or, where an
-                                  evaluation is long, its rows balanced by measured
-                                  speed (``balancer``)
-      or part.lean(theta)         no workers (n_parallel 1): the master's compiled
-                                  function on the rows in place, slice by slice
+                                  the call replayed (``bound``; with no workers, the
+                                  master's compiled function on the rows in place),
+                                  or, where an evaluation is long, its rows balanced
+                                  by measured speed (``balancer``)
       (exact mode: every chunk's sums gathered, added in chunk order: ``total_of``)
       -> unpack
     <- (log-likelihood, flat gradient)
@@ -24,7 +23,7 @@ log-likelihood's cotangent: the same node, so one call computes both.
 Its interface, for ``_likelihood``: ``Values`` (the flat vector's layout), ``Part``
 (the compiled likelihood over its rows, made by ``Part.of``), ``unpack`` (its one
 output taken apart) and the Op, ``RowSum``. The function is reached through
-``Function``'s in-package seams only (``bind``, ``direct_call``, ``session``).
+``Function``'s in-package seam ``bind`` (``_replay.Bound``), and ``steps``.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytensor
@@ -105,12 +104,9 @@ class Part:
     dtype: str  # of its one output (the log-likelihood, then the flat gradient)
     lengths: tuple[int, ...]
     # ``fn`` bound to its rows in its slices: ``bound(theta)`` is ``fn(*row_data, theta,
-    # num_slices=slices)``, run again without its repeat's lookups once it repeats
-    # (``Function.bind``)
+    # num_slices=slices)``, run again without its repeat's lookups once it repeats, and
+    # without a command where there are no workers (``Function.bind``)
     bound: Callable[[np.ndarray], np.ndarray]
-    # Without workers (n_parallel 1): the compiled function itself, called in place
-    # (``_Lean``); None where the session's command path runs it.
-    lean: _Lean | None = None
     # With workers, where an evaluation is long enough (``balance``): the processes'
     # shares of the scattered rows (for several lengths, of the positions: the same
     # share of every group's rows), from their measured seconds (``steps.Balancer``).
@@ -122,23 +118,20 @@ class Part:
 
     @classmethod
     def of(cls, fn: Function, row_data: list[Data], scattered: int, slices: int,
-           dtype: str, lengths: tuple[int, ...], in_place: bool,
-           chunks: int | None = None) -> Part:
+           dtype: str, lengths: tuple[int, ...], chunks: int | None = None) -> Part:
         """The part of ``fn`` (its inputs, then ``theta``; one output of ``dtype``) over
         ``row_data`` (the first ``scattered`` divided by rows) in ``slices`` blocks a
-        process; ``in_place``: the session has no workers, so the compiled function is
-        called in place where it can be; ``chunks``: exact mode's."""
-        lean = _Lean.of(fn, row_data, scattered, slices) if in_place else None
+        process; ``chunks``: exact mode's."""
         return cls(fn, row_data, scattered, slices, dtype, lengths,
-                   fn.bind(tuple(row_data), slices), lean, chunks=chunks)
+                   fn.bind(tuple(row_data), slices), chunks=chunks)
 
     @staticmethod
     def total_of(out: np.ndarray, chunks: int | None) -> np.ndarray:
         """A call's output as one vector (``unpack``): as it is where the processes
         summed it; in exact mode the chunks' gathered vectors, end to end in chunk order
         (every process's slices in order, the processes in rank order), added one after
-        another, as one process adds its slices (``_Lean``): the same additions
-        whatever process evaluated which chunk."""
+        another, as one process adds its slices: the same additions whatever process
+        evaluated which chunk."""
         if chunks is None:
             return out
         rows = out.reshape(chunks, -1)
@@ -184,91 +177,6 @@ def unpack(both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return both[:1].reshape(()), both[1:]
 
 
-def _slice_bounds(length: int, slices: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of ``slices`` consecutive slices of ``length`` rows, as a call
-    with ``num_slices`` cuts a process's rows: the first ``length % slices`` one row
-    longer."""
-    base, extra = divmod(length, slices)
-    bounds, start = [], 0
-    for k in range(slices):
-        stop = start + base + (k < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-class _Lean:
-    """One process, no workers: a part's compiled PyTensor function, called directly.
-
-    The session's command path (stage the values in shared memory, a command, the
-    master's share, the reduction of one reply) costs 30-50 us an evaluation, as much as
-    PyMC's whole evaluation at 10^3 rows. With nobody to send the values to, the Op
-    calls the master's compiled function on the rows' arrays in place: the rows were
-    checked once (their dtype is the row inputs'), the flat values come from PyMC's
-    graph with the Op's input type (checked here in a few comparisons; anything else
-    goes through the type's ``filter``, as PyTensor would), so PyTensor's own per-call
-    checks are skipped (``trust_input``). Its slices are run and summed as every process
-    runs its own (``_shard``).
-    """
-
-    def __init__(self, fn: Function, row_data: list[Data], scattered: int, slices: int,
-                 call: Any, keeps_outputs: bool):
-        self.call = call  # the compiled function on trusted inputs (``Function.direct_call``)
-        self.row_data = row_data
-        self.scattered = scattered  # the first ones, sliced; the others whole
-        self.type = fn.bcast_inputs[-1].type  # the flat values' (``theta``, the last)
-        self.dtype = np.dtype(self.type.dtype)
-        self.shape = self.type.shape
-        self.bounds = None if slices == 1 else _slice_bounds(len(row_data[0]), slices)
-        # A VM that keeps its storage between calls (no allow_gc) may reuse an output's
-        # array in the next call: keep a copy of it then.
-        self.fresh = not keeps_outputs
-
-    @classmethod
-    def of(cls, fn: Function, row_data: list[Data], scattered: int,
-           slices: int) -> _Lean | None:
-        """The lean call of ``fn``, or None where PyTensor must check every call's
-        inputs itself (types it cannot trust, rows of another dtype than the input's) or
-        its call does more than run the VM (``Function.direct_call``)."""
-        if fn.sliceable_shareds:
-            return None
-        if any(item.dtype != var.type.dtype or item.ndim != var.ndim
-               for item, var in zip(row_data, [*fn.inputs, *fn.bcast_inputs[:-1]], strict=True)):
-            return None
-        in_place = fn.direct_call()
-        if in_place is None:
-            return None
-        return cls(fn, row_data, scattered, slices, *in_place)
-
-    def run(self, arrays: list) -> np.ndarray:
-        """One call of the compiled function on ``arrays`` (rows, then values)."""
-        both = self.call(*arrays)[0]
-        return both if self.fresh else both.copy()
-
-    def __call__(self, theta: Any) -> np.ndarray:
-        """The log-likelihood and flat gradient of all the rows in this process at the
-        flat values ``theta``, in one vector (``unpack``)."""
-        if type(theta) is not np.ndarray or (
-                theta.dtype is not self.dtype and theta.dtype != self.dtype) or (
-                theta.shape != self.shape):
-            # not from PyTensor's own graph: its type checks it, as PyTensor would
-            theta = self.type.filter(theta, strict=False, allow_downcast=False)
-        rows = [item.data for item in self.row_data]
-        if self.bounds is None:
-            return self.run([*rows, theta])
-        sliced, whole = rows[:self.scattered], rows[self.scattered:]
-        both: Any = None
-        for start, stop in self.bounds:
-            if stop == start:
-                continue
-            part = self.run([*[r[start:stop] for r in sliced], *whole, theta])
-            if both is None:
-                both = part
-            else:
-                both += part
-        return both
-
-
 class RowSum(Op):
     """The divided observed log-likelihood and its gradient.
 
@@ -301,16 +209,7 @@ class RowSum(Op):
         self.dtype = dtype
         self.released = False
         self.failures: list = []  # evaluations' errors, which a sampler may report as its own
-        self.session: Any = None
-        if part is not None:
-            self._adopt(part)
 
-    def _adopt(self, part: Part) -> None:
-        """Take ``part`` (at build, or at the first evaluation when deferred)."""
-        self.part = part
-        # Without workers, the part called in place (``_Lean``): the session it holds
-        # while it runs (None: a parallel call).
-        self.session = part.fn.session if part.lean is not None else None
 
     @property
     def num_slices(self) -> int | None:
@@ -356,20 +255,9 @@ class RowSum(Op):
                     self._whole = self._local()
                 return unpack(self._whole(theta))
             assert self._connect is not None  # a chain process: its first evaluation
-            self._adopt(self._connect())
-            part = cast(Part, self.part)
-        session = self.session
-        if session is None:  # (the call's reduced output is a new array: its views are kept)
-            return unpack(part.evaluate(theta))
-        # Without workers: the compiled function in place (``_Lean``), holding the
-        # session (usable, this thread's) as a command would.
-        took = session.enter()
-        try:
-            if session.instrument is not None:  # synk.profile() records each call: commands
-                return unpack(part.evaluate(theta))
-            return unpack(cast(_Lean, part.lean)(theta))
-        finally:
-            session.leave(took)
+            part = self.part = self._connect()
+        # (the call's reduced output is a new array: its views are kept)
+        return unpack(part.evaluate(theta))
 
     def pullback(self, inputs, outputs, cotangents):
         """The gradient: the reduced gradient, times the log-likelihood's cotangent."""

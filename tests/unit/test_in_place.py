@@ -1,6 +1,6 @@
 """One process in all (``n_parallel=1``): a repeated call reads the caller's numpy
 arrays where they are, instead of copying them into shared memory that no other
-process reads (a replay record's ``in_place``, ``_shard.read_in_place``). With workers
+process reads (a replay record's ``in_place``, ``_shard.on_arrays``). With workers
 the copy stays: they read it. Results against the plain PyTensor function are checked
 in ``tests/integration/test_function.py`` at every size."""
 
@@ -19,6 +19,7 @@ import pytest
 
 import synkhronos as synk
 from synkhronos import _shard
+from synkhronos.testing import commands_run
 
 from ..conftest import REPLAY
 
@@ -36,14 +37,14 @@ def _count_reads_in_place(monkeypatch):
     are (a replay that does not copies them into its staging buffers)."""
     reads = []
 
-    def read_in_place(*args):
-        token = original(*args)
-        if token is not None:
+    def on_arrays(*args):
+        handler = original(*args)
+        if handler is not None:
             reads.append(1)
-        return token
+        return handler
 
-    original = _shard.read_in_place
-    monkeypatch.setattr(_shard, "read_in_place", read_in_place)
+    original = _shard.on_arrays
+    monkeypatch.setattr(_shard, "on_arrays", on_arrays)
     return reads
 
 
@@ -107,6 +108,36 @@ def test_calls_in_turn_each_read_in_place():
         synk.close()
 
 
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("num_slices", [1, 3])
+def test_a_bound_call_is_the_plain_function_and_alone_sends_no_command(n, num_slices):
+    """``Function.bind`` (``synkhronos.pymc``'s likelihood): its rows fixed, the point
+    varying. With one process in all a repeat calls the compiled function itself on the
+    rows where they are, its slices reduced by each output's op (``_replay._Direct``):
+    no command; with workers, one. Either way the plain function's results, also for
+    an argument of another dtype, which takes the general path."""
+    synk.fork(n)
+    try:
+        x, w = pt.dmatrix("x"), pt.dvector("w")
+        f = synk.function([x], [((x * w).sum(axis=0), "sum"), (x @ w, "gather"),
+                                (x.max(), "max"), ((x * w).mean(), "avg")], bcast_inputs=[w])
+        synk.distribute()
+        rows = synk.data(np.arange(22.0).reshape(11, 2))
+        bound = f.bind((rows,), num_slices)
+        for k in range(6):
+            point = np.array([1.0, -k]) if k != 3 else np.array([1, -k], dtype="int8")
+            before = commands_run()
+            got = bound(point)
+            sent = commands_run() - before
+            for have, want in zip(got, f.as_pytensor(rows, point), strict=True):
+                np.testing.assert_allclose(have, want, rtol=1e-12)
+            if k in (1, 2, 5):  # repeats (k=3: another dtype, the general path, kept anew;
+                # k=4: back to float64, the call's own replay, held again)
+                assert sent == (0 if n == 1 and REPLAY else 1), (k, sent)
+    finally:
+        synk.close()
+
+
 _GPU_RULE = """
 import os
 
@@ -115,6 +146,7 @@ import pytensor.tensor as pt
 
 import synkhronos as synk
 from synkhronos import _shard
+from synkhronos.testing import commands_run
 from synkhronos._core.session import current
 
 synk.fork(1, device="gpu")
@@ -128,16 +160,16 @@ rows = np.arange(4096 * 2.0).reshape(4096, 2)  # 64 KiB
 for _ in range(2):  # prepared, then repeated: the plan is made on the second
     f(rows)
 reads = []
-read_in_place = _shard.read_in_place
+on_arrays = _shard.on_arrays
 
 
 def counted(*args):
-    token = read_in_place(*args)
-    reads.append(token is not None)
-    return token
+    handler = on_arrays(*args)
+    reads.append(handler is not None)
+    return handler
 
 
-_shard.read_in_place = counted
+_shard.on_arrays = counted
 for k in range(3):
     rows[k, 1] += 10.0  # the caller's array changes in place between calls
     for got, want in zip(f(rows), f.as_pytensor(rows), strict=True):

@@ -33,7 +33,6 @@ __all__ = [
     "select_batch_s",
     "part_bounds",
     "select_rows",
-    "slice_bounds",
     "split_bounds",
     "split_counts",
     "weighted_counts",
@@ -199,15 +198,6 @@ def block(length: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(length, parts)
     start = index * base + (index if index < extra else extra)
     return start, start + base + (1 if index < extra else 0)
-
-
-def slice_bounds(length: int, num_slices: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of ``num_slices`` consecutive slices of ``length`` rows.
-
-    The same rule as :func:`split_bounds`; ``num_slices`` must be an int >= 1.
-    """
-    num_slices = _check_int(num_slices, "num_slices", 1)
-    return split_bounds(length, num_slices)
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,7 +50,7 @@ from ._dataref import call_view
 from ._reducers import Accumulator, ReduceOp
 from ._runtime import epoch
 from ._runtime.remote import Refusal
-from ._scatter import Batch, block, select_batch_s, select_rows, slice_bounds
+from ._scatter import Batch, block, select_batch_s, select_rows, split_bounds
 from .distribute import REGISTRY
 
 __all__ = ["run_call", "lane", "PREPARED", "on_arrays"]
@@ -219,7 +219,7 @@ def _run_sliced(fn: Any, call: Call, prepared: Prepared, scattered: list, bcast:
     sliced = scattered + sliceable
     # Nothing cut into rows (only broadcast inputs): one run is the whole call.
     slices = call.num_slices if sliced else 1
-    bounds = [slice_bounds(len(a), slices) for a in sliced]
+    bounds = [split_bounds(len(a), slices) for a in sliced]
     for k in range(slices):
         parts = [a[b[k][0] : b[k][1]] for a, b in zip(sliced, bounds, strict=True)]
         weight = len(parts[0]) if parts else 1

@@ -10,12 +10,13 @@ wrong moves ``current`` on:
 - a mapping of a segment dropped (``_runtime/arena.py``): a view of it is freed memory;
 - a ``Data`` given new memory, another visible shape, or freed (``data.py``): a kept
   message names its segment and shape, a kept copy goes into its memory;
-- functions distributed (``distribute.py``): registrations a kept message relies on;
 - an instrument (``synk.profile()``) started or stopped: kept messages ask every
   rank for its seconds, or do not, as when they were made.
 
-(A fault point armed by a test moves nothing: replay passes the same points as the
-general path, ``_core/faults.py``.)
+Two events move nothing, by design: functions distributed (``distribute.py``: a
+function's id is never reused or given another function, and a kept message names only
+functions every rank registered before it was kept), and a fault point armed by a test
+(replay passes the same points as the general path, ``_core/faults.py``).
 
 Numbers are never reused (``itertools.count``), so two threads racing to move it on
 leave it at a value nothing was made under. Reading it is one attribute lookup.

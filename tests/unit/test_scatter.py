@@ -14,7 +14,6 @@ from synkhronos._scatter import (
     normalize_shares,
     offsets,
     part_bounds,
-    slice_bounds,
     split_bounds,
     split_counts,
     weighted_counts,
@@ -78,9 +77,7 @@ def test_part_bounds_large_is_constant_time():
         (lambda: split_bounds(3, "2"), TypeError, r"parts must be .*; got str"),
         (lambda: part_bounds(3, 2, 2), ValueError, r"index must be in 0\.\.1 for 2 parts; got 2"),
         (lambda: part_bounds(3, 2, -1), ValueError, r"index must be an integer >= 0; got -1"),
-        (lambda: slice_bounds(3, 0), ValueError, r"num_slices must be an integer >= 1; got 0"),
-        (lambda: slice_bounds(3, 1.5), TypeError, r"num_slices must be .*; got float"),
-        (lambda: slice_bounds(-2, 1), ValueError, r"length must be an integer >= 0; got -2"),
+        (lambda: split_bounds(-2, 1), ValueError, r"length must be an integer >= 0; got -2"),
     ],
 )
 def test_split_errors(call, exc, match):
@@ -88,10 +85,10 @@ def test_split_errors(call, exc, match):
         call()
 
 
-def test_slice_bounds():
-    assert slice_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert slice_bounds(0, 2) == [(0, 0), (0, 0)]
-    assert slice_bounds(5, np.int64(1)) == [(0, 5)]
+def test_a_process_rows_in_slices_split_by_the_same_rule():
+    assert split_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_bounds(0, 2) == [(0, 0), (0, 0)]
+    assert split_bounds(5, np.int64(1)) == [(0, 5)]
 
 
 # ---------------------------------------------------------------- Batch

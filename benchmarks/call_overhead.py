@@ -12,12 +12,7 @@ series alike. Two patterns per round:
   ``plain_beside_numpy``, then ``data_repeated`` beside ``plain_beside_data``);
 - *two sizes*, a loop that alternates a training and a validation batch: numpy rows of
   ``--rows`` and of four times as many in turn, each size repeating its own earlier
-  call (``numpy_two_sizes`` beside ``plain_beside_two_sizes``);
-- *the compiled function's own call*: the same function compiled again, with
-  ``trust_input`` on, called through PyTensor's ``Function.__call__``
-  (``pytensor_trust_input``) and through ``_pytensor.trusted_call``, which every process
-  runs (``trusted_call``), in turn: what the latter saves on each call of the tiny
-  function (``trusted_call_saves_us``), against the synk call it is part of.
+  call (``numpy_two_sizes`` beside ``plain_beside_two_sizes``).
 
 The overhead is the difference of the medians of a synk series and the plain series
 timed in turn with it. Reported per series: the median and p99 over every call, and
@@ -47,15 +42,13 @@ import pytensor
 import pytensor.tensor as pt
 
 import synkhronos as synk
-from synkhronos import _pytensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compiled import lane, run_pair  # noqa: E402
 from _harness import machine, rounds_summary  # noqa: E402
 
 SERIES = ("plain", "numpy", "data", "plain_beside_numpy", "numpy_repeated",
-          "plain_beside_data", "data_repeated", "plain_beside_two_sizes", "numpy_two_sizes",
-          "pytensor_trust_input", "trusted_call")
+          "plain_beside_data", "data_repeated", "plain_beside_two_sizes", "numpy_two_sizes")
 
 
 def in_turn(calls: int, series: list[tuple]) -> None:
@@ -100,14 +93,6 @@ def one_round(n: int, calls: int, rows: int) -> dict[str, list[float]]:
                         (parallel, values, times["numpy_two_sizes"]),
                         (plain, bigger, times["plain_beside_two_sizes"]),
                         (parallel, bigger, times["numpy_two_sizes"])])
-        own = pytensor.function([x], out)
-        own.trust_input = True
-        direct = _pytensor.trusted_call(own)
-        for _ in range(200):
-            own(values)
-            direct(values)
-        in_turn(calls, [(own, values, times["pytensor_trust_input"]),
-                        (direct, values, times["trusted_call"])])
         return times
     finally:
         synk.close()
@@ -189,9 +174,6 @@ def main() -> None:
             med["data_repeated"] - med["plain_beside_data"], 2),
         "two_sizes_overhead_numpy_input_us": round(
             med["numpy_two_sizes"] - med["plain_beside_two_sizes"], 2),
-        "pytensor_trust_input_median_us": med["pytensor_trust_input"],
-        "trusted_call_median_us": med["trusted_call"],
-        "trusted_call_saves_us": round(med["pytensor_trust_input"] - med["trusted_call"], 2),
         "repeated_overhead_numpy_input_every_round_us": [
             round(a - b, 2) for a, b in zip(per_round["numpy_repeated"],
                                             per_round["plain_beside_numpy"], strict=True)],

@@ -63,7 +63,6 @@ __all__ = [
     "is_random_generator",
     "scalar_mode",
     "trusted_call",
-    "keeps_outputs",
 ]
 
 log = logging.getLogger("synkhronos")
@@ -450,9 +449,3 @@ def _raise_as_pytensor(fn: Any, vm: Any) -> None:
     raise_with_op(fn.maker.fgraph, node=vm.nodes[position],
                   thunk=None if thunks is None else thunks[position],
                   storage_map=getattr(vm, "storage_map", None))
-
-
-def keeps_outputs(fn: Any) -> bool:
-    """Whether a compiled function's VM keeps its storage between calls (no
-    ``allow_gc``), so that a later call may write into an array an earlier returned."""
-    return not getattr(fn.vm, "allow_gc", False)

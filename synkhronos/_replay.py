@@ -69,7 +69,7 @@ class Replays(Protocol):
 
     def as_returned(self, results: list) -> Any: ...
 
-    def direct_call(self) -> tuple[Callable[..., list], bool] | None: ...
+    def direct_call(self) -> Callable[..., list] | None: ...
 
     @property
     def inputs(self) -> list: ...
@@ -222,10 +222,9 @@ class _Direct:
     An error is raised as PyTensor's call raises it (there is no command to fail).
     """
 
-    def __init__(self, call: Callable[..., list], fresh: bool, fixed: tuple,
-                 scattered: int, slices: int, ops: tuple[ReduceOp, ...]):
+    def __init__(self, call: Callable[..., list], fixed: tuple, scattered: int, slices: int,
+                 ops: tuple[ReduceOp, ...]):
         self.call = call
-        self.fresh = fresh  # its outputs are new arrays at every call
         self.fixed = fixed
         self.scattered = scattered  # the first ones, sliced; the others whole
         self.slices = slices
@@ -242,14 +241,13 @@ class _Direct:
         None where its call is more than the compiled function on its arguments
         (``Function.direct_call``) or a ``Data`` is not exactly its input's (another
         dtype, which a call casts; a minibatch buffer)."""
-        direct = fn.direct_call()
-        if direct is None:
+        call = fn.direct_call()
+        if call is None:
             return None
         for item, var in zip(fixed, fn.inputs + fn.bcast_inputs, strict=False):
             if item.dtype != var.type.dtype or item.ndim != var.ndim or item.minibatch:
                 return None
-        call, keeps_outputs = direct
-        return cls(call, not keeps_outputs, fixed, len(fn.inputs), num_slices, ops)
+        return cls(call, fixed, len(fn.inputs), num_slices, ops)
 
     def __call__(self, arrays: tuple) -> list | None:
         """The outputs, reduced as a command's replies would have been (this process's
@@ -272,12 +270,12 @@ class _Direct:
                 if stop == start:
                     continue
                 outputs = call(*[a[start:stop] for a in sliced], *whole)
-                if totals is None:  # (the first slice's outputs, or copies of them)
-                    totals = outputs if self.fresh else [out.copy() for out in outputs]
+                if totals is None:  # (copies: a VM may write its next outputs there)
+                    totals = [out.copy() for out in outputs]
                 else:
                     for i, out in enumerate(outputs):
                         totals[i] += out
-            return totals  # (new arrays: as combine would give them, without the copy)
+            return totals  # (new arrays: as combine would give them, without its copy)
         accumulators = [Accumulator(op) for op in self.ops]
         for start, stop in bounds:
             if stop == start:

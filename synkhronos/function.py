@@ -385,22 +385,19 @@ class Function:
         holds it around calls that run without a command)."""
         return self._session
 
-    def direct_call(self) -> tuple[Callable[..., list], bool] | None:
+    def direct_call(self) -> Callable[..., list] | None:
         """This process's compiled function called directly on trusted inputs (rows,
-        then broadcast values; ``_pytensor.trusted_call``) and whether its outputs may
-        be overwritten by its next call; None where PyTensor must check the inputs, or
-        a call is more than that function on its arguments, run in slices as a
-        process runs its own (updates, sliceable shared variables, rows along another
-        axis).
+        then broadcast values; ``_pytensor.trusted_call``); None where PyTensor must
+        check the inputs, or a call is more than that function on its arguments, run
+        in slices as a process runs its own (updates, sliceable shared variables, rows
+        along another axis).
 
         For ``_replay.Bound`` with one process in all, which calls it with no command
         (holding ``session`` around each call)."""
         if not self._trusted or self._updates or self.sliceable_shareds or self._axes:
             return None
         call = _pytensor.trusted_call(self._local)
-        if call is self._local:
-            return None
-        return call, _pytensor.keeps_outputs(self._local)
+        return None if call is self._local else call
 
     def bind(self, fixed: tuple, num_slices: int = 1) -> _replay.Bound:
         """Calls whose first arguments are always the ``Data`` in ``fixed``, in

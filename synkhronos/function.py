@@ -249,7 +249,7 @@ class Function:
                 if record is not None and record.epoch == epoch.current:
                     if session.instrument is None:  # (``replay`` inline: every
                         # repeated call comes here)
-                        return self.returned(_replay.run(session, record, args),
+                        return self._returned(_replay.run(session, record, args),
                                               record.ops, None)
                     return self.replay(record, args)
             if session.instrument is not None:
@@ -324,7 +324,7 @@ class Function:
             prepared.registered = True
             if key is not None:
                 _replay.keep(prepared, key, call)
-            return self.returned(replies, ops, subset)
+            return self._returned(replies, ops, subset)
 
         return call, finish
 
@@ -364,15 +364,16 @@ class Function:
         return self._replayed(record, args)
 
     def _replayed(self, record: _replay.Record, args: tuple) -> Any:
-        return self.returned(_replay.run(self._session, record, args), record.ops, None)
+        return self._returned(_replay.run(self._session, record, args), record.ops, None)
 
-    def returned(self, replies: list, ops, subset: tuple[int, ...] | None = None):
+    def _returned(self, replies: list, ops, subset: tuple[int, ...] | None):
         """The replies reduced by ``ops``, in PyTensor's return conventions."""
         return self.as_returned(combine(ops, replies, self._session.ctx.master_rank), subset)
 
     def as_returned(self, results: list, subset: tuple[int, ...] | None = None):
         """Reduced outputs in PyTensor's return conventions (rows put back along their
-        axis, a single output alone)."""
+        axis, a single output alone): an in-package seam, for ``_replay.Bound``'s calls
+        that run without a command."""
         if self._out_axes is not None:
             results = _rows.put_back(results, self._out_axes, subset)
         if self._single and (subset is None or len(subset) == 1):
